@@ -1,0 +1,32 @@
+# Every target sets up .venv on first use, so a fresh clone needs nothing but python3.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/epp stack
+
+lint: $(STAMP)
+	$(BIN)/ruff check epp tests bench
+	$(BIN)/ruff format --check epp tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.overhead
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,63 @@
+"""The single ``epp`` entry point: ``epp serve | sim | stack``.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``; this file only wires them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+from collections.abc import Sequence
+
+from epp import __version__
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("epp.serve", "run the endpoint picker (Envoy ext_proc gRPC server + HTTP admin)"),
+    "sim": ("epp.sim.cli", "run one simulated vLLM-compatible model server"),
+    "stack": ("epp.stack", "run Envoy + EPP + simulated model servers locally (make run)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="epp", description="Endpoint picker for LLM inference behind Envoy."
+    )
+    parser.add_argument("--version", action="version", version=f"epp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity",
+    )
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(getattr(args, "log_level", "info"))
+    result: int = args._module.run(args)
+    return result

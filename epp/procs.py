@@ -1,0 +1,118 @@
+"""Child processes: start, wait until ready (via ready file), stop cleanly.
+
+Used by ``epp stack``, the benchmarks and the tests: one mechanism for all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from epp.readyfile import read_ready
+
+
+class ProcessFailed(RuntimeError):
+    """A child exited or did not become ready in time."""
+
+
+class ManagedProcess:
+    """One child process whose readiness is announced through a ready file."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        ready_file: Path | None = None,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.ready_file = ready_file
+        self.log_path = log_path
+        self._env = env
+        self._log: IO[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.info: dict[str, Any] = {}
+
+    def start(self) -> ManagedProcess:
+        if self.ready_file is not None and self.ready_file.exists():
+            self.ready_file.unlink()
+        out: IO[bytes] | int
+        if self.log_path is not None:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            out = self._log
+        else:
+            out = subprocess.DEVNULL
+        env = dict(os.environ if self._env is None else self._env)
+        self.proc = subprocess.Popen(
+            self.argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=False
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "process not started"
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def wait_ready(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Block until the ready file appears; raise ProcessFailed if the child dies first."""
+        assert self.proc is not None and self.ready_file is not None
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while time.monotonic() < deadline:
+            info = read_ready(self.ready_file)
+            if info is not None:
+                self.info = info
+                return info
+            code = self.proc.poll()
+            if code is not None:
+                raise ProcessFailed(
+                    f"{self.name} exited with code {code} before it was ready:\n{self.log_tail()}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        raise ProcessFailed(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+        code: int | None = None
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            code = self.proc.returncode
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
+
+
+def epp_argv(*args: str) -> list[str]:
+    """argv that runs our own CLI with the current interpreter (works inside any venv)."""
+    return [sys.executable, "-m", "epp", *args]
+
+
+def scratch_dir(prefix: str = "epp-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
