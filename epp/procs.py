@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -72,13 +72,20 @@ class ManagedProcess:
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
 
-    def wait_ready(self, timeout: float = 30.0) -> dict[str, Any]:
-        """Block until the ready file appears; raise ProcessFailed if the child dies first."""
-        assert self.proc is not None and self.ready_file is not None
+    def wait_ready(
+        self, timeout: float = 30.0, probe: Callable[[], dict[str, Any] | None] | None = None
+    ) -> dict[str, Any]:
+        """Block until ``probe`` (default: read the ready file) returns info; raise
+        ProcessFailed if the child dies first or time runs out."""
+        assert self.proc is not None
+        if probe is None:
+            assert self.ready_file is not None, "no ready file and no probe"
+            ready_file = self.ready_file
+            probe = lambda: read_ready(ready_file)  # noqa: E731
         deadline = time.monotonic() + timeout
         delay = 0.005
         while time.monotonic() < deadline:
-            info = read_ready(self.ready_file)
+            info = probe()
             if info is not None:
                 self.info = info
                 return info

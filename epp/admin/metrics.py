@@ -1,0 +1,69 @@
+"""The EPP's own Prometheus metrics, in a registry owned by the running service."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from epp.datastore import Datastore
+
+
+class EppMetrics:
+    def __init__(self, datastore: Datastore) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "epp_requests",
+            "Requests seen by the EPP, by outcome (routed or the HTTP error status sent).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.responses = Counter(
+            "epp_responses",
+            "Upstream responses seen on the response path, by endpoint and status class.",
+            ["endpoint", "status_class"],
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "epp_tokens",
+            "Tokens reported in responses' usage, by kind (prompt or completion).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.scheduling_seconds = Histogram(
+            "epp_scheduling_duration_seconds",
+            "Time spent choosing endpoints for one request.",
+            buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1),
+            registry=self.registry,
+        )
+        self.registry.register(_DatastoreCollector(datastore))
+
+
+class _DatastoreCollector(Collector):
+    """Reads live state at scrape time, so the hot path never updates gauges."""
+
+    def __init__(self, datastore: Datastore) -> None:
+        self._datastore = datastore
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snapshot = self._datastore.snapshot()
+        endpoints = GaugeMetricFamily(
+            "epp_endpoints", "Endpoints in the pool, by role.", labels=["role"]
+        )
+        counts: dict[str, int] = {}
+        for state in snapshot.endpoints:
+            role = state.endpoint.role.value
+            counts[role] = counts.get(role, 0) + 1
+        for role, n in sorted(counts.items()):
+            endpoints.add_metric([role], n)
+        yield endpoints
+        in_flight = GaugeMetricFamily(
+            "epp_in_flight_requests",
+            "Requests routed to an endpoint and not yet finished.",
+            labels=["endpoint"],
+        )
+        for address, n in sorted(snapshot.in_flight.items()):
+            in_flight.add_metric([address], n)
+        yield in_flight

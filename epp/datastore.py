@@ -1,0 +1,116 @@
+"""The endpoint registry: membership, per-endpoint state and the EPP's in-flight counts.
+
+Writers (discovery, admin API, the Envoy adapter) call its methods on the event loop;
+the scheduler only ever sees :class:`Snapshot`s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from types import MappingProxyType
+
+from epp.types import Endpoint, EndpointState, Snapshot
+
+log = logging.getLogger(__name__)
+
+
+class InFlightTicket:
+    """One routed request's claim on an endpoint; releasing twice is a no-op, so every
+    exit path (end of stream, cancel, error) may call :meth:`release`."""
+
+    __slots__ = ("_datastore", "address", "released")
+
+    def __init__(self, datastore: Datastore, address: str) -> None:
+        self._datastore = datastore
+        self.address = address
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._datastore._release(self.address)
+
+
+class Datastore:
+    def __init__(self) -> None:
+        self._states: dict[str, EndpointState] = {}
+        self._in_flight: dict[str, int] = {}
+        self._in_flight_view = MappingProxyType(self._in_flight)
+        self._version = 0
+        self._snapshot: Snapshot | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    # -- membership ---------------------------------------------------------------
+    def add(self, endpoint: Endpoint) -> bool:
+        """Add or replace an endpoint; returns False if it was already present unchanged."""
+        current = self._states.get(endpoint.address)
+        if current is not None and current.endpoint == endpoint:
+            return False
+        self._states[endpoint.address] = EndpointState(endpoint)
+        self._in_flight.setdefault(endpoint.address, 0)
+        self._changed()
+        log.info("endpoint %s added (role=%s)", endpoint.address, endpoint.role.value)
+        return True
+
+    def remove(self, address: str) -> bool:
+        if self._states.pop(address, None) is None:
+            return False
+        if self._in_flight.get(address, 0) == 0:
+            self._in_flight.pop(address, None)
+        self._changed()
+        log.info("endpoint %s removed", address)
+        return True
+
+    def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
+        wanted = {e.address: e for e in endpoints}
+        for address in list(self._states):
+            if address not in wanted:
+                self.remove(address)
+        for endpoint in wanted.values():
+            self.add(endpoint)
+
+    def get(self, address: str) -> EndpointState | None:
+        return self._states.get(address)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every membership or state change."""
+        self._listeners.append(listener)
+
+    # -- load accounting ------------------------------------------------------------
+    def acquire(self, address: str) -> InFlightTicket:
+        self._in_flight[address] = self._in_flight.get(address, 0) + 1
+        return InFlightTicket(self, address)
+
+    def _release(self, address: str) -> None:
+        count = self._in_flight.get(address, 0) - 1
+        if count > 0 or address in self._states:
+            self._in_flight[address] = max(count, 0)
+        else:
+            # a removed endpoint's counter goes once its last request is done
+            self._in_flight.pop(address, None)
+
+    def in_flight(self, address: str) -> int:
+        return self._in_flight.get(address, 0)
+
+    def total_in_flight(self) -> int:
+        return sum(self._in_flight.values())
+
+    # -- the scheduler's view ---------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        if self._snapshot is None:
+            self._snapshot = Snapshot(
+                endpoints=tuple(self._states.values()),
+                in_flight=self._in_flight_view,
+                version=self._version,
+            )
+        return self._snapshot
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._snapshot = None
+        for listener in self._listeners:
+            listener()

@@ -1,0 +1,179 @@
+"""Envoy bootstrap configs, built as plain data (pure).
+
+One builder serves ``epp stack``, the committed files under ``envoy/``, the tests and the
+benchmarks, so the configs cannot drift apart. ``processing`` picks how much of each
+request Envoy shows the EPP:
+
+* ``full``: request headers + FULL_DUPLEX_STREAMED body (trailers SEND, as Envoy
+  requires), response headers + STREAMED body. The EPP sees status, usage, end of stream.
+* ``lean``: the request path as in ``full``; on the response path only the headers.
+  Fewer ext_proc messages per request (cheaper), but no usage accounting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from epp.extproc.messages import DESTINATION_HEADER, LB_NAMESPACE
+
+Processing = Literal["full", "lean"]
+PROCESSING_MODES: tuple[Processing, ...] = ("full", "lean")
+
+_HCM = (
+    "type.googleapis.com/"
+    "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+)
+_EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+_ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+_HTTP_OPTS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+BUFFER_LIMIT_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class EnvoyOptions:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8081
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 9901
+    epp_host: str = "127.0.0.1"
+    epp_port: int = 9002
+    processing: Processing = "full"
+    # How long Envoy waits for each EPP reply; the EPP holds the header reply until the
+    # whole body is in, so this bounds body upload time + scheduling.
+    message_timeout_s: float = 30.0
+    # Fail closed: with ORIGINAL_DST there is no destination without the EPP.
+    failure_mode_allow: bool = False
+    route_timeout_s: float = 600.0
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _static_cluster(name: str, endpoints: list[tuple[str, int]], http2: bool) -> dict[str, Any]:
+    cluster: dict[str, Any] = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [
+                {"lb_endpoints": [{"endpoint": {"address": _address(h, p)}} for h, p in endpoints]}
+            ],
+        },
+    }
+    if http2:
+        cluster["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _HTTP_OPTS,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        }
+    return cluster
+
+
+def _processing_mode(processing: Processing) -> dict[str, str]:
+    mode = {
+        "request_header_mode": "SEND",
+        "request_body_mode": "FULL_DUPLEX_STREAMED",
+        "request_trailer_mode": "SEND",
+        "response_header_mode": "SEND",
+        "response_body_mode": "STREAMED",
+        "response_trailer_mode": "SKIP",
+    }
+    if processing == "lean":
+        mode["response_body_mode"] = "NONE"
+    return mode
+
+
+def _bootstrap(
+    opts: EnvoyOptions, http_filters: list[dict[str, Any]], clusters: list[dict[str, Any]]
+) -> dict[str, Any]:
+    hcm = {
+        "@type": _HCM,
+        "stat_prefix": "inference",
+        "route_config": {
+            "name": "inference",
+            "virtual_hosts": [
+                {
+                    "name": "all",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {"prefix": "/"},
+                            "route": {
+                                "cluster": "model_servers",
+                                "timeout": f"{opts.route_timeout_s:g}s",
+                            },
+                        }
+                    ],
+                }
+            ],
+        },
+        "http_filters": [
+            *http_filters,
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
+        ],
+    }
+    return {
+        "admin": {"address": _address(opts.admin_host, opts.admin_port)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "inference",
+                    "address": _address(opts.listen_host, opts.listen_port),
+                    "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": hcm,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": clusters,
+        },
+    }
+
+
+def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
+    """Envoy routed by the EPP: ext_proc filter + ORIGINAL_DST cluster reading the
+    destination header (one ``ip:port``)."""
+    ext_proc = {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": _EXT_PROC,
+            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}},
+            "failure_mode_allow": opts.failure_mode_allow,
+            "message_timeout": f"{opts.message_timeout_s:g}s",
+            "processing_mode": _processing_mode(opts.processing),
+            # Without this Envoy silently drops the envoy.lb metadata we send.
+            "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
+        },
+    }
+    model_servers = {
+        "name": "model_servers",
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "2s",
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+        "original_dst_lb_config": {
+            "use_http_header": True,
+            "http_header_name": DESTINATION_HEADER,
+        },
+    }
+    epp = _static_cluster("epp", [(opts.epp_host, opts.epp_port)], http2=True)
+    return _bootstrap(opts, [ext_proc], [model_servers, epp])
+
+
+def baseline_config(opts: EnvoyOptions, servers: list[tuple[str, int]]) -> dict[str, Any]:
+    """Envoy alone: a static round-robin cluster over ``servers``, no EPP (for benchmarks)."""
+    return _bootstrap(opts, [], [_static_cluster("model_servers", servers, http2=False)])

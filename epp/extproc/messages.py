@@ -1,0 +1,114 @@
+"""Builders for the ext_proc protobuf replies we send to Envoy (no state, no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.service.ext_proc.v3.external_processor_pb2 import (
+    BodyMutation,
+    BodyResponse,
+    CommonResponse,
+    HeaderMutation,
+    HeadersResponse,
+    ImmediateResponse,
+    ProcessingResponse,
+    StreamedBodyResponse,
+    TrailersResponse,
+)
+from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.struct_pb2 import Struct
+
+from epp.errors import EppError
+
+# Envoy rejects larger streamed_response chunks; DESIGN.md §1.
+MAX_CHUNK_BYTES = 62_000
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+LB_NAMESPACE = "envoy.lb"
+
+_OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def header_mutation(
+    set_headers: Iterable[tuple[str, str]] = (), remove: Iterable[str] = ()
+) -> HeaderMutation:
+    return HeaderMutation(
+        set_headers=[
+            HeaderValueOption(
+                header=HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+            )
+            for k, v in set_headers
+        ],
+        remove_headers=list(remove),
+    )
+
+
+def routed_headers(
+    destination: str, set_headers: Iterable[tuple[str, str]], remove: Iterable[str]
+) -> ProcessingResponse:
+    """The reply to ``request_headers`` once a destination is chosen: header and
+    ``envoy.lb`` metadata carry the same value (Endpoint Picker Protocol)."""
+    metadata = Struct()
+    metadata.get_or_create_struct(LB_NAMESPACE)[DESTINATION_HEADER] = destination
+    return ProcessingResponse(
+        request_headers=HeadersResponse(
+            response=CommonResponse(
+                header_mutation=header_mutation(
+                    [(DESTINATION_HEADER, destination), *set_headers], remove
+                ),
+                clear_route_cache=True,
+            )
+        ),
+        dynamic_metadata=metadata,
+    )
+
+
+def streamed_request_body(body: bytes, end_of_stream: bool) -> Iterator[ProcessingResponse]:
+    """The (possibly rewritten) request body as FULL_DUPLEX_STREAMED replies, in chunks
+    of at most MAX_CHUNK_BYTES; an empty body still yields one (end-of-stream) reply."""
+    if not body:
+        yield _request_body_chunk(b"", end_of_stream)
+        return
+    last = len(body)
+    for start in range(0, last, MAX_CHUNK_BYTES):
+        end = min(start + MAX_CHUNK_BYTES, last)
+        yield _request_body_chunk(body[start:end], end_of_stream and end == last)
+
+
+def _request_body_chunk(data: bytes, end_of_stream: bool) -> ProcessingResponse:
+    return ProcessingResponse(request_body=_streamed(data, end_of_stream))
+
+
+def _streamed(data: bytes, end_of_stream: bool) -> BodyResponse:
+    return BodyResponse(
+        response=CommonResponse(
+            body_mutation=BodyMutation(
+                streamed_response=StreamedBodyResponse(body=data, end_of_stream=end_of_stream)
+            )
+        )
+    )
+
+
+def response_body_echo(data: bytes, end_of_stream: bool) -> ProcessingResponse:
+    """Pass a response chunk through unchanged in FULL_DUPLEX_STREAMED response mode."""
+    return ProcessingResponse(response_body=_streamed(data, end_of_stream))
+
+
+def immediate(error: EppError) -> ProcessingResponse:
+    """An error answered by Envoy on our behalf, OpenAI-shaped JSON body."""
+    return ProcessingResponse(
+        immediate_response=ImmediateResponse(
+            status=HttpStatus(code=error.status),
+            headers=header_mutation([("content-type", "application/json")]),
+            body=error.body(),
+            details=f"epp_{error.code or error.error_type}",
+        )
+    )
+
+
+# Replies that change nothing; built once, they are immutable in practice.
+EMPTY_REQUEST_HEADERS = ProcessingResponse(request_headers=HeadersResponse())
+EMPTY_REQUEST_TRAILERS = ProcessingResponse(request_trailers=TrailersResponse())
+EMPTY_RESPONSE_HEADERS = ProcessingResponse(response_headers=HeadersResponse())
+EMPTY_RESPONSE_BODY = ProcessingResponse(response_body=BodyResponse())
+EMPTY_RESPONSE_TRAILERS = ProcessingResponse(response_trailers=TrailersResponse())

@@ -1,0 +1,209 @@
+"""One state machine per ext_proc stream (= one HTTP request through Envoy).
+
+Envoy's protocol state (which phase we are in, which body modes Envoy uses) is kept
+apart from the request's own state (headers, buffered body, routing claim). The machine
+is transport-agnostic: it turns each ProcessingRequest into the replies to send, so any
+gRPC server can drive it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.ext_proc.v3.external_processor_pb2 import (
+    HttpHeaders,
+    ProcessingRequest,
+    ProcessingResponse,
+)
+
+from epp.errors import BadRequestError, BodyTooLargeError, EppError
+from epp.extproc import messages
+from epp.requestparse import parse_request
+from epp.router import Routed, Router
+from epp.usage import find_usage, keep_tail
+
+log = logging.getLogger(__name__)
+
+# Client-sent routing headers are never trusted: only the EPP sets them.
+_STRIPPED_PREFIX = "x-gateway-destination-endpoint"
+_STRIPPED_EXACT = frozenset({"x-prefiller-host-port"})
+_FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
+
+
+class Phase(Enum):
+    REQUEST_HEADERS = auto()  # nothing seen yet
+    REQUEST_BODY = auto()  # headers held, buffering the body
+    UPSTREAM = auto()  # routed; waiting for the response headers
+    RESPONSE_BODY = auto()  # response streaming through
+    DONE = auto()  # answered or finished; later messages are ignored
+
+
+@dataclass(slots=True)
+class _Envoy:
+    """What we know of Envoy's side of the protocol on this stream."""
+
+    phase: Phase = Phase.REQUEST_HEADERS
+    response_body_mode: int = ProcessingMode.STREAMED
+
+
+@dataclass(slots=True)
+class _Request:
+    """The HTTP request's own state."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+    request_id: str = ""
+    generated_id: bool = False
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+    routed: Routed | None = None
+    status: int = 0
+    tail: bytes = b""
+
+
+class ExtProcStream:
+    def __init__(self, router: Router) -> None:
+        self._router = router
+        self._envoy = _Envoy()
+        self._req = _Request()
+
+    @property
+    def phase(self) -> Phase:
+        return self._envoy.phase
+
+    def on_message(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
+        """Replies for one message from Envoy (possibly none while buffering)."""
+        kind = msg.WhichOneof("request")
+        if msg.HasField("protocol_config"):
+            self._envoy.response_body_mode = msg.protocol_config.response_body_mode
+        try:
+            if kind == "request_headers":
+                return self._on_request_headers(msg.request_headers)
+            if kind == "request_body":
+                return self._on_request_body(msg.request_body.body, _body_ends(msg.request_body))
+            if kind == "request_trailers":
+                return self._on_request_trailers()
+            if kind == "response_headers":
+                return self._on_response_headers(msg.response_headers)
+            if kind == "response_body":
+                return self._on_response_body(msg.response_body.body, _body_ends(msg.response_body))
+            if kind == "response_trailers":
+                self._finish()
+                return [messages.EMPTY_RESPONSE_TRAILERS]
+        except EppError as error:
+            return [self._reject(error)]
+        except Exception:
+            log.exception("request %s: internal error handling %s", self._req.request_id, kind)
+            return [self._reject(EppError("internal error in the endpoint picker"))]
+        log.warning("ignoring unexpected ext_proc message %r", kind)
+        return []
+
+    def close(self) -> None:
+        """The stream ended (EOF, cancel or error): release whatever the request holds."""
+        self._finish()
+
+    # -- request path -------------------------------------------------------------------
+    def _on_request_headers(self, msg: HttpHeaders) -> list[ProcessingResponse]:
+        req = self._req
+        for h in msg.headers.headers:
+            req.headers[h.key] = h.raw_value.decode() if h.raw_value else h.value
+        req.request_id = req.headers.get("x-request-id", "")
+        if not req.request_id:
+            req.request_id, req.generated_id = uuid.uuid4().hex, True
+        if msg.end_of_stream:  # e.g. GET /v1/models: nothing to wait for
+            return [self._routed_headers(None)]
+        self._envoy.phase = Phase.REQUEST_BODY
+        return []
+
+    def _on_request_body(self, data: bytes, end: bool) -> list[ProcessingResponse]:
+        req = self._req
+        if self._envoy.phase is Phase.DONE:  # already answered (e.g. 413): drop the rest
+            return []
+        if self._envoy.phase is not Phase.REQUEST_BODY:
+            raise BadRequestError("request body arrived out of order")
+        if data:
+            req.size += len(data)
+            if req.size > self._router.max_body_bytes:
+                raise BodyTooLargeError(
+                    f"request body exceeds the limit of {self._router.max_body_bytes} bytes",
+                    code="body_too_large",
+                )
+            req.chunks.append(data)
+        return self._complete_request(end_of_stream=True) if end else []
+
+    def _on_request_trailers(self) -> list[ProcessingResponse]:
+        if self._envoy.phase is Phase.REQUEST_BODY:
+            return [*self._complete_request(end_of_stream=False), messages.EMPTY_REQUEST_TRAILERS]
+        return [messages.EMPTY_REQUEST_TRAILERS]
+
+    def _complete_request(self, end_of_stream: bool) -> list[ProcessingResponse]:
+        body = b"".join(self._req.chunks)
+        self._req.chunks = []
+        return [
+            self._routed_headers(body, len(body)),
+            *messages.streamed_request_body(body, end_of_stream),
+        ]
+
+    def _routed_headers(self, body: bytes | None, length: int = 0) -> ProcessingResponse:
+        req = self._req
+        request, _doc = parse_request(req.request_id, req.headers, body)
+        routed = self._router.route(request)
+        req.routed = routed
+        self._envoy.phase = Phase.UPSTREAM
+        extra: list[tuple[str, str]] = []
+        if body is not None:
+            extra.append(("content-length", str(length)))
+        if req.generated_id:
+            extra.append(("x-request-id", req.request_id))
+        remove = [
+            k
+            for k in req.headers
+            if (k.startswith(_STRIPPED_PREFIX) and k != messages.DESTINATION_HEADER)
+            or k in _STRIPPED_EXACT
+        ]
+        return messages.routed_headers(routed.result.header_value, extra, remove)
+
+    def _reject(self, error: EppError) -> ProcessingResponse:
+        log.info("request %s rejected: %d %s", self._req.request_id, error.status, error.message)
+        self._router.rejected(error)
+        self._envoy.phase = Phase.DONE
+        self._finish()
+        return messages.immediate(error)
+
+    # -- response path ------------------------------------------------------------------
+    def _on_response_headers(self, msg: HttpHeaders) -> list[ProcessingResponse]:
+        for h in msg.headers.headers:
+            if h.key == ":status":
+                self._req.status = int(h.raw_value or h.value or 0)
+                break
+        if msg.end_of_stream:
+            self._finish()
+        else:
+            self._envoy.phase = Phase.RESPONSE_BODY
+        return [messages.EMPTY_RESPONSE_HEADERS]
+
+    def _on_response_body(self, data: bytes, end: bool) -> list[ProcessingResponse]:
+        self._req.tail = keep_tail(self._req.tail, data)
+        if end:
+            usage = find_usage(self._req.tail)
+            if usage is not None:
+                self._router.usage_seen(usage)
+            self._finish()
+        if self._envoy.response_body_mode == _FULL_DUPLEX:
+            return [messages.response_body_echo(data, end)]
+        return [messages.EMPTY_RESPONSE_BODY]
+
+    def _finish(self) -> None:
+        routed = self._req.routed
+        if routed is not None and not routed.ticket.released:
+            routed.ticket.release()
+            if self._req.status:
+                self._router.response_seen(routed.ticket.address, self._req.status)
+        self._envoy.phase = Phase.DONE
+
+
+def _body_ends(body: object) -> bool:
+    return bool(body.end_of_stream or body.end_of_stream_without_message)  # type: ignore[attr-defined]

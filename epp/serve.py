@@ -1,0 +1,173 @@
+"""``epp serve``: the ext_proc gRPC server, gRPC health, and the HTTP admin port."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from epp.admin.http import make_admin_app
+from epp.admin.metrics import EppMetrics
+from epp.cli import add_log_level
+from epp.datastore import Datastore
+from epp.extproc import servicer
+from epp.readyfile import write_ready
+from epp.router import Router
+from epp.scheduling import LeastRequestScheduler
+from epp.types import Endpoint, parse_host_port
+
+log = logging.getLogger("epp.serve")
+
+HEALTH_SERVICES = ("", "liveness", "readiness", servicer.SERVICE_NAME)
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    listen_host: str = "127.0.0.1"
+    grpc_port: int = 9002
+    http_port: int = 9090
+    endpoints: tuple[Endpoint, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    ready_file: Path | None = None
+
+
+def _endpoint(value: str) -> Endpoint:
+    try:
+        host, port = parse_host_port(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return Endpoint(host, port)
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return n
+
+
+def _port(value: str) -> int:
+    n = int(value)
+    if not 0 <= n < 65536:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535 (0 = any free port), got {value}")
+    return n
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen-host", default="127.0.0.1", help="address the gRPC and HTTP ports bind to"
+    )
+    parser.add_argument(
+        "--grpc-port", type=_port, default=9002, help="ext_proc gRPC port (0 = any free port)"
+    )
+    parser.add_argument(
+        "--http-port", type=_port, default=9090, help="HTTP port for /metrics and /health"
+    )
+    parser.add_argument(
+        "--endpoint",
+        action="append",
+        type=_endpoint,
+        default=[],
+        metavar="HOST:PORT",
+        help="a model server to route to (repeatable)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body accepted; larger ones get 413",
+    )
+    parser.add_argument(
+        "--ready-file", type=Path, help="write {grpc_port, http_port} as JSON here once serving"
+    )
+    parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
+    add_log_level(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = ServeOptions(
+        listen_host=args.listen_host,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        endpoints=tuple(args.endpoint),
+        max_body_bytes=args.max_body_bytes,
+        ready_file=args.ready_file,
+    )
+    if not args.no_uvloop:
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            log.info("uvloop not installed; using asyncio's default loop")
+    try:
+        asyncio.run(serve(opts))
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+async def serve(opts: ServeOptions) -> None:
+    datastore = Datastore()
+    for endpoint in opts.endpoints:
+        datastore.add(endpoint)
+    metrics = EppMetrics(datastore)
+    router = Router(datastore, LeastRequestScheduler(), metrics, max_body_bytes=opts.max_body_bytes)
+
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ]
+    )
+    servicer.add_to_server(server, router)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    try:
+        grpc_port = server.add_insecure_port(f"{opts.listen_host}:{opts.grpc_port}")
+    except RuntimeError as exc:
+        raise OSError(f"gRPC port {opts.listen_host}:{opts.grpc_port}: {exc}") from None
+    await server.start()
+
+    runner = web.AppRunner(make_admin_app(datastore, metrics), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, opts.listen_host, opts.http_port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await server.stop(None)
+        raise OSError(f"HTTP port {opts.listen_host}:{opts.http_port}: {exc.strerror}") from None
+    http_port = runner.addresses[0][1]
+
+    for name in HEALTH_SERVICES:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "serving ext_proc on %s:%d, HTTP on %s:%d, %d endpoint(s): %s",
+        opts.listen_host,
+        grpc_port,
+        opts.listen_host,
+        http_port,
+        len(datastore),
+        ", ".join(e.address for e in opts.endpoints) or "none",
+    )
+    write_ready(opts.ready_file, {"grpc_port": grpc_port, "http_port": http_port})
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    for name in HEALTH_SERVICES:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.stop(grace=2.0)
+    await runner.cleanup()

@@ -1,0 +1,264 @@
+"""``epp stack``: Envoy + EPP + simulated model servers on loopback (what ``make run`` runs).
+
+:class:`LocalStack` is also what the end-to-end tests and benchmarks start, so the
+stack a user runs is the stack that is tested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from epp.cli import add_log_level
+from epp.envoyconfig import PROCESSING_MODES, EnvoyOptions, Processing, epp_config
+from epp.envoyproc import EnvoyProcess, write_config
+from epp.procs import ManagedProcess, ProcessFailed, epp_argv, scratch_dir
+
+HOST = "127.0.0.1"
+
+
+@dataclass
+class StackOptions:
+    servers: int = 4
+    model: str = "sim-model"
+    envoy_port: int = 8081
+    envoy_admin_port: int = 9901
+    grpc_port: int = 9002
+    http_port: int = 9090
+    processing: Processing = "full"
+    sim_args: list[str] = field(default_factory=list)
+    epp_args: list[str] = field(default_factory=list)
+    log_level: str = "info"
+    workdir: Path | None = None
+
+
+class LocalStack:
+    def __init__(self, opts: StackOptions) -> None:
+        self.opts = opts
+        self.workdir = opts.workdir or scratch_dir("epp-stack-")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.sims: list[ManagedProcess] = []
+        self.epp: ManagedProcess | None = None
+        self.envoy: EnvoyProcess | None = None
+        self.sim_addresses: list[str] = []
+        self.grpc_port = 0
+        self.http_port = 0
+
+    @property
+    def envoy_url(self) -> str:
+        assert self.envoy is not None
+        return f"http://{HOST}:{self.envoy.port}"
+
+    @property
+    def epp_http_url(self) -> str:
+        return f"http://{HOST}:{self.http_port}"
+
+    def start(self) -> LocalStack:
+        """Start everything or, if any part fails, stop what started and raise."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        o = self.opts
+        check_ports_free(
+            {
+                "--envoy-port": o.envoy_port,
+                "--envoy-admin-port": o.envoy_admin_port,
+                "--grpc-port": o.grpc_port,
+                "--http-port": o.http_port,
+            }
+        )
+        for i in range(o.servers):
+            self.sims.append(self.start_sim(f"sim-{i}"))
+        for sim in self.sims:
+            info = sim.wait_ready()
+            self.sim_addresses.append(f"{info['host']}:{info['port']}")
+        self.epp = ManagedProcess(
+            "epp",
+            epp_argv(
+                "serve",
+                "--grpc-port",
+                str(o.grpc_port),
+                "--http-port",
+                str(o.http_port),
+                "--ready-file",
+                str(self.workdir / "epp.ready"),
+                "--log-level",
+                o.log_level,
+                *[arg for a in self.sim_addresses for arg in ("--endpoint", a)],
+                *o.epp_args,
+            ),
+            ready_file=self.workdir / "epp.ready",
+            log_path=self.workdir / "epp.log",
+        ).start()
+        info = self.epp.wait_ready()
+        self.grpc_port, self.http_port = info["grpc_port"], info["http_port"]
+        config = epp_config(
+            EnvoyOptions(
+                listen_port=o.envoy_port,
+                admin_port=o.envoy_admin_port,
+                epp_port=self.grpc_port,
+                processing=o.processing,
+            )
+        )
+        path = write_config(config, self.workdir / "envoy.yaml")
+        self.envoy = EnvoyProcess(path, self.workdir).start()
+
+    def start_sim(self, name: str, *extra: str) -> ManagedProcess:
+        """Start one more simulator (not yet known to the EPP); call wait_ready() on it."""
+        ready = self.workdir / f"{name}.ready"
+        return ManagedProcess(
+            name,
+            epp_argv(
+                "sim",
+                "--port",
+                "0",
+                "--model",
+                self.opts.model,
+                "--ready-file",
+                str(ready),
+                "--log-level",
+                self.opts.log_level,
+                *self.opts.sim_args,
+                *extra,
+            ),
+            ready_file=ready,
+            log_path=self.workdir / f"{name}.log",
+        ).start()
+
+    def stop(self) -> None:
+        """Stop in reverse order: Envoy first so no new traffic arrives."""
+        if self.envoy is not None:
+            self.envoy.stop()
+        if self.epp is not None:
+            self.epp.stop()
+        for sim in self.sims:
+            sim.stop()
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def check_ports_free(ports: dict[str, int]) -> None:
+    """Fail fast, naming the flag, if a fixed port is already taken."""
+    for flag, port in ports.items():
+        if port == 0:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                raise ProcessFailed(
+                    f"port {port} ({flag}) is already in use on {HOST}: stop whatever holds it "
+                    f"or pick another port with {flag}"
+                ) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--servers", type=int, default=4, help="simulated model servers to start")
+    parser.add_argument("--model", default="sim-model", help="model name the simulators serve")
+    parser.add_argument("--envoy-port", type=int, default=8081, help="Envoy's listener port")
+    parser.add_argument("--envoy-admin-port", type=int, default=9901, help="Envoy's admin port")
+    parser.add_argument("--grpc-port", type=int, default=9002, help="EPP ext_proc gRPC port")
+    parser.add_argument("--http-port", type=int, default=9090, help="EPP HTTP (/metrics) port")
+    parser.add_argument(
+        "--processing",
+        choices=PROCESSING_MODES,
+        default="full",
+        help="what Envoy sends the EPP: full (response body too) or lean (response headers only)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="simulators' latency multiplier (0 = instant answers)",
+    )
+    parser.add_argument("--workdir", type=Path, help="where configs and logs go (default: temp)")
+    add_log_level(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.servers < 1:
+        print("epp stack: --servers must be at least 1", file=sys.stderr)
+        return 2
+    opts = StackOptions(
+        servers=args.servers,
+        model=args.model,
+        envoy_port=args.envoy_port,
+        envoy_admin_port=args.envoy_admin_port,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        processing=args.processing,
+        sim_args=["--time-scale", str(args.time_scale)],
+        log_level=args.log_level,
+        workdir=args.workdir,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    stack = LocalStack(opts)
+    print(f"starting Envoy, the EPP and {opts.servers} simulated model server(s)...", flush=True)
+    try:
+        stack.start()
+    except ProcessFailed as exc:
+        print(f"epp stack: {exc}", file=sys.stderr)
+        return 1
+    print(banner(stack), flush=True)
+    try:
+        while not stop.wait(0.5):
+            dead = [p.name for p in [*stack.sims, stack.epp] if p is not None and not p.alive()]
+            if stack.envoy is not None and not stack.envoy.process.alive():
+                dead.append("envoy")
+            if dead:
+                print(f"epp stack: {', '.join(dead)} exited; stopping", file=sys.stderr)
+                return 1
+    finally:
+        print("stopping...", flush=True)
+        stack.stop()
+        print("stopped.", flush=True)
+    return 0
+
+
+def banner(stack: LocalStack) -> str:
+    assert stack.envoy is not None
+    url, model = stack.envoy_url, stack.opts.model
+    return f"""
+epp stack is up.
+  Envoy (send requests here)  {url}
+  EPP ext_proc gRPC           {HOST}:{stack.grpc_port}
+  EPP metrics                 {stack.epp_http_url}/metrics
+  Envoy admin                 {stack.envoy.admin_url}
+  model servers ({model})  {", ".join(stack.sim_addresses)}
+  logs and configs            {stack.workdir}
+
+Try it:
+  curl -s {url}/v1/completions -H 'content-type: application/json' \\
+    -d '{{"model": "{model}", "prompt": "Hello, world", "max_tokens": 8}}'
+
+  .venv/bin/python - <<'PY'
+  from openai import OpenAI
+  client = OpenAI(base_url="{url}/v1", api_key="unused")
+  reply = client.chat.completions.create(
+      model="{model}", messages=[{{"role": "user", "content": "Hi"}}], max_tokens=8)
+  print(reply.choices[0].message.content)
+  PY
+
+Ctrl-C stops everything."""

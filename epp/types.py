@@ -1,0 +1,105 @@
+"""Plain data shared by the scheduler, the datastore and the Envoy adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    """What an endpoint serves in a prefill/decode split (unlabelled endpoints decode)."""
+
+    DECODE = "decode"
+    PREFILL = "prefill"
+    BOTH = "prefill-decode"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One model-server port: the unit the EPP routes to."""
+
+    host: str
+    port: int
+    role: Role = Role.DECODE
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        """``ip:port``, the value Envoy routes by (IPv6 hosts bracketed)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointState:
+    """An endpoint plus the slow-changing state the EPP knows about it (replaced, never
+    mutated, when it changes)."""
+
+    endpoint: Endpoint
+
+    @property
+    def address(self) -> str:
+        return self.endpoint.address
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The pool as the scheduler sees it.
+
+    ``endpoints`` is an immutable tuple rebuilt only when membership or endpoint state
+    changes. ``in_flight`` (address -> requests the EPP has routed there and not seen
+    finish) changes on every request, so it is a read-only view of the live counters
+    rather than a copy: scheduling is synchronous on the event loop, so the view cannot
+    change during one scheduling call. Tests pass a plain dict.
+    """
+
+    endpoints: tuple[EndpointState, ...]
+    in_flight: Mapping[str, int]
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    """What the scheduler needs to know about one request (parsed once, never re-read)."""
+
+    request_id: str
+    model: str | None
+    path: str
+    prompt_chars: int = 0
+    stream: bool = False
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingResult:
+    """The chosen endpoints, primary first; later entries are fallbacks."""
+
+    targets: tuple[Endpoint, ...]
+
+    @property
+    def primary(self) -> Endpoint:
+        return self.targets[0]
+
+    @property
+    def header_value(self) -> str:
+        """The Endpoint Picker Protocol value: ``ip:port`` or ``ip:port,ip:port``."""
+        return ",".join(t.address for t in self.targets)
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """Split ``host:port`` / ``[v6]:port``; raise ValueError with a precise message."""
+    text = value.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise ValueError(f"malformed address {value!r}: expected [ipv6]:port")
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"malformed address {value!r}: expected host:port")
+        if ":" in host:
+            raise ValueError(f"malformed address {value!r}: bracket IPv6 hosts as [addr]:port")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"malformed address {value!r}: port must be 1-65535")
+    return host, int(port_text)

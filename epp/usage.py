@@ -1,0 +1,48 @@
+"""Find the OpenAI ``usage`` object at the end of a response body (pure).
+
+Non-streaming responses carry it in the JSON body; SSE streams carry it in the last
+data event when ``stream_options.include_usage`` is set. Either way it sits near the end,
+so the Envoy adapter only keeps the body's tail.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+TAIL_BYTES = 4096
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def keep_tail(tail: bytes, chunk: bytes) -> bytes:
+    """The last TAIL_BYTES of ``tail + chunk``."""
+    if len(chunk) >= TAIL_BYTES:
+        return chunk[-TAIL_BYTES:]
+    joined = tail + chunk
+    return joined[-TAIL_BYTES:]
+
+
+def find_usage(tail: bytes) -> Usage | None:
+    """The last ``"usage": {...}`` object in ``tail``, or None if absent or malformed."""
+    idx = tail.rfind(b'"usage"')
+    if idx < 0:
+        return None
+    text = tail[idx + len(b'"usage"') :].decode("utf-8", errors="replace").lstrip()
+    if not text.startswith(":"):
+        return None
+    try:
+        obj, _ = _DECODER.raw_decode(text[1:].lstrip())
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    return Usage(prompt, completion)

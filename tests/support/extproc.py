@@ -1,0 +1,79 @@
+"""Build the ProcessingRequest messages Envoy sends, and read our replies back."""
+
+from __future__ import annotations
+
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.ext_proc.v3.external_processor_pb2 import (
+    HttpBody,
+    HttpHeaders,
+    ProcessingRequest,
+    ProcessingResponse,
+    ProtocolConfiguration,
+)
+
+
+def request_headers(
+    extra: dict[str, str] | None = None,
+    *,
+    path: str = "/v1/completions",
+    method: str = "POST",
+    end_of_stream: bool = False,
+    response_body_mode: int | None = None,
+) -> ProcessingRequest:
+    pairs = {":method": method, ":path": path, ":authority": "envoy", **(extra or {})}
+    msg = ProcessingRequest(
+        request_headers=HttpHeaders(
+            headers=HeaderMap(
+                headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]
+            ),
+            end_of_stream=end_of_stream,
+        )
+    )
+    if response_body_mode is not None:
+        msg.protocol_config.CopyFrom(
+            ProtocolConfiguration(
+                request_body_mode=ProcessingMode.FULL_DUPLEX_STREAMED,
+                response_body_mode=response_body_mode,  # type: ignore[arg-type]
+            )
+        )
+    return msg
+
+
+def request_body(data: bytes, end_of_stream: bool) -> ProcessingRequest:
+    return ProcessingRequest(request_body=HttpBody(body=data, end_of_stream=end_of_stream))
+
+
+def response_headers(status: int, end_of_stream: bool = False) -> ProcessingRequest:
+    return ProcessingRequest(
+        response_headers=HttpHeaders(
+            headers=HeaderMap(headers=[HeaderValue(key=":status", raw_value=str(status).encode())]),
+            end_of_stream=end_of_stream,
+        )
+    )
+
+
+def response_body(data: bytes, end_of_stream: bool) -> ProcessingRequest:
+    return ProcessingRequest(response_body=HttpBody(body=data, end_of_stream=end_of_stream))
+
+
+def chunked(body: bytes, *cuts: int) -> list[ProcessingRequest]:
+    """The body as Envoy would stream it, split at the given offsets."""
+    bounds = [0, *sorted(cuts), len(body)]
+    parts = [body[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [request_body(p, i == len(parts) - 1) for i, p in enumerate(parts)]
+
+
+def set_headers(reply: ProcessingResponse) -> dict[str, str]:
+    mutation = reply.request_headers.response.header_mutation
+    return {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
+
+
+def removed_headers(reply: ProcessingResponse) -> list[str]:
+    return list(reply.request_headers.response.header_mutation.remove_headers)
+
+
+def streamed_body(replies: list[ProcessingResponse]) -> tuple[bytes, bool]:
+    """The request body we echoed back, and whether the last chunk ended the stream."""
+    chunks = [r.request_body.response.body_mutation.streamed_response for r in replies]
+    return b"".join(c.body for c in chunks), bool(chunks and chunks[-1].end_of_stream)

@@ -1,0 +1,200 @@
+"""The per-stream state machine, fed the exact protobuf messages Envoy sends."""
+
+import json
+import random
+
+import orjson
+import pytest
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+
+from epp.admin.metrics import EppMetrics
+from epp.datastore import Datastore
+from epp.extproc.messages import MAX_CHUNK_BYTES
+from epp.extproc.stream import ExtProcStream, Phase
+from epp.router import Router
+from epp.scheduling import LeastRequestScheduler
+from epp.types import Endpoint
+from tests.support import extproc as m
+
+BODY = orjson.dumps({"model": "m", "prompt": "hello " * 50, "max_tokens": 4})
+
+
+def make_router(n: int = 2, max_body: int = 1 << 20) -> Router:
+    ds = Datastore()
+    for i in range(n):
+        ds.add(Endpoint("127.0.0.1", 8000 + i))
+    return Router(
+        ds, LeastRequestScheduler(), EppMetrics(ds), max_body_bytes=max_body, rng=random.Random(0)
+    )
+
+
+def run(stream: ExtProcStream, msgs: list) -> list:  # type: ignore[type-arg]
+    out = []
+    for msg in msgs:
+        out.extend(stream.on_message(msg))
+    return out
+
+
+@pytest.mark.parametrize("cut", range(0, len(BODY) + 1, 7))
+def test_body_split_anywhere_is_held_then_routed_and_echoed(cut: int) -> None:
+    router = make_router()
+    stream = ExtProcStream(router)
+    assert stream.on_message(m.request_headers()) == []  # held until the body ends
+    replies = run(stream, m.chunked(BODY, cut))
+    head, body = replies[0], replies[1:]
+    headers = m.set_headers(head)
+    dest = headers["x-gateway-destination-endpoint"]
+    assert dest in {"127.0.0.1:8000", "127.0.0.1:8001"}
+    assert (
+        head.dynamic_metadata.fields["envoy.lb"]
+        .struct_value.fields["x-gateway-destination-endpoint"]
+        .string_value
+        == dest
+    )
+    assert head.request_headers.response.clear_route_cache
+    assert headers["content-length"] == str(len(BODY))
+    assert m.streamed_body(body) == (BODY, True)
+    assert router.datastore.in_flight(dest) == 1
+    assert stream.phase is Phase.UPSTREAM
+
+
+def test_large_body_is_echoed_in_bounded_chunks() -> None:
+    big = orjson.dumps({"model": "m", "prompt": "x" * (3 * MAX_CHUNK_BYTES + 17)})
+    stream = ExtProcStream(make_router())
+    stream.on_message(m.request_headers())
+    replies = run(stream, m.chunked(big, 1000, 70_000))
+    chunks = [r.request_body.response.body_mutation.streamed_response for r in replies[1:]]
+    assert all(len(c.body) <= MAX_CHUNK_BYTES for c in chunks)
+    assert [c.end_of_stream for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert b"".join(c.body for c in chunks) == big
+
+
+def test_bodyless_request_is_answered_at_once() -> None:
+    stream = ExtProcStream(make_router())
+    [reply] = stream.on_message(
+        m.request_headers(method="GET", path="/v1/models", end_of_stream=True)
+    )
+    assert "x-gateway-destination-endpoint" in m.set_headers(reply)
+    assert "content-length" not in m.set_headers(reply)
+
+
+def test_client_routing_headers_are_stripped_and_request_id_generated() -> None:
+    stream = ExtProcStream(make_router())
+    stream.on_message(
+        m.request_headers(
+            {
+                "x-gateway-destination-endpoint": "6.6.6.6:1",
+                "x-gateway-destination-endpoint-subset": "6.6.6.6:1",
+                "x-prefiller-host-port": "6.6.6.6:2",
+                "x-other": "kept",
+            }
+        )
+    )
+    [head, *_] = run(stream, m.chunked(BODY))
+    assert sorted(m.removed_headers(head)) == [
+        "x-gateway-destination-endpoint-subset",
+        "x-prefiller-host-port",
+    ]
+    headers = m.set_headers(head)
+    assert headers["x-gateway-destination-endpoint"] != "6.6.6.6:1"  # overwritten
+    assert len(headers["x-request-id"]) == 32
+
+
+def test_existing_request_id_is_kept() -> None:
+    stream = ExtProcStream(make_router())
+    stream.on_message(m.request_headers({"x-request-id": "abc"}))
+    [head, *_] = run(stream, m.chunked(BODY))
+    assert "x-request-id" not in m.set_headers(head)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{oops", 400, "invalid_json"),
+        (b"[]", 400, "invalid_body"),
+        (b'{"prompt": "x"}', 400, "missing_model"),
+        (b"", 400, "empty_body"),
+    ],
+)
+def test_bad_bodies_get_json_errors(body: bytes, status: int, code: str) -> None:
+    router = make_router()
+    stream = ExtProcStream(router)
+    stream.on_message(m.request_headers())
+    [reply] = stream.on_message(m.request_body(body, True))
+    imm = reply.immediate_response
+    assert imm.status.code == status
+    assert json.loads(imm.body)["error"]["code"] == code
+    assert {h.header.key: h.header.raw_value for h in imm.headers.set_headers} == {
+        "content-type": b"application/json"
+    }
+    assert router.datastore.total_in_flight() == 0
+
+
+def test_body_over_the_limit_is_413_as_soon_as_it_is_exceeded() -> None:
+    router = make_router(max_body=100)
+    stream = ExtProcStream(router)
+    stream.on_message(m.request_headers())
+    assert stream.on_message(m.request_body(b"x" * 60, False)) == []
+    [reply] = stream.on_message(m.request_body(b"x" * 60, False))
+    assert reply.immediate_response.status.code == 413
+    assert "100 bytes" in json.loads(reply.immediate_response.body)["error"]["message"]
+    assert stream.on_message(m.request_body(b"x", True)) == []  # rest is dropped
+
+
+def test_no_endpoint_is_503() -> None:
+    stream = ExtProcStream(make_router(n=0))
+    stream.on_message(m.request_headers())
+    [reply] = stream.on_message(m.request_body(BODY, True))
+    assert reply.immediate_response.status.code == 503
+
+
+def test_response_path_releases_in_flight_and_counts_usage() -> None:
+    router = make_router()
+    stream = ExtProcStream(router)
+    stream.on_message(m.request_headers())
+    run(stream, m.chunked(BODY))
+    assert router.datastore.total_in_flight() == 1
+    [r] = stream.on_message(m.response_headers(200))
+    assert r.HasField("response_headers")
+    usage = b'{"usage": {"prompt_tokens": 75, "completion_tokens": 4}}'
+    [r] = stream.on_message(m.response_body(usage[:10], False))
+    assert r.HasField("response_body") and not r.response_body.HasField("response")
+    assert router.datastore.total_in_flight() == 1
+    stream.on_message(m.response_body(usage[10:], True))
+    assert router.datastore.total_in_flight() == 0
+    assert router.metrics.tokens.labels("prompt")._value.get() == 75
+    stream.close()  # and closing afterwards does not release twice
+    assert router.datastore.total_in_flight() == 0
+
+
+def test_full_duplex_response_mode_echoes_chunks() -> None:
+    stream = ExtProcStream(make_router())
+    stream.on_message(m.request_headers(response_body_mode=ProcessingMode.FULL_DUPLEX_STREAMED))
+    run(stream, m.chunked(BODY))
+    stream.on_message(m.response_headers(200))
+    [r] = stream.on_message(m.response_body(b"data: x\n\n", False))
+    assert r.response_body.response.body_mutation.streamed_response.body == b"data: x\n\n"
+
+
+def test_close_mid_stream_releases() -> None:
+    router = make_router()
+    stream = ExtProcStream(router)
+    stream.on_message(m.request_headers())
+    run(stream, m.chunked(BODY))
+    stream.on_message(m.response_headers(200))
+    stream.on_message(m.response_body(b"data: partial\n\n", False))
+    assert router.datastore.total_in_flight() == 1
+    stream.close()
+    assert router.datastore.total_in_flight() == 0
+
+
+def test_trailers_end_the_body() -> None:
+    stream = ExtProcStream(make_router())
+    stream.on_message(m.request_headers())
+    assert stream.on_message(m.request_body(BODY, False)) == []
+    from envoy.service.ext_proc.v3.external_processor_pb2 import HttpTrailers, ProcessingRequest
+
+    replies = stream.on_message(ProcessingRequest(request_trailers=HttpTrailers()))
+    assert replies[0].HasField("request_headers")
+    assert m.streamed_body(replies[1:-1]) == (BODY, False)
+    assert replies[-1].HasField("request_trailers")

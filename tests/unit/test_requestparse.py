@@ -1,0 +1,55 @@
+import orjson
+import pytest
+
+from epp.errors import BadRequestError
+from epp.requestparse import parse_request, prompt_chars
+
+HEADERS = {":path": "/v1/completions?x=1", ":method": "POST"}
+
+
+def test_parses_model_stream_and_path() -> None:
+    body = orjson.dumps({"model": "m", "prompt": "abcd" * 10, "stream": True})
+    req, doc = parse_request("rid", HEADERS, body)
+    assert (req.model, req.path, req.stream, req.prompt_chars) == ("m", "/v1/completions", True, 40)
+    assert doc is not None and doc["model"] == "m"
+
+
+def test_no_body_means_no_model() -> None:
+    req, doc = parse_request("rid", {":path": "/v1/models"}, None)
+    assert req.model is None and doc is None and req.path == "/v1/models"
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "fragment"),
+    [
+        (b"", "empty_body", "empty"),
+        (b"{not json", "invalid_json", "not valid JSON"),
+        (b"[1, 2]", "invalid_body", "got an array"),
+        (b'"text"', "invalid_body", "got a string"),
+        (b'{"prompt": "x"}', "missing_model", "no 'model'"),
+        (b'{"model": 3}', "invalid_model", "got a number"),
+        (b'{"model": ""}', "invalid_model", "non-empty string"),
+        (b'{"model": null}', "missing_model", "no 'model'"),
+    ],
+)
+def test_bad_bodies_say_what_is_wrong(body: bytes, code: str, fragment: str) -> None:
+    with pytest.raises(BadRequestError) as info:
+        parse_request("rid", HEADERS, body)
+    assert info.value.status == 400
+    assert info.value.code == code
+    assert fragment in info.value.message
+
+
+def test_prompt_chars_for_every_prompt_form() -> None:
+    assert prompt_chars({"prompt": "hello"}) == 5
+    assert prompt_chars({"prompt": ["ab", "cde"]}) == 5
+    assert prompt_chars({"prompt": [1, 2, 3]}) == 12  # token ids ~ 4 chars each
+    chat = {
+        "messages": [
+            {"role": "system", "content": "abc"},
+            {"role": "user", "content": [{"type": "text", "text": "defg"}]},
+            "garbage",
+        ]
+    }
+    assert prompt_chars(chat) == 7
+    assert prompt_chars({"model": "m"}) == 0

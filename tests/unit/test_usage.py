@@ -1,0 +1,39 @@
+import orjson
+
+from epp.usage import TAIL_BYTES, Usage, find_usage, keep_tail
+
+
+def test_non_streaming_body() -> None:
+    body = orjson.dumps(
+        {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
+    )
+    assert find_usage(body) == Usage(7, 3)
+
+
+def test_sse_stream_takes_the_last_usage_chunk() -> None:
+    events = [
+        b'data: {"choices":[{"text":"a"}],"usage":null}\n\n',
+        b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    tail = b""
+    for e in events:
+        tail = keep_tail(tail, e)
+    assert find_usage(tail) == Usage(5, 2)
+
+
+def test_absent_null_or_garbage_usage_is_none() -> None:
+    assert find_usage(b'{"choices": []}') is None
+    assert find_usage(b'data: {"usage":null}\n\n') is None
+    assert find_usage(b'{"usage": {"prompt_tokens": "x", "completion_tokens": 1}}') is None
+    assert find_usage(b'{"usage": {"prompt_tokens": 1, "compl') is None
+    assert find_usage(b'"usage" nothing') is None
+
+
+def test_tail_is_bounded_and_keeps_the_end() -> None:
+    tail = b""
+    for i in range(100):
+        tail = keep_tail(tail, bytes([65 + i % 26]) * 100)
+    assert len(tail) == TAIL_BYTES
+    assert tail.endswith(bytes([65 + 99 % 26]) * 100)
+    assert keep_tail(b"abc", b"x" * (TAIL_BYTES + 5)) == b"x" * TAIL_BYTES
