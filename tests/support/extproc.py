@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
@@ -60,7 +62,7 @@ def response_body(data: bytes, end_of_stream: bool) -> ProcessingRequest:
 def chunked(body: bytes, *cuts: int) -> list[ProcessingRequest]:
     """The body as Envoy would stream it, split at the given offsets."""
     bounds = [0, *sorted(cuts), len(body)]
-    parts = [body[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    parts = [body[a:b] for a, b in itertools.pairwise(bounds)]
     return [request_body(p, i == len(parts) - 1) for i, p in enumerate(parts)]
 
 

@@ -13,7 +13,7 @@ def test_non_streaming_body() -> None:
 def test_sse_stream_takes_the_last_usage_chunk() -> None:
     events = [
         b'data: {"choices":[{"text":"a"}],"usage":null}\n\n',
-        b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}\n\n',
+        b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n',
         b"data: [DONE]\n\n",
     ]
     tail = b""
