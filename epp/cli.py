@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import sys
 from collections.abc import Sequence
 
 from epp import __version__
@@ -21,22 +22,25 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI parser; only ``command``'s module is imported (keeps start-up fast and
+    lets each subcommand depend only on what it uses)."""
     parser = argparse.ArgumentParser(
         prog="epp", description="Endpoint picker for LLM inference behind Envoy."
     )
     parser.add_argument("--version", action="version", version=f"epp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
         p = sub.add_parser(
             name,
             help=help_text,
             description=help_text,
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         )
-        module.add_arguments(p)
-        p.set_defaults(_module=module)
+        if name == command:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(_module=module)
     return parser
 
 
@@ -57,7 +61,9 @@ def setup_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     setup_logging(getattr(args, "log_level", "info"))
     result: int = args._module.run(args)
     return result

@@ -1,0 +1,40 @@
+"""Shared fixtures: real processes on loopback, ephemeral ports, ready files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from epp.procs import ManagedProcess, epp_argv
+
+
+@pytest.fixture
+def epp_server(tmp_path: Path) -> Iterator[ManagedProcess]:
+    """A real ``epp serve`` on ephemeral ports routing to two (unused) addresses."""
+    proc = ManagedProcess(
+        "epp",
+        epp_argv(
+            "serve",
+            "--grpc-port",
+            "0",
+            "--http-port",
+            "0",
+            "--endpoint",
+            "127.0.0.1:18001",
+            "--endpoint",
+            "127.0.0.1:18002",
+            "--max-body-bytes",
+            "4096",
+            "--ready-file",
+            str(tmp_path / "epp.ready"),
+        ),
+        ready_file=tmp_path / "epp.ready",
+        log_path=tmp_path / "epp.log",
+    ).start()
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
