@@ -6,8 +6,11 @@ request Envoy shows the EPP:
 
 * ``full``: request headers + FULL_DUPLEX_STREAMED body (trailers SEND, as Envoy
   requires), response headers + STREAMED body. The EPP sees status, usage, end of stream.
-* ``lean``: the request path as in ``full``; on the response path only the headers.
-  Fewer ext_proc messages per request (cheaper), but no usage accounting.
+* ``lean``: the request path as in ``full``; on the response path the headers, no body,
+  trailers SEND. Fewer ext_proc messages per request (cheaper), but no usage counting.
+  Trailers must stay SEND: with SKIP, Envoy 1.40 closes the ext_proc stream right after
+  the response headers, so the EPP would lose sight of a streaming response's end and
+  its in-flight counts would drop while the response is still streaming (measured).
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ def _processing_mode(processing: Processing) -> dict[str, str]:
     }
     if processing == "lean":
         mode["response_body_mode"] = "NONE"
+        mode["response_trailer_mode"] = "SEND"  # keeps the stream open; see module doc
     return mode
 
 

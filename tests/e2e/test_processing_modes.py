@@ -1,0 +1,41 @@
+"""In-flight accounting must cover the whole HTTP exchange in every processing mode:
+the EPP learns a request ended only from the ext_proc stream."""
+
+from __future__ import annotations
+
+import socket
+
+import orjson
+import pytest
+
+from epp.envoyconfig import PROCESSING_MODES, Processing
+from epp.stack import LocalStack
+from tests.e2e.conftest import ephemeral
+from tests.support.http import epp_in_flight, request
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("processing", PROCESSING_MODES)
+def test_stream_counts_until_the_response_ends(processing: Processing) -> None:
+    opts = ephemeral(servers=1, processing=processing, sim_args=["--time-scale", "0.5"])
+    with LocalStack(opts) as stack:
+        body = orjson.dumps(
+            {"model": "sim-model", "prompt": "x", "max_tokens": 5000, "stream": True}
+        )
+        port = int(stack.envoy_url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            assert b"200 OK" in s.recv(4096)
+            for _ in range(3):  # the response keeps streaming, the count must hold
+                assert s.recv(4096)
+                assert epp_in_flight(stack.epp_http_url) == 1
+        wait_for(lambda: epp_in_flight(stack.epp_http_url) == 0, what="release after disconnect")
+        short = orjson.dumps({"model": "sim-model", "prompt": "x", "max_tokens": 2})
+        assert request(f"{stack.envoy_url}/v1/completions", short)[0] == 200
+        wait_for(lambda: epp_in_flight(stack.epp_http_url) == 0, what="release after completion")

@@ -1,0 +1,167 @@
+"""End to end: the official openai client -> real Envoy -> real EPP -> real simulators."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import orjson
+import pytest
+
+from epp.stack import LocalStack
+from tests.e2e.conftest import MAX_BODY, ephemeral
+from tests.support.http import epp_in_flight, get_json, request
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+MODEL = "sim-model"
+
+
+def client(stack: LocalStack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.envoy_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_completion_and_chat(stack: LocalStack) -> None:
+    c = client(stack)
+    completion = c.completions.create(model=MODEL, prompt="Hello there", max_tokens=5)
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage is not None and completion.usage.completion_tokens == 5
+    chat = c.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+    )
+    assert chat.choices[0].message.content
+    assert chat.usage is not None and chat.usage.completion_tokens == 4
+
+
+def test_streaming_completion_and_chat(stack: LocalStack) -> None:
+    c = client(stack)
+    chunks = list(
+        c.completions.create(
+            model=MODEL,
+            prompt="Stream me",
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert len(text) > 0
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    chat_chunks = list(
+        c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, stream=True
+        )
+    )
+    deltas = [ch.choices[0].delta.content or "" for ch in chat_chunks if ch.choices]
+    assert "".join(deltas)
+    assert chat_chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_models_get_without_body_is_routed(stack: LocalStack) -> None:
+    models = client(stack).models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_json"),
+        (b"[1]", 400, "invalid_body"),
+        (b'{"prompt": "no model"}', 400, "missing_model"),
+        (b'{"model": 42, "prompt": "x"}', 400, "invalid_model"),
+    ],
+)
+def test_bad_requests_get_precise_json_errors(
+    stack: LocalStack, body: bytes, status: int, code: str
+) -> None:
+    got, headers, raw = request(f"{stack.envoy_url}/v1/completions", body)
+    assert got == status
+    assert headers["content-type"] == "application/json"
+    error = json.loads(raw)["error"]
+    assert error["code"] == code and error["type"] == "invalid_request_error"
+    assert error["message"]
+
+
+def test_body_over_limit_is_413_and_others_unaffected(stack: LocalStack) -> None:
+    big = orjson.dumps({"model": MODEL, "prompt": "x" * (MAX_BODY + 10), "max_tokens": 1})
+    status, headers, raw = request(f"{stack.envoy_url}/v1/completions", big)
+    assert status == 413
+    assert headers["content-type"] == "application/json"
+    assert str(MAX_BODY) in json.loads(raw)["error"]["message"]
+    ok = client(stack).completions.create(model=MODEL, prompt="still fine", max_tokens=1)
+    assert ok.choices
+
+
+def test_one_mib_body_arrives_byte_exact(stack: LocalStack) -> None:
+    prompt = "".join(chr(0x61 + i % 26) for i in range(1024 * 1024))
+    body = orjson.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1})
+    status, headers, _ = request(f"{stack.envoy_url}/v1/completions", body)
+    assert status == 200
+    served = headers["x-sim-instance"]
+    last = get_json(f"http://{served}/sim/last-request")
+    assert last["body_bytes"] == len(body)
+    assert last["body_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+def test_client_routing_headers_are_not_trusted(stack: LocalStack) -> None:
+    body = orjson.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1})
+    status, headers, _ = request(
+        f"{stack.envoy_url}/v1/completions",
+        body,
+        headers={"x-gateway-destination-endpoint": "10.255.255.1:1", "x-prefiller-host-port": "x"},
+    )
+    assert status == 200
+    served = headers["x-sim-instance"]
+    assert served in stack.sim_addresses
+    seen = get_json(f"http://{served}/sim/last-request")["headers"]
+    assert seen["x-gateway-destination-endpoint"] == served
+    assert "x-prefiller-host-port" not in seen
+    assert seen["x-request-id"]  # Envoy or the EPP always sets one
+
+
+def test_concurrent_requests_spread_across_servers(stack: LocalStack) -> None:
+    body = orjson.dumps({"model": MODEL, "prompt": "spread " * 20, "max_tokens": 12})
+
+    def one(_: int) -> str:
+        status, headers, _ = request(f"{stack.envoy_url}/v1/completions", body)
+        assert status == 200
+        return headers["x-sim-instance"]
+
+    with ThreadPoolExecutor(16) as pool:
+        served = list(pool.map(one, range(32)))
+    counts = {a: served.count(a) for a in stack.sim_addresses}
+    assert all(n >= 4 for n in counts.values()), counts
+
+
+def test_in_flight_held_while_streaming_and_released_on_disconnect(stack: LocalStack) -> None:
+    body = orjson.dumps(
+        {"model": MODEL, "prompt": "long stream", "max_tokens": 2000, "stream": True}
+    )
+    port = int(stack.envoy_url.rsplit(":", 1)[1])
+    socks = []
+    for _ in range(3):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        assert b"200 OK" in s.recv(4096)  # the stream has started
+        socks.append(s)
+    assert epp_in_flight(stack.epp_http_url) == 3
+    for s in socks:
+        s.close()  # client walks away mid-stream
+    wait_for(lambda: epp_in_flight(stack.epp_http_url) == 0, what="in-flight back to zero")
+
+
+def test_no_endpoint_is_503() -> None:
+    with LocalStack(ephemeral(servers=0)) as empty:
+        status, headers, raw = request(
+            f"{empty.envoy_url}/v1/completions", b'{"model": "m", "prompt": "x"}'
+        )
+    assert status == 503
+    assert headers["content-type"] == "application/json"
+    assert json.loads(raw)["error"]["code"] == "no_endpoint"

@@ -1,0 +1,50 @@
+"""Small HTTP helpers over the standard library for tests (no extra client deps)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+
+def request(
+    url: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    method: str | None = None,
+    timeout: float = 30.0,
+) -> tuple[int, dict[str, str], bytes]:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request(
+            method or ("POST" if body is not None else "GET"),
+            parts.path or "/",
+            body=body,
+            headers={"content-type": "application/json", **(headers or {})},
+        )
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def get_json(url: str) -> Any:
+    status, _, body = request(url)
+    assert status == 200, f"GET {url} -> {status}: {body[:200]!r}"
+    return json.loads(body)
+
+
+def metric_sum(metrics_text: str, name: str) -> float:
+    """Sum of all samples of ``name`` (any labels) in Prometheus text."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def epp_in_flight(epp_http_url: str) -> float:
+    _, _, body = request(f"{epp_http_url}/metrics")
+    return metric_sum(body.decode(), "epp_in_flight_requests")
