@@ -109,7 +109,8 @@ def main() -> int:
         try:
             assert stack.epp is not None
             epp_asyncio = start_epp(stack, "epp-asyncio", ["--no-uvloop"])
-            extra.append(epp_asyncio)
+            epp_grpclib = start_epp(stack, "epp-grpclib", ["--transport", "grpclib"])
+            extra += [epp_asyncio, epp_grpclib]
             servers = [(h, int(p)) for h, p in (a.split(":") for a in stack.sim_addresses)]
 
             def via_epp(name: str, port: int, processing: Processing) -> EnvoyProcess:
@@ -124,11 +125,17 @@ def main() -> int:
             envoys.append(start_envoy(stack, "alone", baseline_config(base_opts, servers)))
             paths = [
                 Path_("Envoy alone (round robin)", envoys[0], None),
-                Path_("Envoy + EPP, full, uvloop", via_epp("full", stack.grpc_port, "full"),
+                Path_("EPP grpcio, full", via_epp("full", stack.grpc_port, "full"),
                       stack.epp.pid),
-                Path_("Envoy + EPP, lean, uvloop", via_epp("lean", stack.grpc_port, "lean"),
+                Path_("EPP grpcio, lean", via_epp("lean", stack.grpc_port, "lean"),
                       stack.epp.pid),
-                Path_("Envoy + EPP, full, asyncio loop",
+                Path_("EPP grpclib, full",
+                      via_epp("grpclib-full", epp_grpclib.info["grpc_port"], "full"),
+                      epp_grpclib.pid),
+                Path_("EPP grpclib, lean",
+                      via_epp("grpclib-lean", epp_grpclib.info["grpc_port"], "lean"),
+                      epp_grpclib.pid),
+                Path_("EPP grpcio, full, asyncio loop (no uvloop)",
                       via_epp("full-asyncio", epp_asyncio.info["grpc_port"], "full"),
                       epp_asyncio.pid),
             ]  # fmt: skip

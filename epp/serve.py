@@ -9,15 +9,13 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from aiohttp import web
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epp.admin.http import make_admin_app
 from epp.admin.metrics import EppMetrics
 from epp.cli import add_log_level
 from epp.datastore import Datastore
-from epp.extproc import servicer
+from epp.extproc.transport import TRANSPORTS, make_transport
 from epp.readyfile import write_ready
 from epp.router import Router
 from epp.scheduling import LeastRequestScheduler
@@ -25,7 +23,6 @@ from epp.types import Endpoint, parse_host_port
 
 log = logging.getLogger("epp.serve")
 
-HEALTH_SERVICES = ("", "liveness", "readiness", servicer.SERVICE_NAME)
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
@@ -37,6 +34,7 @@ class ServeOptions:
     endpoints: tuple[Endpoint, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ready_file: Path | None = None
+    transport: str = "grpcio"
 
 
 def _endpoint(value: str) -> Endpoint:
@@ -88,6 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ready-file", type=Path, help="write {grpc_port, http_port} as JSON here once serving"
     )
+    parser.add_argument(
+        "--transport",
+        choices=sorted(TRANSPORTS),
+        default="grpcio",
+        help="gRPC server library carrying ext_proc streams (see bench/results/overhead.md)",
+    )
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
     add_log_level(parser)
 
@@ -100,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         endpoints=tuple(args.endpoint),
         max_body_bytes=args.max_body_bytes,
         ready_file=args.ready_file,
+        transport=args.transport,
     )
     if not args.no_uvloop:
         try:
@@ -123,20 +128,8 @@ async def serve(opts: ServeOptions) -> None:
     metrics = EppMetrics(datastore)
     router = Router(datastore, LeastRequestScheduler(), metrics, max_body_bytes=opts.max_body_bytes)
 
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
-        ]
-    )
-    servicer.add_to_server(server, router)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    try:
-        grpc_port = server.add_insecure_port(f"{opts.listen_host}:{opts.grpc_port}")
-    except RuntimeError as exc:
-        raise OSError(f"gRPC port {opts.listen_host}:{opts.grpc_port}: {exc}") from None
-    await server.start()
+    transport = make_transport(opts.transport, router)
+    grpc_port = await transport.start(opts.listen_host, opts.grpc_port)
 
     runner = web.AppRunner(make_admin_app(datastore, metrics), access_log=None)
     await runner.setup()
@@ -144,14 +137,14 @@ async def serve(opts: ServeOptions) -> None:
     try:
         await site.start()
     except OSError as exc:
-        await server.stop(None)
+        await transport.stop(0)
         raise OSError(f"HTTP port {opts.listen_host}:{opts.http_port}: {exc.strerror}") from None
     http_port = runner.addresses[0][1]
 
-    for name in HEALTH_SERVICES:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await transport.set_serving(True)
     log.info(
-        "serving ext_proc on %s:%d, HTTP on %s:%d, %d endpoint(s): %s",
+        "serving ext_proc (%s) on %s:%d, HTTP on %s:%d, %d endpoint(s): %s",
+        opts.transport,
         opts.listen_host,
         grpc_port,
         opts.listen_host,
@@ -167,7 +160,6 @@ async def serve(opts: ServeOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
-    for name in HEALTH_SERVICES:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    await server.stop(grace=2.0)
+    await transport.set_serving(False)
+    await transport.stop(grace=2.0)
     await runner.cleanup()

@@ -10,9 +10,10 @@ import pytest
 from epp.procs import ManagedProcess, epp_argv
 
 
-@pytest.fixture
-def epp_server(tmp_path: Path) -> Iterator[ManagedProcess]:
-    """A real ``epp serve`` on ephemeral ports routing to two (unused) addresses."""
+@pytest.fixture(params=["grpcio", "grpclib"])
+def epp_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ManagedProcess]:
+    """A real ``epp serve`` (each gRPC transport) on ephemeral ports routing to two
+    (unused) addresses."""
     proc = ManagedProcess(
         "epp",
         epp_argv(
@@ -29,6 +30,8 @@ def epp_server(tmp_path: Path) -> Iterator[ManagedProcess]:
             "4096",
             "--ready-file",
             str(tmp_path / "epp.ready"),
+            "--transport",
+            request.param,
         ),
         ready_file=tmp_path / "epp.ready",
         log_path=tmp_path / "epp.log",

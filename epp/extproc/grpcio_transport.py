@@ -1,0 +1,72 @@
+"""grpc.aio transport: feeds each ext_proc stream through an :class:`ExtProcStream` and
+releases its claims however the stream ends."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from epp.extproc.stream import ExtProcStream
+from epp.extproc.transport import HEALTH_SERVICES, MAX_MESSAGE_BYTES
+from epp.router import Router
+
+
+class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    async def Process(
+        self, request_iterator: AsyncIterator[ProcessingRequest], context: Any
+    ) -> AsyncIterator[ProcessingResponse]:
+        stream = ExtProcStream(self._router)
+        try:
+            async for msg in request_iterator:
+                for reply in stream.on_message(msg):
+                    yield reply
+        finally:
+            # EOF, client cancel (CancelledError / GeneratorExit) or error: all end here.
+            stream.close()
+
+
+class GrpcioTransport:
+    def __init__(self, router: Router) -> None:
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ]
+        )
+        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
+            ExtProcServicer(router), self._server
+        )
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+
+    async def start(self, host: str, port: int) -> int:
+        try:
+            bound: int = self._server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as exc:
+            raise OSError(f"gRPC port {host}:{port}: {exc}") from None
+        await self._server.start()
+        return bound
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in HEALTH_SERVICES:
+            await self._health.set(name, status)
+
+    async def stop(self, grace: float) -> None:
+        await self._server.stop(grace)
+
+
+def make(router: Router) -> GrpcioTransport:
+    return GrpcioTransport(router)

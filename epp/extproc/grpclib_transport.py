@@ -1,0 +1,88 @@
+"""grpclib transport: pure-Python asyncio HTTP/2. Fewer layers per message than grpc.aio,
+so less CPU per ext_proc message (see bench/results/overhead.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
+from grpclib.server import Server, Stream
+
+from epp.extproc.stream import ExtProcStream
+from epp.extproc.transport import EXT_PROC_SERVICE, HEALTH_SERVICES
+from epp.router import Router
+
+
+class _ExtProc:
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            f"/{EXT_PROC_SERVICE}/Process": Handler(
+                self._process, Cardinality.STREAM_STREAM, ProcessingRequest, ProcessingResponse
+            )
+        }
+
+    async def _process(self, stream: Stream[ProcessingRequest, ProcessingResponse]) -> None:
+        ext = ExtProcStream(self._router)
+        try:
+            async for msg in stream:
+                for reply in ext.on_message(msg):
+                    await stream.send_message(reply)
+        finally:
+            ext.close()  # EOF, reset or cancel
+
+
+class _Health:
+    """grpc.health.v1.Health/Check over a plain status table."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {}
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            "/grpc.health.v1.Health/Check": Handler(
+                self._check, Cardinality.UNARY_UNARY, HealthCheckRequest, HealthCheckResponse
+            )
+        }
+
+    async def _check(self, stream: Stream[HealthCheckRequest, HealthCheckResponse]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        status = self.status.get(request.service)
+        if status is None:
+            raise GRPCError(Status.NOT_FOUND, f"unknown service {request.service!r}")
+        await stream.send_message(HealthCheckResponse(status=status))
+
+
+class GrpclibTransport:
+    def __init__(self, router: Router) -> None:
+        self._health = _Health()
+        self._server = Server([_ExtProc(router), self._health])
+
+    async def start(self, host: str, port: int) -> int:
+        try:
+            await self._server.start(host, port)
+        except OSError as exc:
+            raise OSError(f"gRPC port {host}:{port}: {exc.strerror}") from None
+        # grpclib exposes no bound address; the asyncio server underneath has it.
+        server: Any = self._server._server
+        bound: int = server.sockets[0].getsockname()[1]
+        return bound
+
+    async def set_serving(self, serving: bool) -> None:
+        status = HealthCheckResponse.SERVING if serving else HealthCheckResponse.NOT_SERVING
+        for name in HEALTH_SERVICES:
+            self._health.status[name] = status
+
+    async def stop(self, grace: float) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+
+def make(router: Router) -> GrpclibTransport:
+    return GrpclibTransport(router)
