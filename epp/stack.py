@@ -18,6 +18,7 @@ from types import FrameType
 from epp.cli import add_log_level
 from epp.envoyconfig import PROCESSING_MODES, EnvoyOptions, Processing, epp_config
 from epp.envoyproc import EnvoyProcess, write_config
+from epp.extproc.transport import TRANSPORTS
 from epp.procs import ManagedProcess, ProcessFailed, epp_argv, scratch_dir
 
 HOST = "127.0.0.1"
@@ -182,12 +183,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="what Envoy sends the EPP: full (response body too) or lean (response headers only)",
     )
     parser.add_argument(
+        "--transport",
+        choices=sorted(TRANSPORTS),
+        default="grpcio",
+        help="gRPC library the EPP serves ext_proc with (epp serve --transport)",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
         help="simulators' latency multiplier (0 = instant answers)",
     )
-    parser.add_argument("--workdir", type=Path, help="where configs and logs go (default: temp)")
+    parser.add_argument(
+        "--workdir", type=Path, help="where configs and logs go (default: a new temp dir)"
+    )
     add_log_level(parser)
 
 
@@ -204,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         processing=args.processing,
         sim_args=["--time-scale", str(args.time_scale)],
+        epp_args=["--transport", args.transport],
         log_level=args.log_level,
         workdir=args.workdir,
     )
@@ -246,7 +256,7 @@ epp stack is up.
   EPP ext_proc gRPC           {HOST}:{stack.grpc_port}
   EPP metrics                 {stack.epp_http_url}/metrics
   Envoy admin                 {stack.envoy.admin_url}
-  model servers ({model})  {", ".join(stack.sim_addresses)}
+  model servers               {", ".join(stack.sim_addresses)} (model {model})
   logs and configs            {stack.workdir}
 
 Try it:

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 _STRIPPED_PREFIX = "x-gateway-destination-endpoint"
 _STRIPPED_EXACT = frozenset({"x-prefiller-host-port"})
 _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 class Phase(Enum):
@@ -113,8 +114,10 @@ class ExtProcStream:
         req.request_id = req.headers.get("x-request-id", "")
         if not req.request_id:
             req.request_id, req.generated_id = uuid.uuid4().hex, True
-        if msg.end_of_stream:  # e.g. GET /v1/models: nothing to wait for
-            return [self._routed_headers(None)]
+        if msg.end_of_stream:  # nothing to wait for
+            # GET /v1/models has no body by design; a POST without one is a client error.
+            method = req.headers.get(":method", "GET")
+            return [self._routed_headers(b"" if method in _BODY_METHODS else None)]
         self._envoy.phase = Phase.REQUEST_BODY
         return []
 
@@ -143,11 +146,11 @@ class ExtProcStream:
         body = b"".join(self._req.chunks)
         self._req.chunks = []
         return [
-            self._routed_headers(body, len(body)),
+            self._routed_headers(body),
             *messages.streamed_request_body(body, end_of_stream),
         ]
 
-    def _routed_headers(self, body: bytes | None, length: int = 0) -> ProcessingResponse:
+    def _routed_headers(self, body: bytes | None) -> ProcessingResponse:
         req = self._req
         request, _doc = parse_request(req.request_id, req.headers, body)
         routed = self._router.route(request)
@@ -155,7 +158,7 @@ class ExtProcStream:
         self._envoy.phase = Phase.UPSTREAM
         extra: list[tuple[str, str]] = []
         if body is not None:
-            extra.append(("content-length", str(length)))
+            extra.append(("content-length", str(len(body))))
         if req.generated_id:
             extra.append(("x-request-id", req.request_id))
         remove = [

@@ -78,6 +78,13 @@ def test_bodyless_request_is_answered_at_once() -> None:
     assert "content-length" not in m.set_headers(reply)
 
 
+def test_post_without_body_is_400() -> None:
+    stream = ExtProcStream(make_router())
+    [reply] = stream.on_message(m.request_headers(end_of_stream=True))
+    assert reply.immediate_response.status.code == 400
+    assert json.loads(reply.immediate_response.body)["error"]["code"] == "empty_body"
+
+
 def test_client_routing_headers_are_stripped_and_request_id_generated() -> None:
     stream = ExtProcStream(make_router())
     stream.on_message(
