@@ -1,0 +1,216 @@
+"""``epp sim``: run one simulated vLLM server until SIGTERM / SIGINT (then exit 0).
+
+The socket is bound before anything else (``--port 0`` picks a free port), so the
+instance id defaults to the real ``host:port`` and the ready file names the real port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import signal
+import socket
+from collections.abc import Callable
+
+from aiohttp import web
+
+from epp.cli import add_log_level
+from epp.readyfile import write_ready
+from epp.sim.config import SimConfig
+from epp.sim.server import make_app
+
+log = logging.getLogger("epp.sim")
+
+# After SIGTERM, in-flight requests get this long to finish, then as long again to
+# unwind once cancelled (aiohttp applies the timeout to both phases).
+SHUTDOWN_GRACE_S = 0.5
+
+
+def _port(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``epp sim`` (process-level settings only; all have defaults)."""
+    d = SimConfig()
+    add = parser.add_argument
+    add("--host", default=d.host, help="address to listen on")
+    add("--port", type=_port, default=d.port, help="port to listen on (0 = pick a free one)")
+    add(
+        "--ready-file",
+        default=None,
+        metavar="PATH",
+        help="write {host, port, url, instance} here once bound",
+    )
+    add("--model", default=d.model, help="the served model name")
+    add("--instance-id", default=None, help="name in x-sim-instance (default: host:port)")
+    add(
+        "--max-num-seqs",
+        type=_positive_int,
+        default=d.max_num_seqs,
+        help="sequences running at once; the rest wait FIFO",
+    )
+    add("--kv-blocks", type=_positive_int, default=d.kv_blocks, help="KV capacity in blocks")
+    add("--block-size", type=_positive_int, default=d.block_size, help="tokens per KV block")
+    add(
+        "--prefill-overhead-ms",
+        type=_non_negative_float,
+        default=d.prefill_overhead_ms,
+        help="fixed prefill cost per request",
+    )
+    add(
+        "--prefill-ms-per-token",
+        type=_non_negative_float,
+        default=d.prefill_ms_per_token,
+        help="prefill cost per uncached prompt token",
+    )
+    add(
+        "--decode-ms-per-token",
+        type=_non_negative_float,
+        default=d.decode_ms_per_token,
+        help="base inter-token latency",
+    )
+    add(
+        "--itl-ms-per-running-seq",
+        type=_non_negative_float,
+        default=d.itl_ms_per_running_seq,
+        help="inter-token latency added per running sequence",
+    )
+    add(
+        "--default-max-tokens",
+        type=_positive_int,
+        default=d.default_max_tokens,
+        help="tokens generated when the request sets no max_tokens",
+    )
+    add(
+        "--time-scale",
+        type=_non_negative_float,
+        default=d.time_scale,
+        help="multiplies every simulated latency (0 = answer instantly)",
+    )
+    add_log_level(parser)
+
+
+def address(host: str, port: int) -> str:
+    """``host:port``, IPv6 hosts bracketed."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def config_from_args(args: argparse.Namespace, port: int) -> SimConfig:
+    """The SimConfig for parsed flags, given the port actually bound."""
+    return SimConfig(
+        model=args.model,
+        instance_id=args.instance_id or address(args.host, port),
+        host=args.host,
+        port=port,
+        max_num_seqs=args.max_num_seqs,
+        kv_blocks=args.kv_blocks,
+        block_size=args.block_size,
+        prefill_overhead_ms=args.prefill_overhead_ms,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        decode_ms_per_token=args.decode_ms_per_token,
+        itl_ms_per_running_seq=args.itl_ms_per_running_seq,
+        default_max_tokens=args.default_max_tokens,
+        time_scale=args.time_scale,
+    )
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    try:
+        sock = _bind(args.host, args.port)
+    except OSError as exc:
+        log.error("cannot listen on %s: %s", address(args.host, args.port), exc)
+        return 1
+    try:
+        config = config_from_args(args, sock.getsockname()[1])
+    except ValueError as exc:
+        sock.close()
+        log.error("invalid simulator settings: %s", exc)
+        return 2
+    # Access logs cost more than a simulated request at benchmark rates: debug only.
+    access_log = logging.getLogger("aiohttp.access") if args.log_level == "debug" else None
+    runner = web.AppRunner(
+        make_app(config),
+        handler_cancellation=True,
+        access_log=access_log,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+    )
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await web.SockSite(runner, sock).start()
+        url = f"http://{address(config.host, config.port)}"
+        write_ready(
+            args.ready_file,
+            {"host": config.host, "port": config.port, "url": url, "instance": config.instance_id},
+        )
+        log.info("simulating %r as %s on %s: %s", config.model, config.instance_id, url, config)
+        await stop.wait()
+        log.info("stopping %s", config.instance_id)
+    finally:
+        await runner.cleanup()
+    return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # optional: the simulator is correct on the stdlib loop too
+        return None
+    return uvloop.new_event_loop
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or SIGINT; 0 on a clean stop, 1 if the port cannot be bound."""
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(_serve(args))
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed
+        return 0

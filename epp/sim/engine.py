@@ -1,0 +1,192 @@
+"""The simulated engine: FIFO admission, prefix-cache lookups, KV accounting, timing.
+
+At most ``max_num_seqs`` sequences run at once; later ones wait in arrival order. A
+running sequence holds ceil((prompt + generated) / block_size) KV blocks; the prefix
+cache may use whatever blocks running sequences do not hold. Latencies come from the
+pure functions below (seconds, already multiplied by ``time_scale``), so they can be
+checked without an event loop; the clock and sleep are injectable for the same reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+
+from epp.sim.config import SimConfig
+from epp.sim.prefix_cache import BlockHash, PrefixCache, text_block_hashes, token_block_hashes
+from epp.sim.protocol import GenerationRequest
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """KV blocks needed to hold ``tokens`` tokens."""
+    return -(-tokens // block_size)
+
+
+def cached_tokens(matched_blocks: int, block_size: int, prompt_tokens: int) -> int:
+    """Prompt tokens served from the prefix cache (never more than the prompt)."""
+    return min(matched_blocks * block_size, prompt_tokens)
+
+
+def prefill_seconds(config: SimConfig, uncached_tokens: int) -> float:
+    """Prefill time: a fixed overhead plus a per-token cost for the uncached part."""
+    ms = config.prefill_overhead_ms + config.prefill_ms_per_token * uncached_tokens
+    return ms * config.time_scale / 1000.0
+
+
+def itl_seconds(config: SimConfig, running: int) -> float:
+    """Inter-token latency: a base cost that grows with the number of running sequences."""
+    ms = config.decode_ms_per_token + config.itl_ms_per_running_seq * running
+    return ms * config.time_scale / 1000.0
+
+
+def kv_usage(blocks_used: int, kv_blocks: int) -> float:
+    """Fraction of KV capacity held by running sequences, capped at 1."""
+    return min(1.0, blocks_used / kv_blocks)
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    """Monotonic counters since start (what /metrics and /sim/stats report)."""
+
+    requests_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    request_success_total: int = 0
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Sequence:
+    prompt_tokens: int
+    hashes: list[BlockHash]
+    arrival: float
+    generated: int = 0
+    blocks: int = 0
+    cached_tokens: int = 0
+
+
+class Engine:
+    """Admission, timing and accounting for one simulated instance (one event loop)."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_first_token: Callable[[float], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.counters = EngineCounters()
+        self.prefix_cache = PrefixCache()
+        self._clock = clock
+        self._sleep = sleep
+        self._on_first_token = on_first_token
+        self._running = 0
+        self._blocks_used = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def kv_blocks_used(self) -> int:
+        return self._blocks_used
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return kv_usage(self._blocks_used, self.config.kv_blocks)
+
+    def _cache_capacity(self) -> int:
+        return self.config.kv_blocks - self._blocks_used
+
+    def _hashes(self, req: GenerationRequest) -> list[BlockHash]:
+        if req.prompt_token_ids is not None:
+            return token_block_hashes(req.prompt_token_ids, self.config.block_size)
+        return text_block_hashes(req.prompt_text, self.config.block_chars)
+
+    async def generate(self, req: GenerationRequest) -> AsyncGenerator[int, None]:
+        """Yield the indexes of ``req.max_tokens`` tokens, each at its simulated time.
+
+        Waits for a running slot first. Close the generator (``contextlib.aclosing``)
+        when abandoning it early, e.g. on client disconnect: that frees the slot and the
+        sequence's KV blocks at once instead of whenever it is garbage-collected.
+        """
+        seq = _Sequence(req.prompt_tokens, self._hashes(req), self._clock())
+        self.counters.requests_total += 1
+        await self._admit()
+        try:
+            self._schedule(seq)
+            delay = prefill_seconds(self.config, seq.prompt_tokens - seq.cached_tokens)
+            if delay > 0:
+                await self._sleep(delay)
+            self.counters.prompt_tokens_total += seq.prompt_tokens
+            # Cache the prompt only once it is computed, as a real engine would.
+            self.prefix_cache.insert(seq.hashes, self._cache_capacity())
+            for index in range(req.max_tokens):
+                if index:
+                    delay = itl_seconds(self.config, self._running)
+                    if delay > 0:
+                        await self._sleep(delay)
+                self._emit_token(seq)
+                yield index
+            self.counters.request_success_total += 1
+        finally:
+            self._blocks_used -= seq.blocks
+            self._release_slot()
+
+    def _schedule(self, seq: _Sequence) -> None:
+        """A sequence got its slot: look up its prefix and allocate its prompt's blocks."""
+        block_size = self.config.block_size
+        matched = self.prefix_cache.match(seq.hashes)
+        seq.cached_tokens = cached_tokens(matched, block_size, seq.prompt_tokens)
+        self.counters.prefix_cache_queries_tokens += seq.prompt_tokens
+        self.counters.prefix_cache_hits_tokens += seq.cached_tokens
+        seq.blocks = blocks_for(seq.prompt_tokens, block_size)
+        self._blocks_used += seq.blocks
+        self.prefix_cache.trim(self._cache_capacity())
+
+    def _emit_token(self, seq: _Sequence) -> None:
+        if seq.generated == 0 and self._on_first_token is not None:
+            self._on_first_token(self._clock() - seq.arrival)
+        seq.generated += 1
+        self.counters.generation_tokens_total += 1
+        needed = blocks_for(seq.prompt_tokens + seq.generated, self.config.block_size)
+        if needed > seq.blocks:
+            self._blocks_used += needed - seq.blocks
+            seq.blocks = needed
+            self.prefix_cache.trim(self._cache_capacity())
+
+    async def _admit(self) -> None:
+        if self._running < self.config.max_num_seqs and not self._waiters:
+            self._running += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                # The slot was handed over just before the cancel landed: pass it on.
+                self._release_slot()
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+
+    def _release_slot(self) -> None:
+        # Hand the slot straight to the oldest waiter so no newcomer can jump the queue.
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._running -= 1

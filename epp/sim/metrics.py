@@ -1,0 +1,113 @@
+"""vLLM-named Prometheus metrics for one simulator, on a registry of its own.
+
+Gauges and counters are read from the engine when scraped, so they always show the
+live state and cost nothing per request; only the TTFT histogram is observed as
+requests run. Every series carries ``model_name``, as vLLM's do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from epp.sim.engine import Engine
+
+# vLLM's buckets for vllm:time_to_first_token_seconds.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+
+METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class _EngineCollector(Collector):
+    """Reads the engine's live state and counters at scrape time."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterable[Metric]:
+        engine, config = self._engine, self._engine.config
+        model = [config.model]
+        counters = engine.counters
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(model, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(model, value)
+            return family
+
+        yield gauge("vllm:num_requests_running", "Requests in model execution.", engine.running)
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to run.", engine.waiting)
+        yield gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            engine.kv_cache_usage,
+        )
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the KV cache config.",
+            labels=["model_name", "block_size", "num_gpu_blocks"],
+        )
+        info.add_metric([config.model, str(config.block_size), str(config.kv_blocks)], 1.0)
+        yield info
+        yield counter(
+            "vllm:prompt_tokens", "Prefill tokens processed.", counters.prompt_tokens_total
+        )
+        yield counter(
+            "vllm:generation_tokens",
+            "Generation tokens processed.",
+            counters.generation_tokens_total,
+        )
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Successfully processed requests.",
+            labels=["model_name", "finished_reason"],
+        )
+        success.add_metric([config.model, "length"], counters.request_success_total)
+        yield success
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prefix-cache queries, in queried tokens.",
+            counters.prefix_cache_queries_tokens,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits",
+            "Prefix-cache hits, in cached tokens.",
+            counters.prefix_cache_hits_tokens,
+        )
+
+
+class SimMetrics:
+    """The simulator's registry: a TTFT histogram now, the engine's state once attached."""
+
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry()
+        histogram = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            ["model_name"],
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self._ttft = histogram.labels(model_name=model)
+
+    def observe_ttft(self, seconds: float) -> None:
+        self._ttft.observe(seconds)
+
+    def attach(self, engine: Engine) -> None:
+        """Expose ``engine``'s gauges and counters (call once)."""
+        self.registry.register(_EngineCollector(engine))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of everything registered."""
+        return generate_latest(self.registry)

@@ -1,0 +1,207 @@
+"""The simulator's HTTP surface: an aiohttp app serving vLLM's API plus test hooks.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health``, ``GET /metrics``, and for tests ``GET /sim/stats`` and
+``GET /sim/last-request``. Every response carries ``x-sim-instance: <instance id>``.
+
+Both generation routes go through ``SimServer.generate``: the one place where a request
+is read, recorded, parsed and run, and where future features (P/D roles, KV-transfer
+params, ORCA load headers) hook in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from epp.sim import responses
+from epp.sim.config import SimConfig
+from epp.sim.engine import Engine
+from epp.sim.metrics import METRICS_CONTENT_TYPE, SimMetrics
+from epp.sim.protocol import MAX_TOKENS_LIMIT, ApiKind, GenerationRequest, SimError, parse_request
+
+log = logging.getLogger(__name__)
+
+INSTANCE_HEADER = "x-sim-instance"
+# Far above aiohttp's 1 MiB default: routers must be testable with large prompts.
+MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class LastRequest:
+    """The most recent POST to /v1/*, kept as received; digest and dict built on demand."""
+
+    path: str
+    headers: CIMultiDictProxy[str]
+    body: bytes
+    _sha256: str | None = field(default=None, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        if self._sha256 is None:
+            # Hashed only when asked: the overhead benchmarks never ask.
+            self._sha256 = hashlib.sha256(self.body).hexdigest()
+        headers: dict[str, str] = {}
+        for name, value in self.headers.items():
+            key = name.lower()
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        return {
+            "path": self.path,
+            "headers": headers,
+            "body_bytes": len(self.body),
+            "body_sha256": self._sha256,
+        }
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+
+
+def error_response(exc: SimError) -> web.Response:
+    return json_response(exc.body(), status=exc.status)
+
+
+class SimServer:
+    """Request handlers around one Engine; create with ``make_app``."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.metrics = SimMetrics(config.model)
+        self.engine = Engine(config, on_first_token=self.metrics.observe_ttft)
+        self.metrics.attach(self.engine)
+        self.last_request: LastRequest | None = None
+
+    async def tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[INSTANCE_HEADER] = self.config.instance_id
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, ApiKind.COMPLETION)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, ApiKind.CHAT)
+
+    async def generate(self, request: web.Request, kind: ApiKind) -> web.StreamResponse:
+        """Read, record, validate and run one generation request."""
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(
+                SimError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes")
+            )
+        self.last_request = LastRequest(request.path, request.headers, raw)
+        try:
+            req = parse_request(
+                kind,
+                raw,
+                served_model=self.config.model,
+                default_max_tokens=self.config.default_max_tokens,
+                request_id=request.headers.get("x-request-id"),
+            )
+        except SimError as exc:
+            return error_response(exc)
+        if req.stream:
+            return await self._stream(request, req)
+        return await self._complete(req)
+
+    async def _complete(self, req: GenerationRequest) -> web.Response:
+        rid, created = responses.response_id(req), responses.now_created()
+        generated = 0
+        async with aclosing(self.engine.generate(req)) as tokens:
+            async for _ in tokens:
+                generated += 1
+        return json_response(responses.full_response(req, rid, created, generated))
+
+    async def _stream(self, request: web.Request, req: GenerationRequest) -> web.StreamResponse:
+        rid, created = responses.response_id(req), responses.now_created()
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+            }
+        )
+        await resp.prepare(request)
+        last = req.max_tokens - 1
+        generated = 0
+        try:
+            # aclosing: a disconnect must free the running slot now, not at GC time.
+            async with aclosing(self.engine.generate(req)) as tokens:
+                async for index in tokens:
+                    if index == 0 and req.kind is ApiKind.CHAT:
+                        # vLLM sends the role delta once the first output exists.
+                        await resp.write(responses.sse(responses.role_chunk(req, rid, created)))
+                    chunk = responses.token_chunk(req, rid, created, index, index == last)
+                    await resp.write(responses.sse(chunk))
+                    generated += 1
+            if req.include_usage:
+                chunk = responses.usage_chunk(req, rid, created, generated)
+                await resp.write(responses.sse(chunk))
+            await resp.write(responses.SSE_DONE)
+            await resp.write_eof()
+        except ConnectionResetError:
+            # The client went away mid-stream: nothing to answer, the slot is already free.
+            log.debug("client disconnected from %s after %d tokens", rid, generated)
+        return resp
+
+    async def models(self, request: web.Request) -> web.Response:
+        body = responses.models_list(self.config.model, responses.now_created(), MAX_TOKENS_LIMIT)
+        return json_response(body)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+        )
+
+    async def stats(self, request: web.Request) -> web.Response:
+        engine, counters = self.engine, self.engine.counters
+        return json_response(
+            {
+                "instance": self.config.instance_id,
+                "model": self.config.model,
+                "requests_total": counters.requests_total,
+                "running": engine.running,
+                "waiting": engine.waiting,
+                "kv_blocks_used": engine.kv_blocks_used,
+                "kv_blocks_total": self.config.kv_blocks,
+                "prefix_cache_queries_tokens": counters.prefix_cache_queries_tokens,
+                "prefix_cache_hits_tokens": counters.prefix_cache_hits_tokens,
+                "prompt_tokens_total": counters.prompt_tokens_total,
+                "generation_tokens_total": counters.generation_tokens_total,
+            }
+        )
+
+    async def last_request_info(self, request: web.Request) -> web.Response:
+        if self.last_request is None:
+            return error_response(SimError(404, "No request to /v1/* has been received yet"))
+        return json_response(self.last_request.to_json())
+
+
+SIM_SERVER = web.AppKey("sim_server", SimServer)
+
+
+def make_app(config: SimConfig) -> web.Application:
+    """The simulator's aiohttp application (``app[SIM_SERVER]`` is its SimServer).
+
+    Run it with ``handler_cancellation=True`` so a client that disconnects while its
+    request waits or prefills frees its place at once.
+    """
+    server = SimServer(config)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[SIM_SERVER] = server
+    app.on_response_prepare.append(server.tag_response)
+    app.router.add_post("/v1/completions", server.completions)
+    app.router.add_post("/v1/chat/completions", server.chat_completions)
+    app.router.add_get("/v1/models", server.models)
+    app.router.add_get("/health", server.health)
+    app.router.add_get("/metrics", server.prometheus)
+    app.router.add_get("/sim/stats", server.stats)
+    app.router.add_get("/sim/last-request", server.last_request_info)
+    return app

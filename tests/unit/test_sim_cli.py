@@ -1,0 +1,66 @@
+"""``epp sim`` flags: defaults, validation, and the config they build."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from epp.sim.cli import add_arguments, address, config_from_args
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="epp sim")
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults() -> None:
+    args = parse()
+    assert (args.host, args.port, args.model, args.ready_file) == (
+        "127.0.0.1",
+        8000,
+        "sim-model",
+        None,
+    )
+    assert (args.max_num_seqs, args.kv_blocks, args.block_size) == (16, 8192, 16)
+    assert (args.prefill_overhead_ms, args.prefill_ms_per_token) == (5.0, 0.05)
+    assert (args.decode_ms_per_token, args.itl_ms_per_running_seq) == (8.0, 0.5)
+    assert (args.default_max_tokens, args.time_scale, args.log_level) == (16, 1.0, "info")
+
+
+def test_config_from_args_uses_the_bound_port_for_the_instance_id() -> None:
+    config = config_from_args(parse("--port", "0", "--time-scale", "0"), 41234)
+    assert (config.port, config.instance_id, config.time_scale) == (41234, "127.0.0.1:41234", 0)
+    named = config_from_args(parse("--instance-id", "pod-a", "--model", "m"), 1)
+    assert (named.instance_id, named.model) == ("pod-a", "m")
+
+
+def test_ipv6_addresses_are_bracketed() -> None:
+    assert address("::1", 80) == "[::1]:80"
+    assert address("10.0.0.1", 80) == "10.0.0.1:80"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--port", "-1"),
+        ("--port", "65536"),
+        ("--max-num-seqs", "0"),
+        ("--kv-blocks", "-5"),
+        ("--block-size", "x"),
+        ("--default-max-tokens", "0"),
+        ("--prefill-overhead-ms", "-1"),
+        ("--prefill-ms-per-token", "-0.1"),
+        ("--decode-ms-per-token", "nan"),
+        ("--itl-ms-per-running-seq", "inf"),
+        ("--time-scale", "-2"),
+    ],
+)
+def test_invalid_values_are_argparse_errors(
+    argv: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse(*argv)
+    assert info.value.code == 2
+    assert argv[0] in capsys.readouterr().err

@@ -1,0 +1,182 @@
+"""The simulated engine: timing formulas, FIFO admission, KV accounting, prefix hits."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+from dataclasses import replace
+
+import orjson
+import pytest
+
+from epp.sim.config import SimConfig
+from epp.sim.engine import (
+    Engine,
+    blocks_for,
+    cached_tokens,
+    itl_seconds,
+    kv_usage,
+    prefill_seconds,
+)
+from epp.sim.protocol import ApiKind, GenerationRequest, parse_request
+
+CONFIG = SimConfig(
+    prefill_overhead_ms=5,
+    prefill_ms_per_token=0.05,
+    decode_ms_per_token=8,
+    itl_ms_per_running_seq=0.5,
+    time_scale=1.0,
+)
+
+
+def request(prompt: str, max_tokens: int = 4) -> GenerationRequest:
+    body = {"model": CONFIG.model, "prompt": prompt, "max_tokens": max_tokens}
+    return parse_request(
+        ApiKind.COMPLETION, orjson.dumps(body), served_model=CONFIG.model, default_max_tokens=16
+    )
+
+
+class FakeTime:
+    """A clock that only moves when the engine sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_timing_formulas() -> None:
+    assert prefill_seconds(CONFIG, 0) == pytest.approx(0.005)
+    assert prefill_seconds(CONFIG, 1000) == pytest.approx(0.055)
+    assert itl_seconds(CONFIG, 1) == pytest.approx(0.0085)
+    assert itl_seconds(CONFIG, 10) == pytest.approx(0.013)
+    half = replace(CONFIG, time_scale=0.5)
+    assert prefill_seconds(half, 1000) == pytest.approx(0.0275)
+    assert itl_seconds(half, 10) == pytest.approx(0.0065)
+    instant = replace(CONFIG, time_scale=0)
+    assert prefill_seconds(instant, 10**6) == 0 and itl_seconds(instant, 100) == 0
+
+
+def test_block_and_usage_formulas() -> None:
+    assert [blocks_for(t, 16) for t in (0, 1, 16, 17, 32)] == [0, 1, 1, 2, 2]
+    assert cached_tokens(3, 16, 100) == 48
+    assert cached_tokens(10, 16, 100) == 100  # never more than the prompt
+    assert kv_usage(0, 8) == 0 and kv_usage(4, 8) == 0.5 and kv_usage(80, 8) == 1.0
+
+
+def test_invalid_config_is_rejected() -> None:
+    for bad in ({"max_num_seqs": 0}, {"time_scale": -1.0}, {"kv_blocks": 0}, {"port": 70000}):
+        with pytest.raises(ValueError):
+            replace(CONFIG, **bad)
+
+
+async def run(engine: Engine, req: GenerationRequest) -> list[int]:
+    async with aclosing(engine.generate(req)) as tokens:
+        return [i async for i in tokens]
+
+
+async def test_one_request_timing_counters_and_release() -> None:
+    fake, ttfts = FakeTime(), list[float]()
+    engine = Engine(CONFIG, clock=fake.clock, sleep=fake.sleep, on_first_token=ttfts.append)
+    req = request("x" * 400, max_tokens=3)  # 100 tokens
+    assert await run(engine, req) == [0, 1, 2]
+    assert ttfts == [pytest.approx(0.005 + 0.05 * 100 / 1000)]
+    assert fake.sleeps[1:] == [pytest.approx(0.0085)] * 2
+    c = engine.counters
+    assert (c.requests_total, c.request_success_total) == (1, 1)
+    assert (c.prompt_tokens_total, c.generation_tokens_total) == (100, 3)
+    assert (c.prefix_cache_queries_tokens, c.prefix_cache_hits_tokens) == (100, 0)
+    assert (engine.running, engine.waiting, engine.kv_blocks_used) == (0, 0, 0)
+
+
+async def test_repeated_prompt_hits_the_prefix_cache_and_prefills_faster() -> None:
+    fake, ttfts = FakeTime(), list[float]()
+    engine = Engine(CONFIG, clock=fake.clock, sleep=fake.sleep, on_first_token=ttfts.append)
+    prompt = "p" * 4000  # 1000 tokens = 62.5 blocks: 62 full blocks can be cached
+    await run(engine, request(prompt, 1))
+    await run(engine, request(prompt, 1))
+    assert engine.counters.prefix_cache_hits_tokens == 62 * 16
+    assert ttfts[1] == pytest.approx(0.005 + 0.05 * (1000 - 992) / 1000)
+    assert ttfts[1] < ttfts[0]
+
+
+async def test_time_scale_zero_never_sleeps() -> None:
+    fake = FakeTime()
+    engine = Engine(replace(CONFIG, time_scale=0), clock=fake.clock, sleep=fake.sleep)
+    assert len(await run(engine, request("x" * 1000, 20))) == 20
+    assert fake.sleeps == []
+    assert engine.counters.generation_tokens_total == 20
+
+
+async def test_kv_blocks_are_held_while_running() -> None:
+    config = replace(CONFIG, time_scale=0, kv_blocks=10)
+    engine = Engine(config)
+    async with aclosing(engine.generate(request("k" * 4 * 30, 10))) as tokens:
+        assert await anext(tokens) == 0  # 30 prompt + 1 generated = 31 tokens = 2 blocks
+        assert engine.kv_blocks_used == 2 and engine.kv_cache_usage == pytest.approx(0.2)
+        for _ in range(2):
+            await anext(tokens)  # 33 tokens: a third block
+        assert engine.kv_blocks_used == 3
+        # The cache (1 full prompt block) fits in what running sequences leave free.
+        assert len(engine.prefix_cache) == 1
+    assert engine.kv_blocks_used == 0 and engine.running == 0
+
+
+async def test_cache_only_gets_blocks_running_sequences_do_not_hold() -> None:
+    config = replace(CONFIG, time_scale=0, kv_blocks=7)
+    engine = Engine(config)
+
+    def check() -> None:
+        assert len(engine.prefix_cache) <= config.kv_blocks - engine.kv_blocks_used
+
+    await run(engine, request("a" * 64 * 3, 1))  # held 4 of 7 blocks at most
+    assert len(engine.prefix_cache) == 3
+    async with aclosing(engine.generate(request("b" * 64 * 2, 40))) as tokens:
+        for _ in range(40):
+            await anext(tokens)
+            check()
+        assert engine.kv_blocks_used == 5  # 32 prompt + 40 generated = 72 tokens
+        assert len(engine.prefix_cache) == 2
+    assert engine.kv_blocks_used == 0
+
+
+async def test_admission_is_fifo_and_bounded() -> None:
+    engine = Engine(replace(CONFIG, time_scale=0, max_num_seqs=1))
+    order: list[str] = []
+
+    async def client(name: str) -> None:
+        async with aclosing(engine.generate(request(name, 1))) as tokens:
+            async for _ in tokens:
+                order.append(name)
+
+    first = engine.generate(request("first", 2))
+    assert await anext(first) == 0  # holds the only slot
+    tasks = [asyncio.create_task(client(n)) for n in ("a", "b", "c")]
+    await asyncio.sleep(0)
+    assert (engine.running, engine.waiting) == (1, 3)
+    await first.aclose()  # frees the slot mid-generation (as on a disconnect)
+    await asyncio.gather(*tasks)
+    assert order == ["a", "b", "c"]
+    assert (engine.running, engine.waiting) == (0, 0)
+
+
+async def test_cancelled_waiter_leaves_the_queue() -> None:
+    engine = Engine(replace(CONFIG, time_scale=0, max_num_seqs=1))
+    holder = engine.generate(request("h", 2))
+    await anext(holder)
+    waiter = asyncio.create_task(run(engine, request("w", 1)))
+    await asyncio.sleep(0)
+    assert engine.waiting == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert engine.waiting == 0
+    await holder.aclose()
+    assert engine.running == 0
+    assert await run(engine, request("next", 1)) == [0]
