@@ -15,7 +15,7 @@ from epp.admin.http import make_admin_app
 from epp.admin.metrics import EppMetrics
 from epp.cli import add_log_level
 from epp.datastore import Datastore
-from epp.extproc.transport import TRANSPORTS, make_transport
+from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.readyfile import write_ready
 from epp.router import Router
 from epp.scheduling import LeastRequestScheduler
@@ -34,7 +34,7 @@ class ServeOptions:
     endpoints: tuple[Endpoint, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ready_file: Path | None = None
-    transport: str = "grpcio"
+    transport: str = DEFAULT_TRANSPORT
 
 
 def _endpoint(value: str) -> Endpoint:
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--transport",
         choices=sorted(TRANSPORTS),
-        default="grpcio",
+        default=DEFAULT_TRANSPORT,
         help="gRPC server library carrying ext_proc streams (see bench/results/overhead.md)",
     )
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")

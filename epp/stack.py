@@ -18,7 +18,7 @@ from types import FrameType
 from epp.cli import add_log_level
 from epp.envoyconfig import PROCESSING_MODES, EnvoyOptions, Processing, epp_config
 from epp.envoyproc import EnvoyProcess, write_config
-from epp.extproc.transport import TRANSPORTS
+from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
 from epp.procs import ManagedProcess, ProcessFailed, epp_argv, scratch_dir
 
 HOST = "127.0.0.1"
@@ -185,7 +185,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--transport",
         choices=sorted(TRANSPORTS),
-        default="grpcio",
+        default=DEFAULT_TRANSPORT,
         help="gRPC library the EPP serves ext_proc with (epp serve --transport)",
     )
     parser.add_argument(

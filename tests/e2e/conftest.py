@@ -4,6 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from epp.extproc.transport import TRANSPORTS
 from epp.stack import LocalStack, StackOptions
 
 MAX_BODY = 2 * 1024 * 1024
@@ -22,14 +23,14 @@ def ephemeral(**kw: object) -> StackOptions:
     return StackOptions(**base)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[LocalStack]:
-    """Envoy + EPP + 4 simulators; the simulators are slowed just enough that
-    concurrent requests overlap."""
+@pytest.fixture(scope="module", params=sorted(TRANSPORTS))
+def stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
+    """Envoy + EPP (each gRPC transport) + 4 simulators; the simulators are slowed just
+    enough that concurrent requests overlap."""
     opts = ephemeral(
         servers=4,
         sim_args=["--time-scale", "0.2"],
-        epp_args=["--max-body-bytes", str(MAX_BODY)],
+        epp_args=["--max-body-bytes", str(MAX_BODY), "--transport", request.param],
     )
     with LocalStack(opts) as s:
         yield s
