@@ -35,6 +35,7 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ready_file: Path | None = None
     transport: str = DEFAULT_TRANSPORT
+    shutdown_grace_s: float = 10.0
 
 
 def _endpoint(value: str) -> Endpoint:
@@ -92,6 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_TRANSPORT,
         help="gRPC server library carrying ext_proc streams (see bench/results/overhead.md)",
     )
+    parser.add_argument(
+        "--shutdown-grace-seconds",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, how long open requests may take to finish before they are cut",
+    )
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
     add_log_level(parser)
 
@@ -105,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         ready_file=args.ready_file,
         transport=args.transport,
+        shutdown_grace_s=args.shutdown_grace_seconds,
     )
     if not args.no_uvloop:
         try:
@@ -161,5 +169,5 @@ async def serve(opts: ServeOptions) -> None:
     await stop.wait()
     log.info("shutting down")
     await transport.set_serving(False)
-    await transport.stop(grace=2.0)
+    await transport.stop(grace=opts.shutdown_grace_s)
     await runner.cleanup()

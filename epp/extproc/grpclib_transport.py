@@ -3,6 +3,8 @@ so less CPU per ext_proc message (see bench/results/overhead.md)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
@@ -19,6 +21,9 @@ from epp.router import Router
 class _ExtProc:
     def __init__(self, router: Router) -> None:
         self._router = router
+        self.active = 0  # open streams, for a graceful stop
+        self.idle = asyncio.Event()
+        self.idle.set()
 
     def __mapping__(self) -> dict[str, Handler]:
         return {
@@ -29,11 +34,16 @@ class _ExtProc:
 
     async def _process(self, stream: Stream[ProcessingRequest, ProcessingResponse]) -> None:
         ext = ExtProcStream(self._router)
+        self.active += 1
+        self.idle.clear()
         try:
             async for msg in stream:
                 for reply in ext.on_message(msg):
                     await stream.send_message(reply)
         finally:
+            self.active -= 1
+            if not self.active:
+                self.idle.set()
             ext.close()  # EOF, reset or cancel
 
 
@@ -62,7 +72,8 @@ class _Health:
 class GrpclibTransport:
     def __init__(self, router: Router) -> None:
         self._health = _Health()
-        self._server = Server([_ExtProc(router), self._health])
+        self._ext_proc = _ExtProc(router)
+        self._server = Server([self._ext_proc, self._health])
 
     async def start(self, host: str, port: int) -> int:
         try:
@@ -80,6 +91,13 @@ class GrpclibTransport:
             self._health.status[name] = status
 
     async def stop(self, grace: float) -> None:
+        # grpclib's close() cancels running streams at once, so first stop listening and
+        # let open streams finish (up to ``grace``); only then close what is left.
+        listener: Any = self._server._server
+        if listener is not None:
+            listener.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ext_proc.idle.wait(), grace)
         self._server.close()
         await self._server.wait_closed()
 
