@@ -1,0 +1,82 @@
+"""`epp stack` as a user runs it: banner with URLs, working requests, Ctrl-C stops all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+
+from epp.procs import epp_argv
+from epp.stack import check_ports_free
+from tests.support.http import request
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def processes_using(workdir: Path) -> list[int]:
+    """PIDs whose command line mentions ``workdir`` (our children all do)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(workdir).encode() in cmdline and int(pid) != os.getpid():
+            found.append(int(pid))
+    return found
+
+
+def test_stack_starts_serves_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    out = tmp_path / "stack.out"
+    workdir = tmp_path / "work"
+    argv = epp_argv(
+        "stack", "--servers", "2", "--envoy-port", "0", "--envoy-admin-port", "0",
+        "--grpc-port", "0", "--http-port", "0", "--time-scale", "0", "--workdir", str(workdir),
+    )  # fmt: skip
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: b"Ctrl-C stops everything" in out.read_bytes(), 60, "the banner")
+        banner = out.read_text()
+        url = banner.split("Envoy (send requests here)", 1)[1].split()[0]
+        assert url.startswith("http://127.0.0.1:")
+        body = orjson.dumps({"model": "sim-model", "prompt": "hi", "max_tokens": 2})
+        assert request(f"{url}/v1/completions", body)[0] == 200
+        assert len(processes_using(workdir)) >= 3  # simulators, EPP, Envoy
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert "stopped." in out.read_text()
+        assert wait_for(lambda: not processes_using(workdir), 10, "children to exit") is True
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_taken_port_is_named_by_flag(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        from epp.procs import ProcessFailed
+
+        with pytest.raises(
+            ProcessFailed, match=f"port {port} \\(--envoy-port\\) is already in use"
+        ):
+            check_ports_free({"--envoy-port": port})
+        result = subprocess.run(
+            epp_argv("stack", "--envoy-port", str(port), "--workdir", str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert result.returncode == 1
+    assert "--envoy-port" in result.stderr and "already in use" in result.stderr
