@@ -22,7 +22,7 @@ import orjson
 
 from epp.envoyconfig import EnvoyOptions, Processing, baseline_config, epp_config
 from epp.envoyproc import EnvoyProcess, write_config
-from epp.procs import ManagedProcess, epp_argv
+from epp.procs import ManagedProcess, start_epp
 from epp.stack import LocalStack, StackOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -44,16 +44,12 @@ class Path_:
     epp_pid: int | None
 
 
-def start_epp(stack: LocalStack, name: str, extra: list[str]) -> ManagedProcess:
-    ready = stack.workdir / f"{name}.ready"
-    argv = epp_argv(
-        "serve", "--grpc-port", "0", "--http-port", "0", "--ready-file", str(ready),
-        "--log-level", "warning",
-        *[a for addr in stack.sim_addresses for a in ("--endpoint", addr)], *extra,
+def start_epp_for(stack: LocalStack, name: str, extra: list[str]) -> ManagedProcess:
+    endpoints = [a for addr in stack.sim_addresses for a in ("--endpoint", addr)]
+    return start_epp(
+        stack.workdir, name, "serve", "--grpc-port", "0", "--http-port", "0",
+        "--log-level", "warning", *endpoints, *extra,
     )  # fmt: skip
-    proc = ManagedProcess(name, argv, ready_file=ready, log_path=stack.workdir / f"{name}.log")
-    proc.start().wait_ready()
-    return proc
 
 
 def start_envoy(stack: LocalStack, name: str, config: dict[str, Any]) -> EnvoyProcess:
@@ -108,8 +104,8 @@ def main() -> int:
     with LocalStack(opts) as stack:
         try:
             assert stack.epp is not None
-            epp_asyncio = start_epp(stack, "epp-asyncio", ["--no-uvloop"])
-            epp_grpclib = start_epp(stack, "epp-grpclib", ["--transport", "grpclib"])
+            epp_asyncio = start_epp_for(stack, "epp-asyncio", ["--no-uvloop"])
+            epp_grpclib = start_epp_for(stack, "epp-grpclib", ["--transport", "grpclib"])
             extra += [epp_asyncio, epp_grpclib]
             servers = [(h, int(p)) for h, p in (a.split(":") for a in stack.sim_addresses)]
 

@@ -123,3 +123,26 @@ def epp_argv(*args: str) -> list[str]:
 
 def scratch_dir(prefix: str = "epp-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def spawn_epp(workdir: Path, name: str, *args: str) -> ManagedProcess:
+    """Start ``epp ARGS... --ready-file WORKDIR/NAME.ready`` logging to WORKDIR/NAME.log.
+    Returns at once (so several children can start in parallel): call wait_ready()."""
+    ready = workdir / f"{name}.ready"
+    return ManagedProcess(
+        name,
+        epp_argv(*args, "--ready-file", str(ready)),
+        ready_file=ready,
+        log_path=workdir / f"{name}.log",
+    ).start()
+
+
+def start_epp(workdir: Path, name: str, *args: str) -> ManagedProcess:
+    """:func:`spawn_epp` and wait until it is ready; stop it again if it fails."""
+    proc = spawn_epp(workdir, name, *args)
+    try:
+        proc.wait_ready()
+    except BaseException:
+        proc.stop()
+        raise
+    return proc

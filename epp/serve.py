@@ -11,6 +11,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from epp import argtypes
 from epp.admin.http import make_admin_app
 from epp.admin.metrics import EppMetrics
 from epp.cli import add_log_level
@@ -46,29 +47,18 @@ def _endpoint(value: str) -> Endpoint:
     return Endpoint(host, port)
 
 
-def _positive_int(value: str) -> int:
-    n = int(value)
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return n
-
-
-def _port(value: str) -> int:
-    n = int(value)
-    if not 0 <= n < 65536:
-        raise argparse.ArgumentTypeError(f"port must be 0-65535 (0 = any free port), got {value}")
-    return n
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--listen-host", default="127.0.0.1", help="address the gRPC and HTTP ports bind to"
     )
     parser.add_argument(
-        "--grpc-port", type=_port, default=9002, help="ext_proc gRPC port (0 = any free port)"
+        "--grpc-port",
+        type=argtypes.port,
+        default=9002,
+        help="ext_proc gRPC port (0 = any free port)",
     )
     parser.add_argument(
-        "--http-port", type=_port, default=9090, help="HTTP port for /metrics and /health"
+        "--http-port", type=argtypes.port, default=9090, help="HTTP port for /metrics and /health"
     )
     parser.add_argument(
         "--endpoint",
@@ -80,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-body-bytes",
-        type=_positive_int,
+        type=argtypes.positive_int,
         default=DEFAULT_MAX_BODY_BYTES,
         help="largest request body accepted; larger ones get 413",
     )
@@ -95,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--shutdown-grace-seconds",
-        type=float,
+        type=argtypes.non_negative_float,
         default=10.0,
         help="on SIGTERM, how long open requests may take to finish before they are cut",
     )

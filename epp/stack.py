@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from epp import argtypes
 from epp.cli import add_log_level
 from epp.envoyconfig import PROCESSING_MODES, EnvoyOptions, Processing, epp_config
 from epp.envoyproc import EnvoyProcess, write_config
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
-from epp.procs import ManagedProcess, ProcessFailed, epp_argv, scratch_dir
+from epp.procs import ManagedProcess, ProcessFailed, scratch_dir, spawn_epp
 
 HOST = "127.0.0.1"
 
@@ -84,24 +85,19 @@ class LocalStack:
         for sim in self.sims:
             info = sim.wait_ready()
             self.sim_addresses.append(f"{info['host']}:{info['port']}")
-        self.epp = ManagedProcess(
+        self.epp = spawn_epp(
+            self.workdir,
             "epp",
-            epp_argv(
-                "serve",
-                "--grpc-port",
-                str(o.grpc_port),
-                "--http-port",
-                str(o.http_port),
-                "--ready-file",
-                str(self.workdir / "epp.ready"),
-                "--log-level",
-                o.log_level,
-                *[arg for a in self.sim_addresses for arg in ("--endpoint", a)],
-                *o.epp_args,
-            ),
-            ready_file=self.workdir / "epp.ready",
-            log_path=self.workdir / "epp.log",
-        ).start()
+            "serve",
+            "--grpc-port",
+            str(o.grpc_port),
+            "--http-port",
+            str(o.http_port),
+            "--log-level",
+            o.log_level,
+            *[arg for a in self.sim_addresses for arg in ("--endpoint", a)],
+            *o.epp_args,
+        )
         info = self.epp.wait_ready()
         self.grpc_port, self.http_port = info["grpc_port"], info["http_port"]
         config = epp_config(
@@ -117,25 +113,11 @@ class LocalStack:
 
     def start_sim(self, name: str, *extra: str) -> ManagedProcess:
         """Start one more simulator (not yet known to the EPP); call wait_ready() on it."""
-        ready = self.workdir / f"{name}.ready"
-        return ManagedProcess(
-            name,
-            epp_argv(
-                "sim",
-                "--port",
-                "0",
-                "--model",
-                self.opts.model,
-                "--ready-file",
-                str(ready),
-                "--log-level",
-                self.opts.log_level,
-                *self.opts.sim_args,
-                *extra,
-            ),
-            ready_file=ready,
-            log_path=self.workdir / f"{name}.log",
-        ).start()
+        o = self.opts
+        return spawn_epp(
+            self.workdir, name, "sim", "--port", "0", "--model", o.model,
+            "--log-level", o.log_level, *o.sim_args, *extra,
+        )  # fmt: skip
 
     def stop(self) -> None:
         """Stop in reverse order: Envoy first so no new traffic arrives."""
@@ -170,12 +152,22 @@ def check_ports_free(ports: dict[str, int]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--servers", type=int, default=4, help="simulated model servers to start")
+    parser.add_argument(
+        "--servers", type=argtypes.positive_int, default=4, help="simulated model servers to start"
+    )
     parser.add_argument("--model", default="sim-model", help="model name the simulators serve")
-    parser.add_argument("--envoy-port", type=int, default=8081, help="Envoy's listener port")
-    parser.add_argument("--envoy-admin-port", type=int, default=9901, help="Envoy's admin port")
-    parser.add_argument("--grpc-port", type=int, default=9002, help="EPP ext_proc gRPC port")
-    parser.add_argument("--http-port", type=int, default=9090, help="EPP HTTP (/metrics) port")
+    parser.add_argument(
+        "--envoy-port", type=argtypes.port, default=8081, help="Envoy's listener port"
+    )
+    parser.add_argument(
+        "--envoy-admin-port", type=argtypes.port, default=9901, help="Envoy's admin port"
+    )
+    parser.add_argument(
+        "--grpc-port", type=argtypes.port, default=9002, help="EPP ext_proc gRPC port"
+    )
+    parser.add_argument(
+        "--http-port", type=argtypes.port, default=9090, help="EPP HTTP (/metrics) port"
+    )
     parser.add_argument(
         "--processing",
         choices=PROCESSING_MODES,
@@ -190,7 +182,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--time-scale",
-        type=float,
+        type=argtypes.non_negative_float,
         default=1.0,
         help="simulators' latency multiplier (0 = instant answers)",
     )
@@ -201,9 +193,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.servers < 1:
-        print("epp stack: --servers must be at least 1", file=sys.stderr)
-        return 2
     opts = StackOptions(
         servers=args.servers,
         model=args.model,

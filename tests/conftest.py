@@ -7,37 +7,31 @@ from pathlib import Path
 
 import pytest
 
-from epp.procs import ManagedProcess, epp_argv
+from epp.procs import ManagedProcess, start_epp
 
 
 @pytest.fixture(params=["grpcio", "grpclib"])
 def epp_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ManagedProcess]:
     """A real ``epp serve`` (each gRPC transport) on ephemeral ports routing to two
     (unused) addresses."""
-    proc = ManagedProcess(
+    proc = start_epp(
+        tmp_path,
         "epp",
-        epp_argv(
-            "serve",
-            "--grpc-port",
-            "0",
-            "--http-port",
-            "0",
-            "--endpoint",
-            "127.0.0.1:18001",
-            "--endpoint",
-            "127.0.0.1:18002",
-            "--max-body-bytes",
-            "4096",
-            "--ready-file",
-            str(tmp_path / "epp.ready"),
-            "--transport",
-            request.param,
-        ),
-        ready_file=tmp_path / "epp.ready",
-        log_path=tmp_path / "epp.log",
-    ).start()
+        "serve",
+        "--grpc-port",
+        "0",
+        "--http-port",
+        "0",
+        "--endpoint",
+        "127.0.0.1:18001",
+        "--endpoint",
+        "127.0.0.1:18002",
+        "--max-body-bytes",
+        "4096",
+        "--transport",
+        request.param,
+    )
     try:
-        proc.wait_ready()
         yield proc
     finally:
         proc.stop()

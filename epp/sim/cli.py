@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import signal
 import socket
 from collections.abc import Callable
 
 from aiohttp import web
 
+from epp import argtypes
 from epp.cli import add_log_level
 from epp.readyfile import write_ready
 from epp.sim.config import SimConfig
@@ -28,43 +28,14 @@ log = logging.getLogger("epp.sim")
 SHUTDOWN_GRACE_S = 0.5
 
 
-def _port(text: str) -> int:
-    value = _int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {value}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-
-
-def _positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``epp sim`` (process-level settings only; all have defaults)."""
     d = SimConfig()
     add = parser.add_argument
     add("--host", default=d.host, help="address to listen on")
-    add("--port", type=_port, default=d.port, help="port to listen on (0 = pick a free one)")
+    add(
+        "--port", type=argtypes.port, default=d.port, help="port to listen on (0 = pick a free one)"
+    )
     add(
         "--ready-file",
         default=None,
@@ -75,45 +46,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--instance-id", default=None, help="name in x-sim-instance (default: host:port)")
     add(
         "--max-num-seqs",
-        type=_positive_int,
+        type=argtypes.positive_int,
         default=d.max_num_seqs,
         help="sequences running at once; the rest wait FIFO",
     )
-    add("--kv-blocks", type=_positive_int, default=d.kv_blocks, help="KV capacity in blocks")
-    add("--block-size", type=_positive_int, default=d.block_size, help="tokens per KV block")
+    add(
+        "--kv-blocks", type=argtypes.positive_int, default=d.kv_blocks, help="KV capacity in blocks"
+    )
+    add(
+        "--block-size", type=argtypes.positive_int, default=d.block_size, help="tokens per KV block"
+    )
     add(
         "--prefill-overhead-ms",
-        type=_non_negative_float,
+        type=argtypes.non_negative_float,
         default=d.prefill_overhead_ms,
         help="fixed prefill cost per request",
     )
     add(
         "--prefill-ms-per-token",
-        type=_non_negative_float,
+        type=argtypes.non_negative_float,
         default=d.prefill_ms_per_token,
         help="prefill cost per uncached prompt token",
     )
     add(
         "--decode-ms-per-token",
-        type=_non_negative_float,
+        type=argtypes.non_negative_float,
         default=d.decode_ms_per_token,
         help="base inter-token latency",
     )
     add(
         "--itl-ms-per-running-seq",
-        type=_non_negative_float,
+        type=argtypes.non_negative_float,
         default=d.itl_ms_per_running_seq,
         help="inter-token latency added per running sequence",
     )
     add(
         "--default-max-tokens",
-        type=_positive_int,
+        type=argtypes.positive_int,
         default=d.default_max_tokens,
         help="tokens generated when the request sets no max_tokens",
     )
     add(
         "--time-scale",
-        type=_non_negative_float,
+        type=argtypes.non_negative_float,
         default=d.time_scale,
         help="multiplies every simulated latency (0 = answer instantly)",
     )

@@ -3,15 +3,13 @@ the EPP learns a request ended only from the ext_proc stream."""
 
 from __future__ import annotations
 
-import socket
-
 import orjson
 import pytest
 
 from epp.envoyconfig import PROCESSING_MODES, Processing
 from epp.stack import LocalStack
 from tests.e2e.conftest import ephemeral
-from tests.support.http import epp_in_flight, request
+from tests.support.http import epp_in_flight, open_raw_post, request
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -24,13 +22,7 @@ def test_stream_counts_until_the_response_ends(processing: Processing) -> None:
         body = orjson.dumps(
             {"model": "sim-model", "prompt": "x", "max_tokens": 5000, "stream": True}
         )
-        port = int(stack.envoy_url.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            s.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                + f"content-length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
+        with open_raw_post(stack.envoy_url, "/v1/completions", body) as s:
             assert b"200 OK" in s.recv(4096)
             for _ in range(3):  # the response keeps streaming, the count must hold
                 assert s.recv(4096)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 
 import orjson
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from epp.extproc.transport import TRANSPORTS
 from epp.stack import LocalStack
 from tests.e2e.conftest import ephemeral
+from tests.support.http import open_raw_post
 
 pytestmark = pytest.mark.e2e
 
@@ -25,14 +25,7 @@ def test_streaming_request_survives_epp_shutdown(transport: str) -> None:
         body = orjson.dumps(
             {"model": "sim-model", "prompt": "x", "max_tokens": 300, "stream": True}
         )
-        port = int(stack.envoy_url.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            s.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
-                + b"content-type: application/json\r\n"
-                + f"content-length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
+        with open_raw_post(stack.envoy_url, "/v1/completions", body, close=True) as s:
             received = s.recv(4096)
             assert b"200 OK" in received
             stack.epp.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -13,7 +12,7 @@ import pytest
 
 from epp.stack import LocalStack
 from tests.e2e.conftest import MAX_BODY, ephemeral
-from tests.support.http import epp_in_flight, get_json, request
+from tests.support.http import epp_in_flight, get_json, open_raw_post, request
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -140,15 +139,9 @@ def test_in_flight_held_while_streaming_and_released_on_disconnect(stack: LocalS
     body = orjson.dumps(
         {"model": MODEL, "prompt": "long stream", "max_tokens": 2000, "stream": True}
     )
-    port = int(stack.envoy_url.rsplit(":", 1)[1])
     socks = []
     for _ in range(3):
-        s = socket.create_connection(("127.0.0.1", port), timeout=10)
-        s.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            + f"content-length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+        s = open_raw_post(stack.envoy_url, "/v1/completions", body)
         assert b"200 OK" in s.recv(4096)  # the stream has started
         socks.append(s)
     assert epp_in_flight(stack.epp_http_url) == 3

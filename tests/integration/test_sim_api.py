@@ -17,22 +17,13 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.procs import ManagedProcess, epp_argv
+from epp.procs import ManagedProcess, start_epp
 
 MODEL = "sim-test-model"
 
 
 def start_sim(workdir: Path, name: str, *args: str) -> ManagedProcess:
-    ready = workdir / f"{name}.ready"
-    argv = epp_argv("sim", "--port", "0", "--ready-file", str(ready), *args)
-    proc = ManagedProcess(name, argv, ready_file=ready, log_path=workdir / f"{name}.log")
-    proc.start()
-    try:
-        proc.wait_ready()
-    except BaseException:
-        proc.stop()
-        raise
-    return proc
+    return start_epp(workdir, name, "sim", "--port", "0", *args)
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,3 +49,17 @@ def metric_sum(metrics_text: str, name: str) -> float:
 def epp_in_flight(epp_http_url: str) -> float:
     _, _, body = request(f"{epp_http_url}/metrics")
     return metric_sum(body.decode(), "epp_in_flight_requests")
+
+
+def open_raw_post(url: str, path: str, body: bytes, close: bool = False) -> socket.socket:
+    """Send a POST on a raw socket and return it unread, so a test can read a streaming
+    response piece by piece or walk away from it mid-stream."""
+    parts = urlsplit(url)
+    sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=10)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n".encode()
+        + (b"connection: close\r\n" if close else b"")
+        + f"content-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return sock
