@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from types import MappingProxyType
 
-from epp.types import Endpoint, EndpointState, Snapshot
+from epp.types import Endpoint, EndpointMetrics, EndpointState, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,10 @@ class Datastore:
         current = self._states.get(endpoint.address)
         if current is not None and current.endpoint == endpoint:
             return False
-        self._states[endpoint.address] = EndpointState(endpoint)
+        # a changed endpoint (e.g. new role) keeps the load it last reported
+        self._states[endpoint.address] = EndpointState(
+            endpoint, current.metrics if current is not None else None
+        )
         self._in_flight.setdefault(endpoint.address, 0)
         self._changed()
         log.info("endpoint %s added (role=%s)", endpoint.address, endpoint.role.value)
@@ -69,6 +73,16 @@ class Datastore:
                 self.remove(address)
         for endpoint in wanted.values():
             self.add(endpoint)
+
+    def update_metrics(self, address: str, metrics: EndpointMetrics) -> bool:
+        """Replace an endpoint's reported load; False if the endpoint is not (any longer)
+        in the pool, so late scrapes of removed endpoints are dropped."""
+        state = self._states.get(address)
+        if state is None:
+            return False
+        self._states[address] = replace(state, metrics=metrics)
+        self._snapshot = None  # membership unchanged: no version bump, no listeners
+        return True
 
     def get(self, address: str) -> EndpointState | None:
         return self._states.get(address)

@@ -23,6 +23,9 @@ class Endpoint:
     port: int
     role: Role = Role.DECODE
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Which model-server engine serves here: picks the metric names to scrape
+    # ("vllm", "sglang", "trtllm"; see epp.datalayer).
+    engine: str = "vllm"
 
     @property
     def address(self) -> str:
@@ -31,11 +34,35 @@ class Endpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class EndpointMetrics:
+    """Load an endpoint reported about itself (Prometheus scrape or ORCA report).
+
+    ``None`` means "not reported", never zero. ``updated_at`` is the monotonic time of
+    the newest report; the scheduler treats metrics older than its staleness bound as
+    unknown load.
+    """
+
+    updated_at: float
+    waiting: float | None = None  # requests queued in the engine
+    running: float | None = None  # requests in the running batch
+    kv_usage: float | None = None  # KV-cache utilisation, 0..1
+    lora_running: frozenset[str] = frozenset()
+    lora_waiting: frozenset[str] = frozenset()
+    max_lora: int | None = None
+    block_size: int | None = None  # tokens per KV block (cache_config_info)
+    num_blocks: int | None = None  # KV blocks on the device (cache_config_info)
+    # ORCA values by their report key: "cpu_utilization", "named_metrics.<n>",
+    # "utilization.<n>", "request_cost.<n>", ...
+    orca: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointState:
     """An endpoint plus the slow-changing state the EPP knows about it (replaced, never
     mutated, when it changes)."""
 
     endpoint: Endpoint
+    metrics: EndpointMetrics | None = None
 
     @property
     def address(self) -> str:

@@ -38,6 +38,19 @@ class EppMetrics:
             buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1),
             registry=self.registry,
         )
+        self.scrape_failures = Counter(
+            "epp_scrape_failures",
+            "Failed /metrics scrapes of a model server (connect error, timeout, bad status "
+            "or unparsable text), by endpoint.",
+            ["endpoint"],
+            registry=self.registry,
+        )
+        self.orca_reports = Counter(
+            "epp_orca_reports",
+            "ORCA load reports received, by source (header, oob) and result (ok, malformed).",
+            ["source", "result"],
+            registry=self.registry,
+        )
         self.registry.register(_DatastoreCollector(datastore))
 
 
