@@ -1,0 +1,1 @@
+"""Where endpoint load comes from: Prometheus scrapes and ORCA reports."""
