@@ -20,17 +20,18 @@ class InFlightTicket:
     """One routed request's claim on an endpoint; releasing twice is a no-op, so every
     exit path (end of stream, cancel, error) may call :meth:`release`."""
 
-    __slots__ = ("_datastore", "address", "released")
+    __slots__ = ("_datastore", "address", "released", "tokens")
 
-    def __init__(self, datastore: Datastore, address: str) -> None:
+    def __init__(self, datastore: Datastore, address: str, tokens: int) -> None:
         self._datastore = datastore
         self.address = address
+        self.tokens = tokens
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self._datastore._release(self.address)
+            self._datastore._release(self.address, self.tokens)
 
 
 class Datastore:
@@ -38,6 +39,8 @@ class Datastore:
         self._states: dict[str, EndpointState] = {}
         self._in_flight: dict[str, int] = {}
         self._in_flight_view = MappingProxyType(self._in_flight)
+        self._in_flight_tokens: dict[str, int] = {}
+        self._in_flight_tokens_view = MappingProxyType(self._in_flight_tokens)
         self._version = 0
         self._snapshot: Snapshot | None = None
         self._listeners: list[Callable[[], None]] = []
@@ -53,6 +56,7 @@ class Datastore:
             endpoint, current.metrics if current is not None else None
         )
         self._in_flight.setdefault(endpoint.address, 0)
+        self._in_flight_tokens.setdefault(endpoint.address, 0)
         self._changed()
         log.info("endpoint %s added (role=%s)", endpoint.address, endpoint.role.value)
         return True
@@ -62,6 +66,7 @@ class Datastore:
             return False
         if self._in_flight.get(address, 0) == 0:
             self._in_flight.pop(address, None)
+            self._in_flight_tokens.pop(address, None)
         self._changed()
         log.info("endpoint %s removed", address)
         return True
@@ -95,17 +100,24 @@ class Datastore:
         self._listeners.append(listener)
 
     # -- load accounting ------------------------------------------------------------
-    def acquire(self, address: str) -> InFlightTicket:
+    def acquire(self, address: str, tokens: int = 0) -> InFlightTicket:
+        """Count one request (estimated at ``tokens`` prompt + output tokens) as in
+        flight on ``address`` until the ticket is released."""
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
-        return InFlightTicket(self, address)
+        self._in_flight_tokens[address] = self._in_flight_tokens.get(address, 0) + tokens
+        return InFlightTicket(self, address, tokens)
 
-    def _release(self, address: str) -> None:
+    def _release(self, address: str, tokens: int) -> None:
         count = self._in_flight.get(address, 0) - 1
         if count > 0 or address in self._states:
             self._in_flight[address] = max(count, 0)
+            self._in_flight_tokens[address] = max(
+                self._in_flight_tokens.get(address, 0) - tokens, 0
+            )
         else:
-            # a removed endpoint's counter goes once its last request is done
+            # a removed endpoint's counters go once its last request is done
             self._in_flight.pop(address, None)
+            self._in_flight_tokens.pop(address, None)
 
     def in_flight(self, address: str) -> int:
         return self._in_flight.get(address, 0)
@@ -119,6 +131,7 @@ class Datastore:
             self._snapshot = Snapshot(
                 endpoints=tuple(self._states.values()),
                 in_flight=self._in_flight_view,
+                in_flight_tokens=self._in_flight_tokens_view,
                 version=self._version,
             )
         return self._snapshot

@@ -16,13 +16,19 @@ from epp.types import InferenceRequest
 
 
 def parse_request(
-    request_id: str, headers: Mapping[str, str], body: bytes | None
+    request_id: str,
+    headers: Mapping[str, str],
+    body: bytes | None,
+    subset: frozenset[str] | None = None,
 ) -> tuple[InferenceRequest, dict[str, Any] | None]:
     """Parse an OpenAI-style request; returns it with the decoded JSON body (None when
     the request has no body, e.g. ``GET /v1/models``)."""
     path = headers.get(":path", "/").split("?", 1)[0]
     if body is None:
-        return InferenceRequest(request_id=request_id, model=None, path=path, headers=headers), None
+        request = InferenceRequest(
+            request_id=request_id, model=None, path=path, headers=headers, subset=subset
+        )
+        return request, None
     if not body:
         raise BadRequestError("request body is empty: expected a JSON object", code="empty_body")
     try:
@@ -47,39 +53,55 @@ def parse_request(
             request_id=request_id,
             model=model,
             path=path,
-            prompt_chars=prompt_chars(doc),
+            prompt=prompt_text(doc),
             stream=doc.get("stream") is True,
+            max_tokens=_max_tokens(doc),
             headers=headers,
+            subset=subset,
         ),
         doc,
     )
 
 
-def prompt_chars(doc: Mapping[str, Any]) -> int:
-    """Characters of prompt text (tokens are estimated as chars / 4 downstream)."""
+def prompt_text(doc: Mapping[str, Any]) -> str:
+    """The prompt as one string: completions' ``prompt`` (strings joined, token ids as
+    4 characters each so length/4 still estimates tokens), or chat ``messages`` as
+    ``role: content`` lines (roles are part of what a server caches)."""
     prompt = doc.get("prompt")
     if prompt is not None:
-        return _text_len(prompt)
+        return _text(prompt)
     messages = doc.get("messages")
     if isinstance(messages, list):
-        return sum(_text_len(m.get("content")) for m in messages if isinstance(m, dict))
-    return 0
+        return "".join(
+            f"{m.get('role', '')}: {_text(m.get('content'))}\n"
+            for m in messages
+            if isinstance(m, dict)
+        )
+    return ""
 
 
-def _text_len(value: Any) -> int:
+def _text(value: Any) -> str:
     if isinstance(value, str):
-        return len(value)
+        return value
     if isinstance(value, list):
-        total = 0
+        parts = []
         for item in value:
-            if isinstance(item, int):  # token ids: one token ~ 4 chars
-                total += 4
+            if isinstance(item, int):
+                parts.append(f"{item % 10000:04d}")
             elif isinstance(item, dict):  # chat content parts
-                total += _text_len(item.get("text"))
+                parts.append(_text(item.get("text")))
             else:
-                total += _text_len(item)
-        return total
-    return 0
+                parts.append(_text(item))
+        return "".join(parts)
+    return ""
+
+
+def _max_tokens(doc: Mapping[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = doc.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _json_kind(value: Any) -> str:

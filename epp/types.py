@@ -75,13 +75,15 @@ class Snapshot:
 
     ``endpoints`` is an immutable tuple rebuilt only when membership or endpoint state
     changes. ``in_flight`` (address -> requests the EPP has routed there and not seen
-    finish) changes on every request, so it is a read-only view of the live counters
-    rather than a copy: scheduling is synchronous on the event loop, so the view cannot
-    change during one scheduling call. Tests pass a plain dict.
+    finish) and ``in_flight_tokens`` (their estimated prompt + output tokens) change on
+    every request, so they are read-only views of the live counters rather than copies:
+    scheduling is synchronous on the event loop, so the views cannot change during one
+    scheduling call. Tests pass plain dicts.
     """
 
     endpoints: tuple[EndpointState, ...]
     in_flight: Mapping[str, int]
+    in_flight_tokens: Mapping[str, int] = field(default_factory=dict)
     version: int = 0
 
 
@@ -92,9 +94,19 @@ class InferenceRequest:
     request_id: str
     model: str | None
     path: str
-    prompt_chars: int = 0
+    # The prompt as one string (chat: "role: content" lines), what prefix-cache
+    # affinity hashes; tokens are estimated as len(prompt) / 4.
+    prompt: str = ""
     stream: bool = False
+    max_tokens: int | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    # Endpoint Picker Protocol subset hint from the proxy: pick only inside it.
+    subset: frozenset[str] | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Estimated prompt tokens (~4 characters each), at least 1."""
+        return max(1, (len(self.prompt) + 3) // 4)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,14 @@
-"""The scheduler contract the Envoy adapter depends on."""
+"""Contracts of the scheduler and its plugins. Everything here is synchronous and free
+of I/O: a scheduling cycle is a function of (request, snapshot, clock, rng)."""
 
 from __future__ import annotations
 
 import random
-from typing import Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
-from epp.types import InferenceRequest, SchedulingResult, Snapshot
+from epp.types import EndpointMetrics, EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 
 class Scheduler(Protocol):
@@ -15,6 +18,69 @@ class Scheduler(Protocol):
         """Pick endpoints for ``request`` from ``snapshot``.
 
         Contract: synchronous and free of I/O; every returned target is one of the
-        snapshot's endpoints; raises :class:`epp.errors.NoEndpointError` when none fits.
+        snapshot's endpoints; raises :class:`epp.errors.NoEndpointError` when none fits
+        (and :class:`epp.errors.ShedError` when admission sheds the request).
         """
         ...
+
+
+@dataclass(slots=True)
+class CycleContext:
+    """What every plugin sees during one scheduling cycle.
+
+    ``now`` is the scheduler's clock reading for the cycle; metrics older than
+    ``stale_after_s`` count as unknown load. ``cache`` lets plugins share work within
+    the cycle (e.g. the prompt's block hashes, computed once for all profiles).
+    """
+
+    request: InferenceRequest
+    snapshot: Snapshot
+    now: float
+    rng: random.Random
+    stale_after_s: float = 2.0
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def metrics(self, state: EndpointState) -> EndpointMetrics | None:
+        """The endpoint's reported load, or None if never reported or stale."""
+        m = state.metrics
+        if m is None or self.now - m.updated_at > self.stale_after_s:
+            return None
+        return m
+
+    def in_flight(self, state: EndpointState) -> int:
+        return self.snapshot.in_flight.get(state.address, 0)
+
+
+class Filter(Protocol):
+    """Narrows the candidates. Contract: returns a subset of ``candidates`` (possibly
+    empty), preserving their order."""
+
+    def filter(
+        self, ctx: CycleContext, candidates: Sequence[EndpointState]
+    ) -> list[EndpointState]: ...
+
+
+class Scorer(Protocol):
+    """Rates each candidate. Contract: returns one score per candidate, in order; the
+    framework clamps every score to [0, 1] (1 = best) before weighting."""
+
+    def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]: ...
+
+
+class Picker(Protocol):
+    """Chooses among scored candidates. Contract: returns 1..max_targets distinct
+    endpoints from ``scored`` (best first; the rest are fallbacks), or [] if empty."""
+
+    def pick(
+        self, ctx: CycleContext, scored: Sequence[tuple[EndpointState, float]]
+    ) -> list[EndpointState]: ...
+
+
+@runtime_checkable
+class RoutingObserver(Protocol):
+    """A plugin with state to update once a request is routed (e.g. the prefix index).
+    Called by the router after scheduling, outside the pure cycle."""
+
+    def on_routed(
+        self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
+    ) -> None: ...

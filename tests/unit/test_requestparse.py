@@ -2,15 +2,16 @@ import orjson
 import pytest
 
 from epp.errors import BadRequestError
-from epp.requestparse import parse_request, prompt_chars
+from epp.requestparse import parse_request, prompt_text
 
 HEADERS = {":path": "/v1/completions?x=1", ":method": "POST"}
 
 
 def test_parses_model_stream_and_path() -> None:
-    body = orjson.dumps({"model": "m", "prompt": "abcd" * 10, "stream": True})
+    body = orjson.dumps({"model": "m", "prompt": "abcd" * 10, "stream": True, "max_tokens": 7})
     req, doc = parse_request("rid", HEADERS, body)
-    assert (req.model, req.path, req.stream, req.prompt_chars) == ("m", "/v1/completions", True, 40)
+    assert (req.model, req.path, req.stream) == ("m", "/v1/completions", True)
+    assert (req.prompt_tokens, req.max_tokens) == (10, 7)
     assert doc is not None and doc["model"] == "m"
 
 
@@ -40,10 +41,10 @@ def test_bad_bodies_say_what_is_wrong(body: bytes, code: str, fragment: str) -> 
     assert fragment in info.value.message
 
 
-def test_prompt_chars_for_every_prompt_form() -> None:
-    assert prompt_chars({"prompt": "hello"}) == 5
-    assert prompt_chars({"prompt": ["ab", "cde"]}) == 5
-    assert prompt_chars({"prompt": [1, 2, 3]}) == 12  # token ids ~ 4 chars each
+def test_prompt_text_for_every_prompt_form() -> None:
+    assert prompt_text({"prompt": "hello"}) == "hello"
+    assert prompt_text({"prompt": ["ab", "cde"]}) == "abcde"
+    assert len(prompt_text({"prompt": [1, 2, 30000]})) == 12  # token ids ~ 4 chars each
     chat = {
         "messages": [
             {"role": "system", "content": "abc"},
@@ -51,5 +52,12 @@ def test_prompt_chars_for_every_prompt_form() -> None:
             "garbage",
         ]
     }
-    assert prompt_chars(chat) == 7
-    assert prompt_chars({"model": "m"}) == 0
+    assert prompt_text(chat) == "system: abc\nuser: defg\n"
+    assert prompt_text({"model": "m"}) == ""
+
+
+def test_max_completion_tokens_wins_and_bad_limits_are_ignored() -> None:
+    body = orjson.dumps({"model": "m", "max_tokens": 5, "max_completion_tokens": 9})
+    assert parse_request("r", HEADERS, body)[0].max_tokens == 9
+    body = orjson.dumps({"model": "m", "max_tokens": True})
+    assert parse_request("r", HEADERS, body)[0].max_tokens is None

@@ -1,0 +1,350 @@
+"""The EPP's configuration file: YAML modelled on the Inference Extension's
+``EndpointPickerConfig``, plus our own sections.
+
+Loaded in phases: parse (YAML) -> defaults -> validate (typed, every error names the
+file and key) -> instantiate (plugins built through the registry). A complete default
+lives in :data:`DEFAULT_CONFIG`, used when no file is given.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from epp.scheduling.base import RoutingObserver
+from epp.scheduling.params import ConfigError, Params
+from epp.scheduling.profile import Profile, WeightedScorer
+from epp.scheduling.registry import Registry, register_builtin_plugins
+from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
+from epp.scheduling.scheduler import ProfileScheduler
+
+DEFAULT_CONFIG = """\
+apiVersion: epp.dev/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: decode-filter
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+  parameters:
+    blockSize: 16
+    maxPrefixBlocksToMatch: 256
+    lruCapacityPerServer: 31250
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: max-score-picker
+saturationDetector:
+  queueDepthThreshold: 5
+  kvCacheUtilThreshold: 0.8
+admission:
+  defaultPriority: 0
+  objectives: {}
+dataLayer:
+  scrapeMetrics: true
+  scrapeIntervalSeconds: 0.05
+  scrapeTimeoutSeconds: 1.0
+  staleAfterSeconds: 2.0
+  engine: vllm
+  orca:
+    requestFormat: none
+    oobPort: null
+    reportIntervalSeconds: 1.0
+"""
+
+_TOP_KEYS = {
+    "apiVersion",
+    "kind",
+    "plugins",
+    "schedulingProfiles",
+    "saturationDetector",
+    "admission",
+    "dataLayer",
+}
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    type: str
+    name: str
+    parameters: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ProfileRef:
+    plugin: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    name: str
+    plugins: tuple[ProfileRef, ...]
+
+
+@dataclass(frozen=True)
+class DataLayerConfig:
+    scrape_metrics: bool = True
+    scrape_interval_s: float = 0.05
+    scrape_timeout_s: float = 1.0
+    stale_after_s: float = 2.0
+    engine: str = "vllm"
+    orca_request_format: str | None = None  # "TEXT" | "JSON": ask vLLM for ORCA headers
+    orca_oob_port: int | None = None  # serve port of OpenRcaService on each endpoint host
+    orca_report_interval_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class EppConfig:
+    source: str
+    plugins: tuple[PluginSpec, ...]
+    profiles: tuple[ProfileSpec, ...]
+    saturation: SaturationConfig
+    admission: AdmissionConfig
+    data_layer: DataLayerConfig
+    raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
+
+
+# -- phase 1: parse ---------------------------------------------------------------------
+def parse(text: str, source: str) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(doc).__name__}")
+    return doc
+
+
+# -- phase 2: defaults --------------------------------------------------------------------
+def with_defaults(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Fill what the file leaves out from DEFAULT_CONFIG, section by section. A file
+    that declares ``plugins`` owns the plugin list (and its profiles) entirely."""
+    default = parse(DEFAULT_CONFIG, "<default>")
+    unknown = sorted(set(doc) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(_TOP_KEYS)}")
+    merged = dict(default)
+    merged.update({k: v for k, v in doc.items() if k not in ("dataLayer",)})
+    if "plugins" in doc and "schedulingProfiles" not in doc:
+        merged.pop("schedulingProfiles")  # derived in validate(): one profile with all
+    data_layer = dict(default["dataLayer"])
+    data_layer.update(_mapping(doc.get("dataLayer"), f"{source}: dataLayer"))
+    orca = dict(default["dataLayer"]["orca"])
+    orca.update(_mapping(data_layer.get("orca"), f"{source}: dataLayer.orca"))
+    data_layer["orca"] = orca
+    merged["dataLayer"] = data_layer
+    return merged
+
+
+# -- phase 3: validate ----------------------------------------------------------------------
+def validate(doc: Mapping[str, Any], source: str, registry: Registry) -> EppConfig:
+    plugins = _plugins(doc.get("plugins"), source, registry)
+    names = {p.name for p in plugins}
+    profiles_raw = doc.get("schedulingProfiles")
+    if profiles_raw is None:
+        profiles_raw = [{"name": "default", "plugins": [{"pluginRef": p.name} for p in plugins]}]
+    if not isinstance(profiles_raw, list) or not profiles_raw:
+        raise ConfigError(f"{source}: schedulingProfiles must be a non-empty list")
+    profiles = []
+    seen_profiles: set[str] = set()
+    for i, raw in enumerate(profiles_raw):
+        where = f"{source}: schedulingProfiles[{i}]"
+        raw = _mapping(raw, where)
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}.name: required, a non-empty string")
+        if name in seen_profiles:
+            raise ConfigError(f"{where}.name: duplicate profile name {name!r}")
+        seen_profiles.add(name)
+        refs = []
+        pickers = 0
+        for j, ref in enumerate(_list(raw.get("plugins"), f"{where}.plugins")):
+            rwhere = f"{where}.plugins[{j}]"
+            ref = _mapping(ref, rwhere)
+            plugin = ref.get("pluginRef")
+            if plugin not in names:
+                raise ConfigError(
+                    f"{rwhere}.pluginRef: {plugin!r} is not a declared plugin; "
+                    f"declared: {sorted(names)}"
+                )
+            weight = ref.get("weight", 1)
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
+                raise ConfigError(f"{rwhere}.weight: must be a number >= 0, got {weight!r}")
+            kind = registry.get(_spec(plugins, plugin).type, rwhere).kind
+            pickers += kind == "picker"
+            refs.append(ProfileRef(plugin, float(weight)))
+        if pickers > 1:
+            raise ConfigError(f"{where}: at most one picker per profile, found {pickers}")
+        profiles.append(ProfileSpec(name, tuple(refs)))
+    sat = Params(f"{source}: saturationDetector", doc.get("saturationDetector"))
+    saturation = SaturationConfig(
+        queue_threshold=sat.number("queueDepthThreshold", 5, minimum=1e-9),
+        kv_threshold=sat.number("kvCacheUtilThreshold", 0.8, minimum=1e-9),
+    )
+    sat.done()
+    adm = Params(f"{source}: admission", doc.get("admission"))
+    objectives_raw = adm._get("objectives") or {}
+    if not isinstance(objectives_raw, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        for k, v in objectives_raw.items()
+    ):
+        raise ConfigError(
+            f"{source}: admission.objectives: expected objective name -> integer priority, "
+            f"got {objectives_raw!r}"
+        )
+    admission = AdmissionConfig(
+        objectives=dict(objectives_raw), default_priority=adm.integer("defaultPriority", 0)
+    )
+    adm.done()
+    return EppConfig(
+        source=source,
+        plugins=plugins,
+        profiles=tuple(profiles),
+        saturation=saturation,
+        admission=admission,
+        data_layer=_data_layer(doc.get("dataLayer"), source),
+        raw=doc,
+    )
+
+
+def _plugins(raw: Any, source: str, registry: Registry) -> tuple[PluginSpec, ...]:
+    specs = []
+    seen: set[str] = set()
+    for i, item in enumerate(_list(raw, f"{source}: plugins")):
+        where = f"{source}: plugins[{i}]"
+        item = _mapping(item, where)
+        extra = sorted(set(item) - {"type", "name", "parameters"})
+        if extra:
+            raise ConfigError(f"{where}: unknown key(s) {extra}; use type, name, parameters")
+        ptype = item.get("type")
+        if not isinstance(ptype, str):
+            raise ConfigError(f"{where}.type: required, the plugin's type name")
+        registry.get(ptype, f"{where}.type")
+        name = item.get("name", ptype)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}.name: must be a non-empty string")
+        if name in seen:
+            raise ConfigError(f"{where}.name: duplicate plugin name {name!r}")
+        seen.add(name)
+        specs.append(PluginSpec(ptype, name, _mapping(item.get("parameters"), f"{where}")))
+    return tuple(specs)
+
+
+def _data_layer(raw: Any, source: str) -> DataLayerConfig:
+    p = Params(f"{source}: dataLayer", raw)
+    scrape = p._get("scrapeMetrics")
+    if not isinstance(scrape, bool):
+        raise ConfigError(f"{source}: dataLayer.scrapeMetrics: expected true or false")
+    orca = Params(f"{source}: dataLayer.orca", p._get("orca"))
+    fmt = orca.string("requestFormat", "none", choices=("none", "TEXT", "JSON"))
+    oob_port = orca._get("oobPort")
+    if oob_port is not None and (
+        isinstance(oob_port, bool) or not isinstance(oob_port, int) or not 0 < oob_port < 65536
+    ):
+        raise ConfigError(f"{source}: dataLayer.orca.oobPort: a port 1-65535 or null")
+    cfg = DataLayerConfig(
+        scrape_metrics=scrape,
+        scrape_interval_s=p.number("scrapeIntervalSeconds", 0.05, minimum=0.001),
+        scrape_timeout_s=p.number("scrapeTimeoutSeconds", 1.0, minimum=0.001),
+        stale_after_s=p.number("staleAfterSeconds", 2.0, minimum=0.001),
+        engine=p.string("engine", "vllm", choices=("vllm", "sglang", "trtllm")),
+        orca_request_format=None if fmt == "none" else fmt,
+        orca_oob_port=oob_port,
+        orca_report_interval_s=orca.number("reportIntervalSeconds", 1.0, minimum=0.01),
+    )
+    orca.done()
+    p.done()
+    return cfg
+
+
+def _spec(plugins: tuple[PluginSpec, ...], name: str) -> PluginSpec:
+    return next(p for p in plugins if p.name == name)
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+    return dict(value)
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: expected a list, got {value!r}")
+    return value
+
+
+# -- phase 4: instantiate -------------------------------------------------------------------
+def instantiate(
+    cfg: EppConfig, registry: Registry, clock: Callable[[], float] = time.monotonic
+) -> ProfileScheduler:
+    instances: dict[str, Any] = {}
+    for spec in cfg.plugins:
+        params = Params(f"{cfg.source}: plugin {spec.name!r} parameters", spec.parameters)
+        instances[spec.name] = registry.get(spec.type, spec.name).factory(params)
+        params.done()
+    profiles = {}
+    for prof in cfg.profiles:
+        filters, scorers, picker = [], [], None
+        for ref in prof.plugins:
+            kind = registry.get(_spec(cfg.plugins, ref.plugin).type, ref.plugin).kind
+            if kind == "filter":
+                filters.append((ref.plugin, instances[ref.plugin]))
+            elif kind == "scorer":
+                scorers.append(WeightedScorer(ref.plugin, instances[ref.plugin], ref.weight))
+            else:
+                picker = instances[ref.plugin]
+        if picker is None:
+            picker = registry.get("max-score-picker", prof.name).factory(Params(prof.name, {}))
+        profiles[prof.name] = Profile(prof.name, tuple(filters), tuple(scorers), picker)
+    observers = [i for i in instances.values() if isinstance(i, RoutingObserver)]
+    return ProfileScheduler(
+        profiles=profiles,
+        primary=cfg.profiles[0].name,
+        saturation=cfg.saturation,
+        admission=cfg.admission,
+        stale_after_s=cfg.data_layer.stale_after_s,
+        clock=clock,
+        observers=observers,
+    )
+
+
+def load(path: Path | None, registry: Registry | None = None) -> EppConfig:
+    """Parse, default and validate a config file (or the built-in default)."""
+    registry = registry or register_builtin_plugins(Registry())
+    if path is None:
+        text, source = DEFAULT_CONFIG, "<default>"
+    else:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+        source = str(path)
+    return validate(with_defaults(parse(text, source), source), source, registry)
+
+
+def effective_yaml(cfg: EppConfig) -> str:
+    """The configuration as it will run (defaults filled in), as YAML."""
+    return yaml.safe_dump(dict(cfg.raw), sort_keys=False)

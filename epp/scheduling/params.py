@@ -1,0 +1,82 @@
+"""Typed access to a plugin's ``parameters`` with errors that name the key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config problem; the message names where (file, key) and why."""
+
+
+class Params:
+    """Reads a plugin's parameters; :meth:`done` rejects keys nobody asked for, so a
+    typo is an error instead of a silently ignored setting."""
+
+    def __init__(self, where: str, raw: Mapping[str, Any] | None) -> None:
+        if raw is not None and not isinstance(raw, Mapping):
+            raise ConfigError(f"{where}: 'parameters' must be a mapping, got {raw!r}")
+        self.where = where
+        self._raw = dict(raw or {})
+        self._used: set[str] = set()
+
+    def _get(self, key: str) -> Any:
+        self._used.add(key)
+        return self._raw.get(key)
+
+    def number(self, key: str, default: float, *, minimum: float | None = None) -> float:
+        value = self._get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{self.where}.{key}: expected a number, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise ConfigError(f"{self.where}.{key}: must be >= {minimum}, got {value}")
+        return float(value)
+
+    def integer(self, key: str, default: int, *, minimum: int | None = None) -> int:
+        value = self._get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{self.where}.{key}: expected an integer, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise ConfigError(f"{self.where}.{key}: must be >= {minimum}, got {value}")
+        return value
+
+    def string(self, key: str, default: str, *, choices: tuple[str, ...] = ()) -> str:
+        value = self._get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{self.where}.{key}: expected a non-empty string, got {value!r}")
+        if choices and value not in choices:
+            raise ConfigError(f"{self.where}.{key}: must be one of {list(choices)}, got {value!r}")
+        return value
+
+    def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        value = self._get(key)
+        if value is None:
+            return default
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{self.where}.{key}: expected a list of strings, got {value!r}")
+        return tuple(value)
+
+    def mapping(self, key: str) -> dict[str, str]:
+        value = self._get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise ConfigError(f"{self.where}.{key}: expected a string->string map, got {value!r}")
+        return dict(value)
+
+    def done(self) -> None:
+        unknown = sorted(set(self._raw) - self._used)
+        if unknown:
+            known = sorted(self._used)
+            raise ConfigError(
+                f"{self.where}: unknown parameter(s) {unknown}; known: {known or 'none'}"
+            )

@@ -1,0 +1,1 @@
+"""Built-in scheduling plugins (filters, scorers, pickers), one concern per module."""

@@ -1,0 +1,100 @@
+"""Filters: narrow candidates by role, labels, LoRA capacity or saturation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from epp.scheduling.base import CycleContext
+from epp.scheduling.params import ConfigError, Params
+from epp.scheduling.plugins.affinity import lora_affinity
+from epp.scheduling.saturation import SaturationConfig, endpoint_saturation
+from epp.types import EndpointState, Role
+
+
+class RoleFilter:
+    """Keeps endpoints whose P/D role is one of ``roles``."""
+
+    def __init__(self, roles: frozenset[Role]) -> None:
+        self.roles = roles
+
+    def filter(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[EndpointState]:
+        return [s for s in candidates if s.endpoint.role in self.roles]
+
+
+def role_filter(p: Params) -> RoleFilter:
+    names = p.strings("roles", ("decode", "prefill-decode"))
+    roles = set()
+    for name in names:
+        try:
+            roles.add(Role("prefill-decode" if name == "both" else name))
+        except ValueError:
+            raise ConfigError(
+                f"{p.where}.roles: unknown role {name!r}; use {[r.value for r in Role]}"
+            ) from None
+    return RoleFilter(frozenset(roles))
+
+
+def decode_filter(p: Params) -> RoleFilter:
+    """Endpoints that can decode: role decode or prefill-decode."""
+    return RoleFilter(frozenset({Role.DECODE, Role.BOTH}))
+
+
+def prefill_filter(p: Params) -> RoleFilter:
+    """Endpoints that can prefill: role prefill or prefill-decode."""
+    return RoleFilter(frozenset({Role.PREFILL, Role.BOTH}))
+
+
+class LabelSelectorFilter:
+    """Keeps endpoints carrying every label in ``matchLabels``."""
+
+    def __init__(self, match: dict[str, str]) -> None:
+        self.match = match
+
+    def filter(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[EndpointState]:
+        return [
+            s
+            for s in candidates
+            if all(s.endpoint.labels.get(k) == v for k, v in self.match.items())
+        ]
+
+
+def label_selector_filter(p: Params) -> LabelSelectorFilter:
+    return LabelSelectorFilter(p.mapping("matchLabels"))
+
+
+class LoraCapacityFilter:
+    """Keeps endpoints that have the requested adapter loaded or queued, or a free
+    adapter slot, or report no LoRA state. If that leaves nothing, keeps all: an
+    adapter can always be swapped in, slowly."""
+
+    def filter(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[EndpointState]:
+        kept = []
+        for s in candidates:
+            affinity = lora_affinity(ctx, s)
+            if affinity is None or affinity > 0.0:
+                kept.append(s)
+        return kept or list(candidates)
+
+
+def lora_capacity_filter(p: Params) -> LoraCapacityFilter:
+    return LoraCapacityFilter()
+
+
+class SaturationFilter:
+    """Drops saturated endpoints (see saturation.endpoint_saturation) unless all are."""
+
+    def __init__(self, cfg: SaturationConfig) -> None:
+        self.cfg = cfg
+
+    def filter(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[EndpointState]:
+        kept = [s for s in candidates if endpoint_saturation(ctx, s, self.cfg) < 1.0]
+        return kept or list(candidates)
+
+
+def saturation_filter(p: Params) -> SaturationFilter:
+    return SaturationFilter(
+        SaturationConfig(
+            queue_threshold=p.number("queueThreshold", 5.0, minimum=1e-9),
+            kv_threshold=p.number("kvThreshold", 0.8, minimum=1e-9),
+        )
+    )

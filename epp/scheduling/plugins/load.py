@@ -1,0 +1,82 @@
+"""Scorers on load signals: engine queue, running batch, KV-cache use, and the EPP's
+own in-flight accounting (fresh between scrapes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from epp.scheduling.base import CycleContext
+from epp.scheduling.params import Params
+from epp.types import EndpointState
+
+
+def relative(values: Sequence[float | None]) -> list[float]:
+    """Min-max score where lower is better: the least loaded gets 1, the most 0, all
+    equal gets 1; unknown (None) gets 0 so an endpoint we cannot see is not preferred."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return [0.0] * len(values)
+    lo, hi = min(known), max(known)
+    span = hi - lo
+    return [0.0 if v is None else (1.0 if span == 0 else (hi - v) / span) for v in values]
+
+
+class _MetricScorer:
+    def __init__(self, read: Callable[[CycleContext, EndpointState], float | None]) -> None:
+        self._read = read
+
+    def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
+        return relative([self._read(ctx, s) for s in candidates])
+
+
+def _waiting(ctx: CycleContext, s: EndpointState) -> float | None:
+    m = ctx.metrics(s)
+    return None if m is None else m.waiting
+
+
+def _running(ctx: CycleContext, s: EndpointState) -> float | None:
+    m = ctx.metrics(s)
+    return None if m is None else m.running
+
+
+def queue_scorer(p: Params) -> _MetricScorer:
+    """Fewer requests waiting in the engine's queue scores higher (min-max across
+    candidates). Consumes: scraped/ORCA ``waiting``."""
+    return _MetricScorer(_waiting)
+
+
+def running_requests_scorer(p: Params) -> _MetricScorer:
+    """Smaller running batch scores higher. Consumes: scraped/ORCA ``running``."""
+    return _MetricScorer(_running)
+
+
+class KvCacheScorer:
+    """Score = 1 - KV-cache utilisation (absolute, so a nearly full cache scores near 0
+    even if every candidate is nearly full). Unknown or stale = 0."""
+
+    def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
+        out = []
+        for s in candidates:
+            m = ctx.metrics(s)
+            out.append(0.0 if m is None or m.kv_usage is None else 1.0 - m.kv_usage)
+        return out
+
+
+def kv_cache_scorer(p: Params) -> KvCacheScorer:
+    return KvCacheScorer()
+
+
+class InFlightScorer:
+    """The EPP's own count of requests (or estimated tokens) routed to each endpoint and
+    not yet finished; min-max, fewer is better. Always fresh, needs no scrape."""
+
+    def __init__(self, unit: str) -> None:
+        self.unit = unit
+
+    def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
+        table = ctx.snapshot.in_flight if self.unit == "requests" else ctx.snapshot.in_flight_tokens
+        return relative([float(table.get(s.address, 0)) for s in candidates])
+
+
+def in_flight_scorer(p: Params) -> InFlightScorer:
+    return InFlightScorer(p.string("unit", "requests", choices=("requests", "tokens")))

@@ -1,0 +1,79 @@
+"""Pickers: turn scored candidates into an ordered target list (primary + fallbacks)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from epp.scheduling.base import CycleContext
+from epp.scheduling.params import Params
+from epp.types import EndpointState
+
+
+class MaxScorePicker:
+    """Highest total score first; ties broken at random (so equal endpoints share load).
+    Returns up to ``maxTargets`` endpoints, best first."""
+
+    def __init__(self, max_targets: int) -> None:
+        self.max_targets = max_targets
+
+    def pick(
+        self, ctx: CycleContext, scored: Sequence[tuple[EndpointState, float]]
+    ) -> list[EndpointState]:
+        if self.max_targets == 1 and scored:
+            best = max(score for _, score in scored)
+            top = [s for s, score in scored if score == best]
+            return [top[0] if len(top) == 1 else ctx.rng.choice(top)]
+        keyed = [(score, ctx.rng.random(), s) for s, score in scored]
+        keyed.sort(key=lambda k: (k[0], k[1]), reverse=True)
+        return [s for _, _, s in keyed[: self.max_targets]]
+
+
+class RandomPicker:
+    """Uniformly random, ignoring scores (a baseline)."""
+
+    def __init__(self, max_targets: int) -> None:
+        self.max_targets = max_targets
+
+    def pick(
+        self, ctx: CycleContext, scored: Sequence[tuple[EndpointState, float]]
+    ) -> list[EndpointState]:
+        states = [s for s, _ in scored]
+        return ctx.rng.sample(states, min(self.max_targets, len(states)))
+
+
+class WeightedRandomPicker:
+    """Random in proportion to score (weighted sampling without replacement; all-zero
+    scores fall back to uniform)."""
+
+    def __init__(self, max_targets: int) -> None:
+        self.max_targets = max_targets
+
+    def pick(
+        self, ctx: CycleContext, scored: Sequence[tuple[EndpointState, float]]
+    ) -> list[EndpointState]:
+        if not any(score > 0 for _, score in scored):
+            return RandomPicker(self.max_targets).pick(ctx, scored)
+        # Efraimidis-Spirakis: key = u^(1/w); zero weights sort last.
+        keyed = []
+        for s, score in scored:
+            u = ctx.rng.random() or 1e-300
+            keyed.append((math.log(u) / score if score > 0 else -math.inf, s))
+        keyed.sort(key=lambda k: k[0], reverse=True)
+        return [s for _, s in keyed[: self.max_targets]]
+
+
+def _targets(p: Params) -> int:
+    return p.integer("maxTargets", 1, minimum=1)
+
+
+def max_score_picker(p: Params) -> MaxScorePicker:
+    return MaxScorePicker(_targets(p))
+
+
+def random_picker(p: Params) -> RandomPicker:
+    return RandomPicker(_targets(p))
+
+
+def weighted_random_picker(p: Params) -> WeightedRandomPicker:
+    return WeightedRandomPicker(_targets(p))

@@ -1,0 +1,76 @@
+"""Prefix-cache affinity: prefer the endpoint that most probably caches the longest
+prefix of this prompt (approximate: from what the EPP routed, not what the server
+reports)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from epp.scheduling.base import CycleContext
+from epp.scheduling.params import Params
+from epp.scheduling.prefixindex import PrefixIndex, block_hashes
+from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
+
+CHARS_PER_TOKEN = 4
+
+
+class PrefixCacheScorer:
+    """Score = matched leading blocks / the prompt's blocks (0..1).
+
+    Parameters: ``blockSize`` tokens per block (16; x4 characters), ``maxPrefixBlocksToMatch``
+    (256), ``lruCapacityPerServer`` blocks remembered per endpoint (31,250) unless the
+    endpoint reports its KV geometry (``cache_config_info``), which then sets it.
+    """
+
+    def __init__(self, block_tokens: int, max_blocks: int, capacity: int) -> None:
+        self.block_tokens = block_tokens
+        self.block_chars = block_tokens * CHARS_PER_TOKEN
+        self.max_blocks = max_blocks
+        self.index = PrefixIndex(capacity)
+        self._version = -1
+
+    def hashes(self, ctx: CycleContext) -> list[int]:
+        """The request's block hashes, computed once per cycle (shared across profiles)."""
+        key = f"prefix-hashes/{self.block_chars}/{self.max_blocks}"
+        cached = ctx.cache.get(key)
+        if cached is None:
+            r = ctx.request
+            cached = block_hashes(r.model or "", r.prompt, self.block_chars, self.max_blocks)
+            ctx.cache[key] = cached
+        result: list[int] = cached
+        return result
+
+    def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
+        hashes = self.hashes(ctx)
+        if not hashes:
+            return [0.0] * len(candidates)
+        matched = self.index.match(hashes)
+        total = len(hashes)
+        return [matched.get(s.address, 0) / total for s in candidates]
+
+    def on_routed(
+        self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
+    ) -> None:
+        if snapshot.version != self._version:  # membership changed: forget removed ones
+            self._version = snapshot.version
+            self.index.retain({s.address for s in snapshot.endpoints})
+        hashes = block_hashes(
+            request.model or "", request.prompt, self.block_chars, self.max_blocks
+        )
+        if not hashes:
+            return
+        target = result.primary.address
+        capacity = None
+        for s in snapshot.endpoints:
+            m = s.metrics
+            if s.address == target and m is not None and m.num_blocks and m.block_size:
+                capacity = m.num_blocks * m.block_size // self.block_tokens
+        self.index.insert(target, hashes, capacity)
+
+
+def prefix_cache_scorer(p: Params) -> PrefixCacheScorer:
+    return PrefixCacheScorer(
+        block_tokens=p.integer("blockSize", 16, minimum=1),
+        max_blocks=p.integer("maxPrefixBlocksToMatch", 256, minimum=1),
+        capacity=p.integer("lruCapacityPerServer", 31_250, minimum=1),
+    )
