@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("epp.serve", "run the endpoint picker (Envoy ext_proc gRPC server + HTTP admin)"),
     "sim": ("epp.sim.cli", "run one simulated vLLM-compatible model server"),
     "stack": ("epp.stack", "run Envoy + EPP + simulated model servers locally (make run)"),
+    "config": ("epp.configcmd", "show the effective config, or list plugin types"),
 }
 
 

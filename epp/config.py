@@ -30,6 +30,7 @@ plugins:
 - type: decode-filter
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
+- type: in-flight-load-scorer
 - type: prefix-cache-scorer
   parameters:
     blockSize: 16
@@ -44,6 +45,8 @@ schedulingProfiles:
     weight: 2
   - pluginRef: kv-cache-utilization-scorer
     weight: 2
+  - pluginRef: in-flight-load-scorer
+    weight: 1
   - pluginRef: prefix-cache-scorer
     weight: 3
   - pluginRef: max-score-picker
@@ -145,7 +148,10 @@ def with_defaults(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
     merged = dict(default)
     merged.update({k: v for k, v in doc.items() if k not in ("dataLayer",)})
     if "plugins" in doc and "schedulingProfiles" not in doc:
-        merged.pop("schedulingProfiles")  # derived in validate(): one profile with all
+        # like the Inference Extension: one profile "default" using every plugin
+        plugins = doc["plugins"] if isinstance(doc["plugins"], list) else []
+        refs = [{"pluginRef": p.get("name", p.get("type"))} for p in plugins if isinstance(p, dict)]
+        merged["schedulingProfiles"] = [{"name": "default", "plugins": refs}]
     data_layer = dict(default["dataLayer"])
     data_layer.update(_mapping(doc.get("dataLayer"), f"{source}: dataLayer"))
     orca = dict(default["dataLayer"]["orca"])
@@ -160,8 +166,6 @@ def validate(doc: Mapping[str, Any], source: str, registry: Registry) -> EppConf
     plugins = _plugins(doc.get("plugins"), source, registry)
     names = {p.name for p in plugins}
     profiles_raw = doc.get("schedulingProfiles")
-    if profiles_raw is None:
-        profiles_raw = [{"name": "default", "plugins": [{"pluginRef": p.name} for p in plugins]}]
     if not isinstance(profiles_raw, list) or not profiles_raw:
         raise ConfigError(f"{source}: schedulingProfiles must be a non-empty list")
     profiles = []
@@ -333,16 +337,30 @@ def instantiate(
 
 def load(path: Path | None, registry: Registry | None = None) -> EppConfig:
     """Parse, default and validate a config file (or the built-in default)."""
-    registry = registry or register_builtin_plugins(Registry())
     if path is None:
-        text, source = DEFAULT_CONFIG, "<default>"
-    else:
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
-        source = str(path)
+        return load_text(DEFAULT_CONFIG, "<default>", registry)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    return load_text(text, str(path), registry)
+
+
+def load_text(text: str, source: str, registry: Registry | None = None) -> EppConfig:
+    registry = registry or builtin_registry()
     return validate(with_defaults(parse(text, source), source), source, registry)
+
+
+def builtin_registry() -> Registry:
+    return register_builtin_plugins(Registry())
+
+
+def build_scheduler(
+    text: str, clock: Callable[[], float] = time.monotonic, source: str = "<config>"
+) -> ProfileScheduler:
+    """Config text -> scheduler in one call (tests, benchmarks)."""
+    registry = builtin_registry()
+    return instantiate(load_text(text, source, registry), registry, clock)
 
 
 def effective_yaml(cfg: EppConfig) -> str:

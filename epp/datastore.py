@@ -37,6 +37,7 @@ class InFlightTicket:
 class Datastore:
     def __init__(self) -> None:
         self._states: dict[str, EndpointState] = {}
+        self._states_view = MappingProxyType(self._states)
         self._in_flight: dict[str, int] = {}
         self._in_flight_view = MappingProxyType(self._in_flight)
         self._in_flight_tokens: dict[str, int] = {}
@@ -133,6 +134,7 @@ class Datastore:
                 in_flight=self._in_flight_view,
                 in_flight_tokens=self._in_flight_tokens_view,
                 version=self._version,
+                by_address=self._states_view,
             )
         return self._snapshot
 

@@ -3,16 +3,30 @@ claim in-flight accounting, count the outcome."""
 
 from __future__ import annotations
 
+import logging
 import random
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from epp.admin.metrics import EppMetrics
+from epp.datalayer.orca import (
+    ORCA_BIN_HEADER,
+    ORCA_HEADER,
+    OrcaParseError,
+    merge_orca,
+    parse_orca,
+)
 from epp.datastore import Datastore, InFlightTicket
 from epp.errors import EppError
-from epp.scheduling import Scheduler
+from epp.scheduling.base import Scheduler
 from epp.types import InferenceRequest, SchedulingResult
 from epp.usage import Usage
+
+log = logging.getLogger(__name__)
+
+# Output tokens assumed for in-flight token accounting when a request sets no limit.
+DEFAULT_OUTPUT_TOKENS = 256
 
 
 @dataclass(slots=True)
@@ -30,22 +44,50 @@ class Router:
         *,
         max_body_bytes: int,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        request_headers: Iterable[tuple[str, str]] = (),
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.rng = rng or random.Random()
+        self.clock = clock
+        # headers added to every routed request (e.g. asking vLLM for ORCA load)
+        self.request_headers = tuple(request_headers)
+        self._routed = metrics.requests.labels("routed")
+        self._orca_ok = metrics.orca_reports.labels("header", "ok")
+        self._orca_malformed = metrics.orca_reports.labels("header", "malformed")
 
     def route(self, request: InferenceRequest) -> Routed:
         start = time.perf_counter()
-        result = self.scheduler.schedule(request, self.datastore.snapshot(), self.rng)
+        snapshot = self.datastore.snapshot()
+        result = self.scheduler.schedule(request, snapshot, self.rng)
+        self.scheduler.on_routed(request, result, snapshot)
         self.metrics.scheduling_seconds.observe(time.perf_counter() - start)
-        self.metrics.requests.labels("routed").inc()
-        return Routed(result, self.datastore.acquire(result.primary.address))
+        self._routed.inc()
+        tokens = request.prompt_tokens + (request.max_tokens or DEFAULT_OUTPUT_TOKENS)
+        return Routed(result, self.datastore.acquire(result.primary.address, tokens))
 
     def rejected(self, error: EppError) -> None:
         self.metrics.requests.labels(str(error.status)).inc()
+
+    def response_headers_seen(self, address: str, headers: Mapping[str, str]) -> None:
+        """Take ORCA load from a response's headers, fresher than the last scrape."""
+        if ORCA_HEADER not in headers and ORCA_BIN_HEADER not in headers:
+            return
+        try:
+            report = parse_orca(headers)
+        except OrcaParseError as exc:
+            self._orca_malformed.inc()
+            log.debug("ignoring malformed ORCA header from %s: %s", address, exc)
+            return
+        if report is None:
+            return
+        state = self.datastore.get(address)
+        if state is not None:
+            self.datastore.update_metrics(address, merge_orca(state.metrics, report, self.clock()))
+            self._orca_ok.inc()
 
     def response_seen(self, address: str, status: int) -> None:
         self.metrics.responses.labels(address, f"{status // 100}xx").inc()

@@ -22,15 +22,17 @@ class Endpoint:
     host: str
     port: int
     role: Role = Role.DECODE
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     # Which model-server engine serves here: picks the metric names to scrape
     # ("vllm", "sglang", "trtllm"; see epp.datalayer).
     engine: str = "vllm"
+    # ``ip:port``, the value Envoy routes by (IPv6 hosts bracketed); derived once, as
+    # the scheduler reads it for every candidate of every request.
+    address: str = field(init=False, compare=False, repr=False)
 
-    @property
-    def address(self) -> str:
-        """``ip:port``, the value Envoy routes by (IPv6 hosts bracketed)."""
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+    def __post_init__(self) -> None:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        object.__setattr__(self, "address", f"{host}:{self.port}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +65,10 @@ class EndpointState:
 
     endpoint: Endpoint
     metrics: EndpointMetrics | None = None
+    address: str = field(init=False, compare=False, repr=False)
 
-    @property
-    def address(self) -> str:
-        return self.endpoint.address
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "address", self.endpoint.address)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,13 @@ class Snapshot:
     in_flight: Mapping[str, int]
     in_flight_tokens: Mapping[str, int] = field(default_factory=dict)
     version: int = 0
+    # address -> state for lookups (a live view in the datastore, like in_flight)
+    by_address: Mapping[str, EndpointState] = field(default_factory=dict)
+
+    def state(self, address: str) -> EndpointState | None:
+        return self.by_address.get(address) or next(
+            (s for s in self.endpoints if s.address == address), None
+        )
 
 
 @dataclass(frozen=True, slots=True)

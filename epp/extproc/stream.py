@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 _STRIPPED_PREFIX = "x-gateway-destination-endpoint"
 _STRIPPED_EXACT = frozenset({"x-prefiller-host-port"})
 _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
@@ -60,6 +62,7 @@ class _Request:
     generated_id: bool = False
     chunks: list[bytes] = field(default_factory=list)
     size: int = 0
+    subset: frozenset[str] | None = None
     routed: Routed | None = None
     status: int = 0
     tail: bytes = b""
@@ -70,6 +73,7 @@ class ExtProcStream:
         self._router = router
         self._envoy = _Envoy()
         self._req = _Request()
+        self._subset_hint: frozenset[str] | None = None
 
     @property
     def phase(self) -> Phase:
@@ -80,6 +84,8 @@ class ExtProcStream:
         kind = msg.WhichOneof("request")
         if msg.HasField("protocol_config"):
             self._envoy.response_body_mode = msg.protocol_config.response_body_mode
+        if msg.HasField("metadata_context"):
+            self._subset_hint = _subset_hint(msg)
         try:
             if kind == "request_headers":
                 return self._on_request_headers(msg.request_headers)
@@ -111,6 +117,7 @@ class ExtProcStream:
         req = self._req
         for h in msg.headers.headers:
             req.headers[h.key] = h.raw_value.decode() if h.raw_value else h.value
+        req.subset = self._subset_hint
         req.request_id = req.headers.get("x-request-id", "")
         if not req.request_id:
             req.request_id, req.generated_id = uuid.uuid4().hex, True
@@ -152,11 +159,11 @@ class ExtProcStream:
 
     def _routed_headers(self, body: bytes | None) -> ProcessingResponse:
         req = self._req
-        request, _doc = parse_request(req.request_id, req.headers, body)
+        request, _doc = parse_request(req.request_id, req.headers, body, req.subset)
         routed = self._router.route(request)
         req.routed = routed
         self._envoy.phase = Phase.UPSTREAM
-        extra: list[tuple[str, str]] = []
+        extra: list[tuple[str, str]] = list(self._router.request_headers)
         if body is not None:
             extra.append(("content-length", str(len(body))))
         if req.generated_id:
@@ -178,10 +185,13 @@ class ExtProcStream:
 
     # -- response path ------------------------------------------------------------------
     def _on_response_headers(self, msg: HttpHeaders) -> list[ProcessingResponse]:
-        for h in msg.headers.headers:
-            if h.key == ":status":
-                self._req.status = int(h.raw_value or h.value or 0)
-                break
+        headers = {
+            h.key: h.raw_value.decode() if h.raw_value else h.value for h in msg.headers.headers
+        }
+        self._req.status = int(headers.get(":status") or 0)
+        routed = self._req.routed
+        if routed is not None:
+            self._router.response_headers_seen(routed.ticket.address, headers)
         if msg.end_of_stream:
             self._finish()
         else:
@@ -206,6 +216,18 @@ class ExtProcStream:
             if self._req.status:
                 self._router.response_seen(routed.ticket.address, self._req.status)
         self._envoy.phase = Phase.DONE
+
+
+def _subset_hint(msg: ProcessingRequest) -> frozenset[str] | None:
+    """The proxy's ``envoy.lb.subset_hint`` list of ``ip:port``, if it sent one."""
+    hint = msg.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+    if hint is None or SUBSET_KEY not in hint.fields:
+        return None
+    value = hint.fields[SUBSET_KEY]
+    if value.HasField("list_value"):
+        return frozenset(v.string_value for v in value.list_value.values if v.string_value)
+    # tolerate a single string, possibly comma-separated
+    return frozenset(a.strip() for a in value.string_value.split(",") if a.strip())
 
 
 def _body_ends(body: object) -> bool:

@@ -1,6 +1,6 @@
-"""Scheduling: pure functions of (request, snapshot, rng) -> SchedulingResult."""
+"""Scheduling: pure functions of (request, snapshot, clock, rng) -> SchedulingResult.
 
-from epp.scheduling.base import Scheduler
-from epp.scheduling.least_request import LeastRequestScheduler
-
-__all__ = ["LeastRequestScheduler", "Scheduler"]
+``base`` holds the contracts, ``profile`` runs filters -> scorers -> picker,
+``scheduler`` adds the subset hint and admission, ``plugins`` holds the built-ins and
+``registry`` maps their type names (see README "Scheduling" for every plugin).
+"""

@@ -23,6 +23,12 @@ class Scheduler(Protocol):
         """
         ...
 
+    def on_routed(
+        self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
+    ) -> None:
+        """Called once the request is committed to ``result`` (plugins update state)."""
+        ...
+
 
 @dataclass(slots=True)
 class CycleContext:
@@ -38,7 +44,7 @@ class CycleContext:
     now: float
     rng: random.Random
     stale_after_s: float = 2.0
-    cache: dict[str, Any] = field(default_factory=dict)
+    cache: dict[Any, Any] = field(default_factory=dict)
 
     def metrics(self, state: EndpointState) -> EndpointMetrics | None:
         """The endpoint's reported load, or None if never reported or stale."""
@@ -46,6 +52,22 @@ class CycleContext:
         if m is None or self.now - m.updated_at > self.stale_after_s:
             return None
         return m
+
+    def fresh_metrics(self, candidates: Sequence[EndpointState]) -> list[EndpointMetrics | None]:
+        """:meth:`metrics` for each candidate, computed once per candidate list per cycle
+        (every scorer of a profile sees the same list)."""
+        key = ("fresh", id(candidates))
+        cached = self.cache.get(key)
+        if cached is None or cached[0] is not candidates:
+            limit = self.now - self.stale_after_s
+            values = [
+                m if m is not None and m.updated_at >= limit else None
+                for m in (s.metrics for s in candidates)
+            ]
+            cached = (candidates, values)
+            self.cache[key] = cached
+        result: list[EndpointMetrics | None] = cached[1]
+        return result
 
     def in_flight(self, state: EndpointState) -> int:
         return self.snapshot.in_flight.get(state.address, 0)

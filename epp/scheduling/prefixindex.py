@@ -1,10 +1,10 @@
 """Approximate prefix-cache index: which endpoint probably holds which prompt blocks.
 
 Prompts are cut into blocks of ``block_chars`` characters (default 64 = 16 tokens x 4
-chars); block i's hash is xxhash64 over (hash of block i-1, block text), the chain
-seeded by the model name, so a hash names a whole prefix. Each endpoint keeps an LRU of
-the hashes routed to it (bounded per endpoint); a reverse index maps hash -> endpoints
-so a lookup costs O(blocks matched), not O(endpoints x blocks).
+chars); block i's hash is xxhash64 of the block text seeded with block i-1's hash (the
+first seeded with the model name's hash), so a hash names a whole prefix. Each endpoint
+keeps an LRU of the hashes routed to it (bounded per endpoint); a reverse index maps
+hash -> endpoints so a lookup costs O(blocks matched), not O(endpoints x blocks).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def block_hashes(model: str, prompt: str, block_chars: int, max_blocks: int) -> 
         )
     else:
         blocks = (data[i * block_chars : (i + 1) * block_chars] for i in range(n))
+    h64 = xxhash.xxh64_intdigest
     for block in blocks:
-        prev = xxhash.xxh64_intdigest(prev.to_bytes(8, "little") + block)
+        prev = h64(block, prev)
         hashes.append(prev)
     return hashes
 

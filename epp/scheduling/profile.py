@@ -43,8 +43,11 @@ class Profile:
         for ws in self.scorers:
             if ws.weight == 0:
                 continue
+            w = ws.weight
             scores = ws.scorer.score(ctx, current)
-            for i, s in enumerate(scores):
-                # clamp: a misbehaving scorer cannot outweigh the others
-                totals[i] += ws.weight * (0.0 if s != s else min(1.0, max(0.0, s)))
+            # clamp to [0, 1] (NaN -> 0): a misbehaving scorer cannot outweigh the others
+            totals = [
+                t + w * (x if 0.0 <= x <= 1.0 else (1.0 if x > 1.0 else 0.0))
+                for t, x in zip(totals, scores, strict=True)
+            ]
         return self.picker.pick(ctx, list(zip(current, totals, strict=True)))

@@ -19,7 +19,8 @@ from epp import argtypes
 from epp.cli import add_log_level
 from epp.readyfile import write_ready
 from epp.sim.config import SimConfig
-from epp.sim.server import make_app
+from epp.sim.orca import OrcaServer
+from epp.sim.server import SIM_SERVER, make_app
 
 log = logging.getLogger("epp.sim")
 
@@ -40,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-file",
         default=None,
         metavar="PATH",
-        help="write {host, port, url, instance} here once bound",
+        help="write {host, port, url, instance[, orca_port]} here once bound",
     )
     add("--model", default=d.model, help="the served model name")
     add("--instance-id", default=None, help="name in x-sim-instance (default: host:port)")
@@ -92,6 +93,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.time_scale,
         help="multiplies every simulated latency (0 = answer instantly)",
     )
+    # ORCA load reports (epp.sim.orca)
+    add(
+        "--orca-format",
+        type=str.lower,
+        choices=["none", "text", "json", "bin"],
+        default=d.orca_format,
+        help="add an endpoint-load-metrics header in this format to every non-streaming "
+        "response (a request's endpoint-load-metrics-format header overrides it)",
+    )
+    add(
+        "--orca-port",
+        type=argtypes.port,
+        default=None,
+        metavar="PORT",
+        help="serve ORCA OpenRcaService/StreamCoreMetrics (gRPC) on this port "
+        "(0 = pick a free one; not given = off)",
+    )
     add_log_level(parser)
 
 
@@ -116,6 +134,7 @@ def config_from_args(args: argparse.Namespace, port: int) -> SimConfig:
         itl_ms_per_running_seq=args.itl_ms_per_running_seq,
         default_max_tokens=args.default_max_tokens,
         time_scale=args.time_scale,
+        orca_format=args.orca_format,
     )
 
 
@@ -159,17 +178,30 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    orca_server: OrcaServer | None = None
     try:
         await web.SockSite(runner, sock).start()
         url = f"http://{address(config.host, config.port)}"
-        write_ready(
-            args.ready_file,
-            {"host": config.host, "port": config.port, "url": url, "instance": config.instance_id},
-        )
+        ready: dict[str, object] = {
+            "host": config.host,
+            "port": config.port,
+            "url": url,
+            "instance": config.instance_id,
+        }
+        if args.orca_port is not None:  # out-of-band ORCA (epp.sim.orca)
+            orca_server = OrcaServer(runner.app[SIM_SERVER].engine)
+            try:
+                ready["orca_port"] = await orca_server.start(config.host, args.orca_port)
+            except OSError as exc:
+                log.error("%s", exc)
+                return 1
+        write_ready(args.ready_file, ready)
         log.info("simulating %r as %s on %s: %s", config.model, config.instance_id, url, config)
         await stop.wait()
         log.info("stopping %s", config.instance_id)
     finally:
+        if orca_server is not None:
+            await orca_server.stop()
         await runner.cleanup()
     return 0
 

@@ -30,10 +30,16 @@ class SimConfig:
     itl_ms_per_running_seq: float = 0.5
     default_max_tokens: int = 16
     time_scale: float = 1.0
+    # ORCA response header on non-streaming responses: none | text | json | bin
+    orca_format: str = "none"
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must not be empty")
+        if self.orca_format not in ("none", "text", "json", "bin"):
+            raise ValueError(
+                f"orca_format must be none, text, json or bin, got {self.orca_format!r}"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, got {self.port}")
         for name in ("max_num_seqs", "kv_blocks", "block_size", "default_max_tokens"):

@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from epp.sim import responses
+from epp.sim import orca, responses
 from epp.sim.config import SimConfig
 from epp.sim.engine import Engine
 from epp.sim.metrics import METRICS_CONTENT_TYPE, SimMetrics
@@ -107,7 +107,12 @@ class SimServer:
             return error_response(exc)
         if req.stream:
             return await self._stream(request, req)
-        return await self._complete(req)
+        response = await self._complete(req)
+        # ORCA load header (vLLM: non-streaming responses only)
+        orca.add_load_header(
+            response.headers, request.headers, self.config.orca_format, self.engine
+        )
+        return response
 
     async def _complete(self, req: GenerationRequest) -> web.Response:
         rid, created = responses.response_id(req), responses.now_created()

@@ -1,13 +1,22 @@
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.errors import NoEndpointError
-from epp.scheduling import LeastRequestScheduler
+from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, EndpointState, InferenceRequest, Role, Snapshot, parse_host_port
+
+LEAST_REQUEST = (Path(__file__).parents[2] / "configs" / "least-request.yaml").read_text()
+
+
+def least_request() -> ProfileScheduler:
+    return build_scheduler(LEAST_REQUEST)
+
 
 REQ = InferenceRequest(request_id="r", model="m", path="/v1/completions")
 
@@ -23,14 +32,14 @@ def snap(loads: dict[int, int], roles: dict[int, Role] | None = None) -> Snapsho
 
 
 def test_picks_the_least_loaded() -> None:
-    result = LeastRequestScheduler().schedule(REQ, snap({1: 3, 2: 0, 3: 1}), random.Random(0))
+    result = least_request().schedule(REQ, snap({1: 3, 2: 0, 3: 1}), random.Random(0))
     assert result.header_value == "10.0.0.1:2"
 
 
 def test_ties_are_broken_at_random_over_all_tied() -> None:
     rng = random.Random(1)
     seen = {
-        LeastRequestScheduler().schedule(REQ, snap({1: 0, 2: 0, 3: 5}), rng).primary.port
+        least_request().schedule(REQ, snap({1: 0, 2: 0, 3: 5}), rng).primary.port
         for _ in range(200)
     }
     assert seen == {1, 2}
@@ -38,18 +47,18 @@ def test_ties_are_broken_at_random_over_all_tied() -> None:
 
 def test_prefill_only_endpoints_are_not_decode_targets() -> None:
     s = snap({1: 9, 2: 0}, {2: Role.PREFILL})
-    assert LeastRequestScheduler().schedule(REQ, s, random.Random()).primary.port == 1
+    assert least_request().schedule(REQ, s, random.Random()).primary.port == 1
 
 
 def test_empty_pool_is_503() -> None:
     with pytest.raises(NoEndpointError) as info:
-        LeastRequestScheduler().schedule(REQ, snap({}), random.Random())
+        least_request().schedule(REQ, snap({}), random.Random())
     assert info.value.status == 503
 
 
 @given(st.dictionaries(st.integers(1, 50), st.integers(0, 20), min_size=1), st.integers())
 def test_pick_is_always_a_candidate_with_minimal_load(loads: dict[int, int], seed: int) -> None:
-    result = LeastRequestScheduler().schedule(REQ, snap(loads), random.Random(seed))
+    result = least_request().schedule(REQ, snap(loads), random.Random(seed))
     assert result.primary.port in loads
     assert loads[result.primary.port] == min(loads.values())
 

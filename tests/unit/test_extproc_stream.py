@@ -2,20 +2,22 @@
 
 import json
 import random
+from pathlib import Path
 
 import orjson
 import pytest
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 
 from epp.admin.metrics import EppMetrics
+from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.messages import MAX_CHUNK_BYTES
 from epp.extproc.stream import ExtProcStream, Phase
 from epp.router import Router
-from epp.scheduling import LeastRequestScheduler
 from epp.types import Endpoint
 from tests.support import extproc as m
 
+LEAST_REQUEST = (Path(__file__).parents[2] / "configs" / "least-request.yaml").read_text()
 BODY = orjson.dumps({"model": "m", "prompt": "hello " * 50, "max_tokens": 4})
 
 
@@ -24,7 +26,11 @@ def make_router(n: int = 2, max_body: int = 1 << 20) -> Router:
     for i in range(n):
         ds.add(Endpoint("127.0.0.1", 8000 + i))
     return Router(
-        ds, LeastRequestScheduler(), EppMetrics(ds), max_body_bytes=max_body, rng=random.Random(0)
+        ds,
+        build_scheduler(LEAST_REQUEST),
+        EppMetrics(ds),
+        max_body_bytes=max_body,
+        rng=random.Random(0),
     )
 
 

@@ -3,7 +3,7 @@ own in-flight accounting (fresh between scrapes)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from epp.scheduling.base import CycleContext
 from epp.scheduling.params import Params
@@ -22,32 +22,25 @@ def relative(values: Sequence[float | None]) -> list[float]:
 
 
 class _MetricScorer:
-    def __init__(self, read: Callable[[CycleContext, EndpointState], float | None]) -> None:
-        self._read = read
+    def __init__(self, field: str) -> None:
+        self._field = field
 
     def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
-        return relative([self._read(ctx, s) for s in candidates])
-
-
-def _waiting(ctx: CycleContext, s: EndpointState) -> float | None:
-    m = ctx.metrics(s)
-    return None if m is None else m.waiting
-
-
-def _running(ctx: CycleContext, s: EndpointState) -> float | None:
-    m = ctx.metrics(s)
-    return None if m is None else m.running
+        f = self._field
+        return relative(
+            [None if m is None else getattr(m, f) for m in ctx.fresh_metrics(candidates)]
+        )
 
 
 def queue_scorer(p: Params) -> _MetricScorer:
     """Fewer requests waiting in the engine's queue scores higher (min-max across
     candidates). Consumes: scraped/ORCA ``waiting``."""
-    return _MetricScorer(_waiting)
+    return _MetricScorer("waiting")
 
 
 def running_requests_scorer(p: Params) -> _MetricScorer:
     """Smaller running batch scores higher. Consumes: scraped/ORCA ``running``."""
-    return _MetricScorer(_running)
+    return _MetricScorer("running")
 
 
 class KvCacheScorer:
@@ -55,11 +48,10 @@ class KvCacheScorer:
     even if every candidate is nearly full). Unknown or stale = 0."""
 
     def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
-        out = []
-        for s in candidates:
-            m = ctx.metrics(s)
-            out.append(0.0 if m is None or m.kv_usage is None else 1.0 - m.kv_usage)
-        return out
+        return [
+            0.0 if m is None or m.kv_usage is None else 1.0 - m.kv_usage
+            for m in ctx.fresh_metrics(candidates)
+        ]
 
 
 def kv_cache_scorer(p: Params) -> KvCacheScorer:

@@ -28,6 +28,8 @@ class PrefixCacheScorer:
         self.max_blocks = max_blocks
         self.index = PrefixIndex(capacity)
         self._version = -1
+        # the last request scored and its hashes, so on_routed need not hash again
+        self._last: tuple[InferenceRequest | None, list[int]] = (None, [])
 
     def hashes(self, ctx: CycleContext) -> list[int]:
         """The request's block hashes, computed once per cycle (shared across profiles)."""
@@ -37,6 +39,7 @@ class PrefixCacheScorer:
             r = ctx.request
             cached = block_hashes(r.model or "", r.prompt, self.block_chars, self.max_blocks)
             ctx.cache[key] = cached
+            self._last = (r, cached)
         result: list[int] = cached
         return result
 
@@ -45,6 +48,8 @@ class PrefixCacheScorer:
         if not hashes:
             return [0.0] * len(candidates)
         matched = self.index.match(hashes)
+        if not matched:
+            return [0.0] * len(candidates)
         total = len(hashes)
         return [matched.get(s.address, 0) / total for s in candidates]
 
@@ -61,10 +66,10 @@ class PrefixCacheScorer:
             return
         target = result.primary.address
         capacity = None
-        for s in snapshot.endpoints:
-            m = s.metrics
-            if s.address == target and m is not None and m.num_blocks and m.block_size:
-                capacity = m.num_blocks * m.block_size // self.block_tokens
+        state = snapshot.state(target)
+        m = state.metrics if state is not None else None
+        if m is not None and m.num_blocks and m.block_size:
+            capacity = m.num_blocks * m.block_size // self.block_tokens
         self.index.insert(target, hashes, capacity)
 
 

@@ -1,0 +1,111 @@
+"""Config loading: defaults, every validation error names file, key and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from epp import config
+from epp.scheduling.params import ConfigError
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_default_config_is_complete() -> None:
+    cfg = config.load(None)
+    [profile] = cfg.profiles
+    weights = {r.plugin: r.weight for r in profile.plugins}
+    assert weights["queue-scorer"] == 2
+    assert weights["kv-cache-utilization-scorer"] == 2
+    assert weights["prefix-cache-scorer"] == 3
+    assert cfg.saturation.queue_threshold == 5 and cfg.saturation.kv_threshold == 0.8
+    assert cfg.data_layer.scrape_interval_s == 0.05 and cfg.data_layer.stale_after_s == 2.0
+    sched = config.instantiate(cfg, config.builtin_registry())
+    assert [o.__class__.__name__ for o in sched.observers] == ["PrefixCacheScorer"]
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path: Path) -> None:
+    cfg = config.load(path)
+    config.instantiate(cfg, config.builtin_registry())
+
+
+def test_partial_file_keeps_defaults_for_the_rest() -> None:
+    cfg = config.load_text(
+        "dataLayer: {scrapeIntervalSeconds: 0.2, orca: {requestFormat: TEXT}}", "f"
+    )
+    assert cfg.data_layer.scrape_interval_s == 0.2
+    assert cfg.data_layer.orca_request_format == "TEXT"
+    assert cfg.data_layer.stale_after_s == 2.0
+    assert len(cfg.profiles[0].plugins) == 6  # default profile untouched
+
+
+def test_plugins_without_profiles_form_one_default_profile() -> None:
+    cfg = config.load_text("plugins: [{type: random-picker, name: r}]", "f")
+    assert [(p.name, [r.plugin for r in p.plugins]) for p in cfg.profiles] == [("default", ["r"])]
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("plugins: [", "f:1:11: invalid YAML"),
+        ("- 1", "top level must be a mapping"),
+        ("plugin: []", "unknown key(s) ['plugin']"),
+        ("plugins: [{type: nope}]", "plugins[0].type: unknown plugin type 'nope'"),
+        ("plugins: [{name: x}]", "plugins[0].type: required"),
+        ("plugins: [{type: queue-scorer, weight: 2}]", "unknown key(s) ['weight']"),
+        (
+            "plugins: [{type: queue-scorer}, {type: queue-scorer}]",
+            "duplicate plugin name 'queue-scorer'",
+        ),
+        (
+            "plugins: [{type: queue-scorer}]\nschedulingProfiles: "
+            "[{name: p, plugins: [{pluginRef: kv}]}]",
+            "schedulingProfiles[0].plugins[0].pluginRef: 'kv' is not a declared plugin",
+        ),
+        (
+            "plugins: [{type: queue-scorer}]\nschedulingProfiles: "
+            "[{name: p, plugins: [{pluginRef: queue-scorer, weight: -1}]}]",
+            "weight: must be a number >= 0",
+        ),
+        (
+            "plugins: [{type: random-picker}, {type: max-score-picker}]",
+            "at most one picker per profile",
+        ),
+        ("saturationDetector: {queueDepthThreshold: x}", "queueDepthThreshold: expected a number"),
+        ("admission: {objectives: {batch: low}}", "admission.objectives"),
+        ("dataLayer: {engine: tgi}", "dataLayer.engine: must be one of"),
+        ("dataLayer: {orca: {oobPort: 70000}}", "oobPort: a port"),
+        ("dataLayer: {scrapeMetrics: yes please}", "scrapeMetrics: expected true or false"),
+        ("dataLayer: {colour: red}", "unknown parameter(s) ['colour']"),
+    ],
+)
+def test_errors_name_file_key_and_reason(text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        cfg = config.load_text(text, "f")
+        config.instantiate(cfg, config.builtin_registry())
+    assert fragment in str(info.value)
+    assert str(info.value).startswith("f")
+
+
+def test_bad_plugin_parameters_are_reported_at_instantiation() -> None:
+    cfg = config.load_text(
+        "plugins: [{type: prefix-cache-scorer, parameters: {blockSize: 0}}]", "f"
+    )
+    with pytest.raises(ConfigError, match="blockSize: must be >= 1"):
+        config.instantiate(cfg, config.builtin_registry())
+    cfg = config.load_text("plugins: [{type: role-filter, parameters: {roles: [chef]}}]", "f")
+    with pytest.raises(ConfigError, match="unknown role 'chef'"):
+        config.instantiate(cfg, config.builtin_registry())
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        config.load(tmp_path / "nope.yaml")
+
+
+def test_effective_yaml_round_trips() -> None:
+    cfg = config.load(None)
+    again = config.load_text(config.effective_yaml(cfg), "again")
+    assert again.profiles == cfg.profiles and again.data_layer == cfg.data_layer

@@ -1,0 +1,288 @@
+"""Every filter, scorer and picker on plain snapshots, plus framework properties."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from epp.config import build_scheduler
+from epp.errors import NoEndpointError, ShedError
+from epp.scheduling.base import CycleContext
+from epp.scheduling.params import Params
+from epp.scheduling.plugins import affinity, filters, load, pickers, prefix
+from epp.scheduling.prefixindex import PrefixIndex, block_hashes
+from epp.types import (
+    Endpoint,
+    EndpointMetrics,
+    EndpointState,
+    InferenceRequest,
+    Role,
+    SchedulingResult,
+    Snapshot,
+)
+
+NOW = 100.0
+
+
+def state(
+    port: int,
+    role: Role = Role.DECODE,
+    labels: Mapping[str, str] | None = None,
+    age: float = 0.0,
+    **metrics: object,
+) -> EndpointState:
+    m = EndpointMetrics(updated_at=NOW - age, **metrics) if metrics else None  # type: ignore[arg-type]
+    return EndpointState(Endpoint("10.0.0.1", port, role, labels or {}), m)
+
+
+def ctx(
+    states: list[EndpointState],
+    request: InferenceRequest | None = None,
+    in_flight: dict[str, int] | None = None,
+    tokens: dict[str, int] | None = None,
+) -> CycleContext:
+    snap = Snapshot(tuple(states), in_flight or {}, tokens or {})
+    req = request or InferenceRequest("r", "m", "/v1/completions")
+    return CycleContext(req, snap, NOW, random.Random(0), stale_after_s=2.0)
+
+
+P = Params("test", {})
+
+
+def test_relative_scores() -> None:
+    assert load.relative([0, 5, 10]) == [1.0, 0.5, 0.0]
+    assert load.relative([3, 3]) == [1.0, 1.0]
+    assert load.relative([None, 2, 4]) == [0.0, 1.0, 0.0]
+    assert load.relative([None, None]) == [0.0, 0.0]
+
+
+def test_queue_running_kv_scorers_and_staleness() -> None:
+    states = [
+        state(1, waiting=0, running=4, kv_usage=0.9),
+        state(2, waiting=4, running=0, kv_usage=0.1),
+        state(3, age=5.0, waiting=0, running=0, kv_usage=0.0),  # stale = unknown
+        state(4),  # never reported
+    ]
+    c = ctx(states)
+    assert load.queue_scorer(P).score(c, states) == [1.0, 0.0, 0.0, 0.0]
+    assert load.running_requests_scorer(P).score(c, states) == [0.0, 1.0, 0.0, 0.0]
+    assert load.kv_cache_scorer(P).score(c, states) == pytest.approx([0.1, 0.9, 0.0, 0.0])
+
+
+def test_in_flight_scorer_requests_and_tokens() -> None:
+    states = [state(1), state(2)]
+    c = ctx(states, in_flight={"10.0.0.1:1": 3}, tokens={"10.0.0.1:2": 900})
+    assert load.in_flight_scorer(P).score(c, states) == [0.0, 1.0]
+    tok = load.in_flight_scorer(Params("t", {"unit": "tokens"}))
+    assert tok.score(c, states) == [1.0, 0.0]
+
+
+def test_lora_affinity_levels() -> None:
+    req = InferenceRequest("r", "adapter-a", "/v1/completions")
+    states = [
+        state(1, max_lora=2, lora_running=frozenset({"adapter-a"})),
+        state(2, max_lora=2, lora_running=frozenset({"x"})),
+        state(3, max_lora=1, lora_running=frozenset({"x"}), lora_waiting=frozenset({"adapter-a"})),
+        state(4, max_lora=1, lora_running=frozenset({"x"})),
+        state(5),
+    ]
+    c = ctx(states, req)
+    assert affinity.lora_affinity_scorer(P).score(c, states) == [1.0, 0.8, 0.6, 0.0, 0.0]
+    kept = filters.lora_capacity_filter(P).filter(c, states)
+    assert [s.endpoint.port for s in kept] == [1, 2, 3, 5]
+    full = [states[3]]
+    assert filters.lora_capacity_filter(P).filter(c, full) == full  # never empties
+
+
+def test_orca_scorer_reads_the_configured_key() -> None:
+    states = [
+        state(1, orca={"application_utilization": 0.25}),
+        state(2, orca={"cpu_utilization": 0.1}),
+    ]
+    scorer = affinity.orca_scorer(P)
+    assert scorer.score(ctx(states), states) == [0.75, 0.0]
+    cpu = affinity.orca_scorer(Params("t", {"metric": "cpu_utilization"}))
+    assert cpu.score(ctx(states), states) == pytest.approx([0.0, 0.9])
+
+
+def test_session_affinity_follows_the_last_routing() -> None:
+    scorer = affinity.session_affinity_scorer(Params("t", {"maxSessions": 1}))
+    states = [state(1), state(2)]
+    req = InferenceRequest("r", "m", "/", headers={"x-session-id": "s1"})
+    assert scorer.score(ctx(states, req), states) == [0.0, 0.0]
+    snap = Snapshot(tuple(states), {})
+    scorer.on_routed(req, SchedulingResult((states[1].endpoint,)), snap)
+    assert scorer.score(ctx(states, req), states) == [0.0, 1.0]
+    other = InferenceRequest("r", "m", "/", headers={"x-session-id": "s2"})
+    scorer.on_routed(other, SchedulingResult((states[0].endpoint,)), snap)
+    assert scorer.score(ctx(states, req), states) == [0.0, 0.0]  # s1 evicted (max 1)
+
+
+def test_role_label_and_saturation_filters() -> None:
+    states = [
+        state(1, Role.PREFILL, {"zone": "a"}, waiting=10),
+        state(2, Role.DECODE, {"zone": "b"}, waiting=0, kv_usage=0.1),
+        state(3, Role.BOTH, {"zone": "a"}, kv_usage=0.95),
+    ]
+    c = ctx(states)
+    assert [s.endpoint.port for s in filters.decode_filter(P).filter(c, states)] == [2, 3]
+    assert [s.endpoint.port for s in filters.prefill_filter(P).filter(c, states)] == [1, 3]
+    roles = filters.role_filter(Params("t", {"roles": ["both"]}))
+    assert [s.endpoint.port for s in roles.filter(c, states)] == [3]
+    zone = filters.label_selector_filter(Params("t", {"matchLabels": {"zone": "a"}}))
+    assert [s.endpoint.port for s in zone.filter(c, states)] == [1, 3]
+    sat = filters.saturation_filter(P)
+    assert [s.endpoint.port for s in sat.filter(c, states)] == [2]
+    assert sat.filter(c, [states[0]]) == [states[0]]  # all saturated: keep all
+
+
+def test_pickers_return_distinct_candidates_best_first() -> None:
+    states = [state(i) for i in range(1, 6)]
+    scored = list(zip(states, [0.1, 0.9, 0.5, 0.9, 0.0], strict=True))
+    c = ctx(states)
+    top = pickers.max_score_picker(Params("t", {"maxTargets": 3})).pick(c, scored)
+    assert {s.endpoint.port for s in top[:2]} == {2, 4} and top[2].endpoint.port == 3
+    rnd = pickers.random_picker(Params("t", {"maxTargets": 2})).pick(c, scored)
+    assert len({s.address for s in rnd}) == 2
+    weighted = pickers.weighted_random_picker(Params("t", {"maxTargets": 5})).pick(c, scored)
+    assert weighted[-1].endpoint.port == 5  # zero weight is last
+    assert pickers.max_score_picker(P).pick(c, []) == []
+
+
+def test_weighted_random_follows_weights() -> None:
+    states = [state(1), state(2)]
+    scored = [(states[0], 3.0), (states[1], 1.0)]
+    picker = pickers.weighted_random_picker(P)
+    c = ctx(states)
+    wins = sum(picker.pick(c, scored)[0].endpoint.port == 1 for _ in range(4000))
+    assert 0.70 < wins / 4000 < 0.80
+
+
+def test_prefix_index_matches_longest_prefix_and_evicts() -> None:
+    index = PrefixIndex(default_capacity=4)
+    a = block_hashes("m", "x" * 64 * 3, 64, 256)
+    b = block_hashes("m", "x" * 64 * 2 + "y" * 64, 64, 256)
+    assert a[:2] == b[:2] and a[2] != b[2]
+    assert block_hashes("other-model", "x" * 64 * 3, 64, 256) != a  # seeded by model
+    index.insert("e1", a)
+    index.insert("e2", b[:1])
+    assert index.match(b) == {"e1": 2, "e2": 1}
+    index.insert("e1", block_hashes("m", "z" * 64 * 3, 64, 256))  # 6 blocks > capacity 4
+    assert index.size() == 5 and index.match(a) == {"e2": 1}
+    index.retain({"e1"})
+    assert index.match(b) == {}
+
+
+@given(
+    st.lists(st.text(alphabet="abc", min_size=0, max_size=400), min_size=1, max_size=30),
+    st.integers(1, 8),
+)
+def test_prefix_index_never_exceeds_its_bound(prompts: list[str], capacity: int) -> None:
+    index = PrefixIndex(capacity)
+    for i, p in enumerate(prompts):
+        index.insert(f"e{i % 3}", block_hashes("m", p, 16, 256))
+    assert index.size() <= 3 * capacity
+
+
+def test_prefix_scorer_scores_matched_fraction_and_uses_reported_capacity() -> None:
+    scorer = prefix.prefix_cache_scorer(Params("t", {"blockSize": 4}))  # 16 chars/block
+    states = [state(1, num_blocks=2, block_size=4), state(2)]
+    req = InferenceRequest("r", "m", "/", prompt="p" * 64)  # 4 blocks
+    snap = Snapshot(tuple(states), {})
+    scorer.on_routed(req, SchedulingResult((states[0].endpoint,)), snap)
+    # endpoint 1 reports 2 blocks of 4 tokens = 2 of our blocks: only 2 kept (LRU)
+    assert scorer.index.size() == 2
+    c = ctx(states, req)
+    assert scorer.score(c, states) == [0.0, 0.0]  # the first blocks were evicted
+    scorer.on_routed(req, SchedulingResult((states[1].endpoint,)), snap)
+    assert scorer.score(ctx(states, req), states) == [0.0, 1.0]
+    short = InferenceRequest("r", "m", "/", prompt="tiny")
+    assert scorer.score(ctx(states, short), states) == [0.0, 0.0]
+
+
+def test_default_scheduler_prefers_cached_prefix_and_spreads_others() -> None:
+    sched = build_scheduler("{}", clock=lambda: NOW)
+    states = tuple(state(p, waiting=0, kv_usage=0.2) for p in (1, 2, 3, 4))
+    snap = Snapshot(states, {})
+    rng = random.Random(3)
+    shared = "You are a helpful assistant. " * 40
+    first = InferenceRequest("r", "m", "/", prompt=shared + "q1")
+    target = sched.schedule(first, snap, rng)
+    sched.on_routed(first, target, snap)
+    for i in range(10):
+        again = InferenceRequest("r", "m", "/", prompt=shared + f"question {i}")
+        assert sched.schedule(again, snap, rng).primary == target.primary
+    others = {
+        sched.schedule(InferenceRequest("r", "m", "/", prompt=f"{i}" * 300), snap, rng).primary
+        for i in range(40)
+    }
+    assert len(others) == 4  # no prefix: ties broken at random
+
+
+def test_subset_hint_and_shedding() -> None:
+    sched = build_scheduler("{}", clock=lambda: NOW)
+    saturated = tuple(state(p, waiting=10, kv_usage=0.9) for p in (1, 2))
+    snap = Snapshot(saturated, {})
+    rng = random.Random()
+    hinted = InferenceRequest("r", "m", "/", subset=frozenset({"10.0.0.1:2"}))
+    assert sched.schedule(hinted, snap, rng).primary.port == 2
+    with pytest.raises(NoEndpointError) as info:
+        sched.schedule(InferenceRequest("r", "m", "/", subset=frozenset({"9.9.9.9:1"})), snap, rng)
+    assert "subset" in info.value.message
+    sheddable = InferenceRequest("r", "m", "/", headers={"x-gateway-inference-priority": "-1"})
+    with pytest.raises(ShedError) as shed:
+        sched.schedule(sheddable, snap, rng)
+    assert shed.value.status == 429
+    critical = InferenceRequest("r", "m", "/", headers={"x-gateway-inference-priority": "5"})
+    assert sched.schedule(critical, snap, rng).primary.port in (1, 2)  # never shed
+    calm = Snapshot(tuple(state(p, waiting=0, kv_usage=0.1) for p in (1, 2)), {})
+    assert sched.schedule(sheddable, calm, rng).primary.port in (1, 2)
+
+
+def test_objective_maps_to_priority() -> None:
+    sched = build_scheduler("admission: {objectives: {batch: -1}}", clock=lambda: NOW)
+    snap = Snapshot(tuple(state(p) for p in (1, 2)), {})  # unknown load counts saturated
+    batch = InferenceRequest("r", "m", "/", headers={"x-gateway-inference-objective": "batch"})
+    with pytest.raises(ShedError):
+        sched.schedule(batch, snap, random.Random())
+    chat = InferenceRequest("r", "m", "/", headers={"x-gateway-inference-objective": "chat"})
+    assert sched.schedule(chat, snap, random.Random()).targets
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 20),
+            st.floats(0, 1),
+            st.integers(0, 10),
+            st.sampled_from(list(Role)),
+            st.floats(0, 5),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.text(max_size=300),
+    st.integers(),
+)
+def test_any_pick_is_a_candidate(
+    specs: list[tuple[int, float, int, Role, float]], prompt: str, seed: int
+) -> None:
+    states = tuple(
+        state(i + 1, role, age=age, waiting=w, kv_usage=kv)
+        for i, (w, kv, _, role, age) in enumerate(specs)
+    )
+    in_flight = {s.address: n for s, (_, _, n, _, _) in zip(states, specs, strict=True)}
+    snap = Snapshot(states, in_flight)
+    sched = build_scheduler("{}", clock=lambda: NOW)
+    req = InferenceRequest("r", "m", "/", prompt=prompt)
+    decoders = [s.endpoint for s in states if s.endpoint.role is not Role.PREFILL]
+    try:
+        result = sched.schedule(req, snap, random.Random(seed))
+    except NoEndpointError:
+        assert not decoders
+        return
+    assert result.primary in decoders
