@@ -32,7 +32,7 @@ def pool(n: int, rng: random.Random) -> Snapshot:
                 running=rng.randint(0, 16),
                 kv_usage=rng.random(),
             ),
-        )  # fmt: skip
+        )
         for i in range(n)
     )
     return Snapshot(states, {s.address: rng.randint(0, 4) for s in states})
