@@ -6,20 +6,24 @@ import argparse
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from aiohttp import web
 
-from epp import argtypes
+from epp import argtypes, config
 from epp.admin.http import make_admin_app
 from epp.admin.metrics import EppMetrics
 from epp.cli import add_log_level
+from epp.datalayer.orca import ORCA_FORMAT_HEADER
+from epp.datalayer.orca_oob import OrcaStreams
+from epp.datalayer.scraper import MetricsScraper
 from epp.datastore import Datastore
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.readyfile import write_ready
 from epp.router import Router
-from epp.scheduling import LeastRequestScheduler
+from epp.scheduling.params import ConfigError
 from epp.types import Endpoint, parse_host_port
 
 log = logging.getLogger("epp.serve")
@@ -37,6 +41,7 @@ class ServeOptions:
     ready_file: Path | None = None
     transport: str = DEFAULT_TRANSPORT
     shutdown_grace_s: float = 10.0
+    config_path: Path | None = None
 
 
 def _endpoint(value: str) -> Endpoint:
@@ -75,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest request body accepted; larger ones get 413",
     )
     parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="scheduling/data-layer config (YAML, see `epp config show`); default: built in",
+    )
+    parser.add_argument(
         "--ready-file", type=Path, help="write {grpc_port, http_port} as JSON here once serving"
     )
     parser.add_argument(
@@ -103,7 +114,13 @@ def run(args: argparse.Namespace) -> int:
         ready_file=args.ready_file,
         transport=args.transport,
         shutdown_grace_s=args.shutdown_grace_seconds,
+        config_path=args.config,
     )
+    try:
+        cfg = config.load(opts.config_path)
+    except ConfigError as exc:
+        log.error("invalid config: %s", exc)
+        return 2
     if not args.no_uvloop:
         try:
             import uvloop
@@ -112,52 +129,99 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             log.info("uvloop not installed; using asyncio's default loop")
     try:
-        asyncio.run(serve(opts))
+        asyncio.run(serve(opts, cfg))
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
     return 0
 
 
-async def serve(opts: ServeOptions) -> None:
+async def serve(opts: ServeOptions, cfg: config.EppConfig) -> None:
+    log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
+    registry = config.builtin_registry()
+    scheduler = config.instantiate(cfg, registry)
     datastore = Datastore()
     for endpoint in opts.endpoints:
-        datastore.add(endpoint)
+        datastore.add(replace(endpoint, engine=cfg.data_layer.engine))
     metrics = EppMetrics(datastore)
-    router = Router(datastore, LeastRequestScheduler(), metrics, max_body_bytes=opts.max_body_bytes)
-
-    transport = make_transport(opts.transport, router)
-    grpc_port = await transport.start(opts.listen_host, opts.grpc_port)
-
-    runner = web.AppRunner(make_admin_app(datastore, metrics), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, opts.listen_host, opts.http_port)
-    try:
-        await site.start()
-    except OSError as exc:
-        await transport.stop(0)
-        raise OSError(f"HTTP port {opts.listen_host}:{opts.http_port}: {exc.strerror}") from None
-    http_port = runner.addresses[0][1]
-
-    await transport.set_serving(True)
-    log.info(
-        "serving ext_proc (%s) on %s:%d, HTTP on %s:%d, %d endpoint(s): %s",
-        opts.transport,
-        opts.listen_host,
-        grpc_port,
-        opts.listen_host,
-        http_port,
-        len(datastore),
-        ", ".join(e.address for e in opts.endpoints) or "none",
+    dl = cfg.data_layer
+    request_headers = []
+    if dl.orca_request_format is not None:
+        request_headers.append((ORCA_FORMAT_HEADER, dl.orca_request_format))
+    router = Router(
+        datastore,
+        scheduler,
+        metrics,
+        max_body_bytes=opts.max_body_bytes,
+        request_headers=request_headers,
     )
-    write_ready(opts.ready_file, {"grpc_port": grpc_port, "http_port": http_port})
+    background = _start_data_layer(datastore, metrics, dl)
+    try:
+        transport = make_transport(opts.transport, router)
+        grpc_port = await transport.start(opts.listen_host, opts.grpc_port)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("shutting down")
-    await transport.set_serving(False)
-    await transport.stop(grace=opts.shutdown_grace_s)
-    await runner.cleanup()
+        runner = web.AppRunner(make_admin_app(datastore, metrics), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, opts.listen_host, opts.http_port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await transport.stop(0)
+            raise OSError(
+                f"HTTP port {opts.listen_host}:{opts.http_port}: {exc.strerror}"
+            ) from None
+        http_port = runner.addresses[0][1]
+
+        await transport.set_serving(True)
+        log.info(
+            "serving ext_proc (%s) on %s:%d, HTTP on %s:%d, %d endpoint(s): %s",
+            opts.transport,
+            opts.listen_host,
+            grpc_port,
+            opts.listen_host,
+            http_port,
+            len(datastore),
+            ", ".join(e.address for e in opts.endpoints) or "none",
+        )
+        write_ready(opts.ready_file, {"grpc_port": grpc_port, "http_port": http_port})
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down")
+        await transport.set_serving(False)
+        await transport.stop(grace=opts.shutdown_grace_s)
+        await runner.cleanup()
+    finally:
+        for task in background:
+            await task.stop()
+
+
+class _Background(Protocol):
+    async def stop(self) -> None: ...
+
+
+def _start_data_layer(
+    datastore: Datastore, metrics: EppMetrics, dl: config.DataLayerConfig
+) -> list[_Background]:
+    """Start the scrapers and ORCA streams the config asks for (inside the loop)."""
+    started: list[_Background] = []
+    if dl.scrape_metrics:
+        scraper = MetricsScraper(
+            datastore, metrics, interval_s=dl.scrape_interval_s, timeout_s=dl.scrape_timeout_s
+        )
+        scraper.start()
+        started.append(scraper)
+    if dl.orca_oob_port is not None:
+        port = dl.orca_oob_port
+        streams = OrcaStreams(
+            datastore,
+            metrics,
+            port_for=lambda _endpoint: port,
+            report_interval_s=dl.orca_report_interval_s,
+        )
+        streams.start()
+        started.append(streams)
+    return started

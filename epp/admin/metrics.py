@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -80,3 +81,30 @@ class _DatastoreCollector(Collector):
         for address, n in sorted(snapshot.in_flight.items()):
             in_flight.add_metric([address], n)
         yield in_flight
+        # what the scheduler believes about each endpoint (last scrape / ORCA report)
+        waiting = GaugeMetricFamily(
+            "epp_endpoint_queue_depth", "Requests waiting, as last reported.", labels=["endpoint"]
+        )
+        kv = GaugeMetricFamily(
+            "epp_endpoint_kv_cache_usage",
+            "KV-cache use 0..1, as last reported.",
+            labels=["endpoint"],
+        )
+        age = GaugeMetricFamily(
+            "epp_endpoint_metrics_age_seconds",
+            "Seconds since the endpoint last reported load.",
+            labels=["endpoint"],
+        )
+        now = time.monotonic()
+        for state in snapshot.endpoints:
+            m = state.metrics
+            if m is None:
+                continue
+            if m.waiting is not None:
+                waiting.add_metric([state.address], m.waiting)
+            if m.kv_usage is not None:
+                kv.add_metric([state.address], m.kv_usage)
+            age.add_metric([state.address], max(now - m.updated_at, 0.0))
+        yield waiting
+        yield kv
+        yield age

@@ -7,7 +7,6 @@ joins and stops when it leaves"; this is that mechanism, once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -34,6 +33,7 @@ class EndpointTasks:
         self._factory = factory
         self._tasks: dict[str, tuple[Endpoint, asyncio.Task[None]]] = {}
         self._running = False
+        self._listening = False
 
     def start(self) -> None:
         """Start tasks for the current endpoints and follow membership from now on.
@@ -41,7 +41,9 @@ class EndpointTasks:
         if self._running:
             return
         self._running = True
-        self._datastore.on_change(self._sync)
+        if not self._listening:
+            self._datastore.on_change(self._sync)
+            self._listening = True
         self._sync()
 
     async def stop(self) -> None:
@@ -50,9 +52,8 @@ class EndpointTasks:
         self._tasks.clear()
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # gather, not per-task suppress: a cancel aimed at stop() itself must propagate
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def addresses(self) -> list[str]:
         """Endpoints that currently have a task (for tests and /status)."""

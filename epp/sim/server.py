@@ -76,6 +76,8 @@ class SimServer:
         self.engine = Engine(config, on_first_token=self.metrics.observe_ttft)
         self.metrics.attach(self.engine)
         self.last_request: LastRequest | None = None
+        # fault injection for tests: /metrics answers 503 while set (see /sim/faults)
+        self.metrics_down = False
 
     async def tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[INSTANCE_HEADER] = self.config.instance_id
@@ -161,6 +163,8 @@ class SimServer:
         return web.Response(status=200)
 
     async def prometheus(self, request: web.Request) -> web.Response:
+        if self.metrics_down:
+            return web.Response(status=503, text="metrics disabled by /sim/faults\n")
         return web.Response(
             body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
         )
@@ -182,6 +186,19 @@ class SimServer:
                 "generation_tokens_total": counters.generation_tokens_total,
             }
         )
+
+    async def faults(self, request: web.Request) -> web.Response:
+        """``POST /sim/faults {"metrics_down": bool}``: make /metrics fail (or recover)
+        while requests are still served, as a model server with a broken exporter."""
+        try:
+            doc = orjson.loads(await request.read())
+            down = doc["metrics_down"]
+            if not isinstance(down, bool):
+                raise TypeError
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return error_response(SimError(400, 'expected {"metrics_down": true|false}'))
+        self.metrics_down = down
+        return json_response({"metrics_down": down})
 
     async def last_request_info(self, request: web.Request) -> web.Response:
         if self.last_request is None:
@@ -209,4 +226,5 @@ def make_app(config: SimConfig) -> web.Application:
     app.router.add_get("/metrics", server.prometheus)
     app.router.add_get("/sim/stats", server.stats)
     app.router.add_get("/sim/last-request", server.last_request_info)
+    app.router.add_post("/sim/faults", server.faults)
     return app

@@ -122,9 +122,9 @@ def test_client_routing_headers_are_not_trusted(stack: LocalStack) -> None:
 
 
 def test_concurrent_requests_spread_across_servers(stack: LocalStack) -> None:
-    body = orjson.dumps({"model": MODEL, "prompt": "spread " * 20, "max_tokens": 12})
-
-    def one(_: int) -> str:
+    def one(i: int) -> str:
+        # distinct prompts: no prefix affinity, so load alone decides
+        body = orjson.dumps({"model": MODEL, "prompt": f"{i} spread " * 20, "max_tokens": 12})
         status, headers, _ = request(f"{stack.envoy_url}/v1/completions", body)
         assert status == 200
         return headers["x-sim-instance"]

@@ -59,9 +59,10 @@ def test_requests_spread_and_in_flight_returns_to_zero_on_eof(epp_server: Manage
     stub = ExternalProcessorStub(channel(epp_server))
     seen: list[str] = []
     calls, feeds = [], []
-    for _ in range(4):  # four open streams at once: least-request alternates
+    for i in range(4):  # four open streams at once: in-flight load alternates them
         feed: queue.Queue[ProcessingRequest | None] = queue.Queue()
-        for msg in (m.request_headers(), m.request_body(BODY, True)):
+        body = orjson.dumps({"model": "m", "prompt": f"distinct prompt {i} " * 20})
+        for msg in (m.request_headers(), m.request_body(body, True)):
             feed.put(msg)
         call = stub.Process(iter(feed.get, None))  # stays open until None is fed
         seen.append(m.set_headers(next(call))["x-gateway-destination-endpoint"])
