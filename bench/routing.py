@@ -1,0 +1,1129 @@
+"""Routing quality: TTFT and load balance of scheduling policies on a shared-prefix workload.
+
+Run: ``.venv/bin/python -m bench.routing`` (~5 min) or ``--quick`` (~1 min smoke run).
+Writes bench/results/routing.{md,json} and routing_ttft.png / routing_load.png
+(``--quick``: routing-quick.*; ``--per-request`` adds every request's result).
+
+What runs. For each policy, in turn and against the same fresh simulators' settings:
+
+* ``round-robin``: Envoy alone with a static round-robin cluster (no EPP).
+* ``least-request``: Envoy + ``epp serve --config configs/least-request.yaml`` (least
+  outstanding requests; plain ``epp serve`` where that file does not exist).
+* ``NAME=ARGS`` (``--policy``, repeatable): Envoy + ``epp serve ARGS`` (shell-split), e.g.
+  ``--policy "random=--config configs/random.yaml"``. ``NAME=`` is plain
+  ``epp serve``. Without ``--policy`` the policies are round-robin, least-request and
+  ``default=`` (plain ``epp serve``).
+
+Every policy gets ``--servers`` *fresh* simulators (cold caches), then ``--warmup``
+seconds of unmeasured load at the lowest rate (so each policy fills the caches its own
+way), then each rate in increasing order, with the caches carried over from rate to
+rate. Every policy sees exactly the same requests at the same times (the workload is
+seeded), so the only difference between policies is where requests went.
+
+The load is open-loop (bench/workload.py): Poisson arrivals, each request sent at its
+arrival time whatever happens to earlier ones, as a streaming chat completion. TTFT is
+measured from the *scheduled* arrival time (so a lagging client cannot hide queueing)
+to the first SSE chunk with non-empty ``delta.content``; e2e to the end of the stream.
+After ``--duration`` seconds of arrivals, outstanding requests get ``--drain-timeout``
+seconds, then are cancelled and counted as errors (``timeout``).
+
+Simulator settings (each a flag) and why:
+
+* ``--max-num-seqs 8``: finite capacity per server; beyond it requests queue FIFO, so
+  piling load on one server shows up as queueing in TTFT.
+* ``--prefill-ms-per-token 0.1`` (10k tokens/s, ``--prefill-overhead-ms 5``): an
+  uncached 1500-token system prompt costs ~150 ms more prefill than a cached one
+  (~5 ms + the question), about a fifth of a request's service time. So the cache
+  decides TTFT at low load and also capacity (slot time) near saturation.
+* ``--decode-ms-per-token 8``, ``--itl-ms-per-running-seq 0.5`` (the simulator's
+  defaults): ~12 ms per output token with 8 running sequences.
+* ``--kv-blocks`` (default: derived): the running working set (max-num-seqs x blocks of
+  a mean request) plus 1.25 x the prefixes of groups/servers groups. With the defaults:
+  8 x 105 + 1.25 x 4 x 94 = 1310 blocks, fewer than the 16 x 94 = 1504 blocks all
+  groups' prefixes need, so one server can never cache every group; a loaded server
+  caches about a quarter of the groups, which is exactly what a scheduler that keeps
+  each group on one of 4 servers asks of it, while a server that sees all 16 groups
+  (round robin) keeps evicting prefixes.
+
+Rates: ``--loads`` (default 0.4 0.6 0.8 1.0 1.2) are fractions of round robin's capacity,
+measured first by a calibration run (``--calibrate`` seconds of Envoy alone round robin
+on fresh simulators at 1.5x the capacity the latency model predicts, see
+``estimated_capacity``), so the list reaches beyond saturation whatever the flags;
+``--rates`` gives absolute req/s instead (no calibration). The report's "reading"
+compares policies at the rate closest to 80 % of that capacity (of round robin's best
+achieved throughput without a calibration).
+
+Everything (Envoy, EPP, simulators and this load generator) shares the machine's cores:
+the report records each component's CPU use per rate so a saturated machine is visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import orjson
+
+from bench.workload import WorkloadSpec, generate, system_prompts
+from epp import argtypes
+from epp.envoyconfig import (
+    PROCESSING_MODES,
+    EnvoyOptions,
+    Processing,
+    baseline_config,
+    epp_config,
+)
+from epp.envoyproc import EnvoyProcess, write_config
+from epp.procs import ManagedProcess, scratch_dir, spawn_epp, start_epp
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+HEADERS = {"content-type": "application/json"}
+TAIL_BYTES = 1024  # enough for the usage chunk and [DONE] at the end of a stream
+
+REPO = Path(__file__).resolve().parents[1]
+LEAST_REQUEST_CONFIG = REPO / "configs" / "least-request.yaml"
+
+
+def least_request_args() -> list[str]:
+    """`epp serve` arguments of the built-in least-request policy: the least-request
+    config where the tree has one (plain `epp serve` then schedules otherwise), else
+    plain `epp serve` (the walking skeleton, which was least outstanding requests)."""
+    if LEAST_REQUEST_CONFIG.exists():
+        return ["--config", os.path.relpath(LEAST_REQUEST_CONFIG)]
+    return []
+
+
+DEFAULT_POLICIES = ["round-robin", "least-request", "default="]
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------- policies and settings
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    epp_args: tuple[str, ...] | None  # None: Envoy alone, round robin
+
+    def describe(self) -> str:
+        if self.epp_args is None:
+            return "Envoy alone, static ROUND_ROBIN cluster, no EPP"
+        return "Envoy + `epp serve" + "".join(f" {shlex.quote(a)}" for a in self.epp_args) + "`"
+
+
+def parse_policy(text: str) -> Policy:
+    """``round-robin`` | ``least-request`` | ``NAME=EPP SERVE ARGS`` (``NAME=``: no args)."""
+    name, sep, rest = text.partition("=")
+    name = name.strip()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name):
+        raise argparse.ArgumentTypeError(f"policy name must be [A-Za-z0-9_.+-]+, got {name!r}")
+    if name == "round-robin":
+        if sep:
+            raise argparse.ArgumentTypeError("round-robin is Envoy alone: it takes no EPP args")
+        return Policy(name, None)
+    if not sep:
+        if name == "least-request":
+            return Policy(name, tuple(least_request_args()))
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {name!r}: use round-robin, least-request or NAME=EPP_SERVE_ARGS"
+        )
+    try:
+        return Policy(name, tuple(shlex.split(rest)))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"policy {name!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    max_num_seqs: int
+    kv_blocks: int
+    block_size: int
+    prefill_overhead_ms: float
+    prefill_ms_per_token: float
+    decode_ms_per_token: float
+    itl_ms_per_running_seq: float
+
+    def argv(self) -> list[str]:
+        return [f"--{name.replace('_', '-')}={value}" for name, value in self.__dict__.items()]
+
+
+def mean_range(lo_hi: tuple[int, int]) -> float:
+    return (lo_hi[0] + lo_hi[1]) / 2
+
+
+def derived_kv_blocks(spec: WorkloadSpec, servers: int, max_num_seqs: int, block_size: int) -> int:
+    """Running working set + 1.25 x the prefixes of one server's share of the groups."""
+    request_tokens = spec.prefix_tokens + mean_range(spec.question_tokens)
+    request_tokens += mean_range(spec.output_tokens)
+    prefix_blocks = math.ceil(spec.prefix_tokens / block_size)
+    share = math.ceil(spec.groups / servers)
+    return max_num_seqs * math.ceil(request_tokens / block_size) + math.ceil(
+        1.25 * share * prefix_blocks
+    )
+
+
+def estimated_capacity(spec: WorkloadSpec, servers: int, sim: SimSettings) -> float:
+    """Requests/s all servers finish when every slot is busy and no prompt is cached."""
+    itl_ms = sim.decode_ms_per_token + sim.itl_ms_per_running_seq * sim.max_num_seqs
+    prompt = spec.prefix_tokens + mean_range(spec.question_tokens)
+    prefill_ms = sim.prefill_overhead_ms + sim.prefill_ms_per_token * prompt
+    service_s = (prefill_ms + (mean_range(spec.output_tokens) - 1) * itl_ms) / 1000
+    return servers * sim.max_num_seqs / service_s
+
+
+# ---------------------------------------------------------------- processes
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) jiffies over all cores since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    total = sum(values[:8])  # guest time is already inside user
+    return float(total - idle), float(total)
+
+
+class Deployment:
+    """Fresh simulators, then (for EPP policies) ``epp serve``, then Envoy; stopped in
+    reverse order."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        workdir: Path,
+        servers: int,
+        sim: SimSettings,
+        processing: Processing,
+        model: str,
+    ) -> None:
+        self.policy = policy
+        self.workdir = workdir
+        self.servers = servers
+        self.sim = sim
+        self.processing = processing
+        self.model = model
+        self.sims: list[ManagedProcess] = []
+        self.sim_urls: list[str] = []
+        self.epp: ManagedProcess | None = None
+        self.envoy: EnvoyProcess | None = None
+
+    def __enter__(self) -> Deployment:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for i in range(self.servers):
+            self.sims.append(
+                spawn_epp(
+                    self.workdir,
+                    f"sim-{i}",
+                    "sim",
+                    "--port",
+                    "0",
+                    "--model",
+                    self.model,
+                    "--instance-id",
+                    f"sim-{i}",
+                    "--log-level",
+                    "warning",
+                    *self.sim.argv(),
+                )
+            )
+        addresses = []
+        for sim in self.sims:
+            info = sim.wait_ready()
+            addresses.append((info["host"], int(info["port"])))
+            self.sim_urls.append(info["url"])
+        opts = EnvoyOptions(listen_port=0, admin_port=0)
+        if self.policy.epp_args is None:
+            config = baseline_config(opts, addresses)
+        else:
+            endpoints = [a for h, p in addresses for a in ("--endpoint", f"{h}:{p}")]
+            self.epp = start_epp(
+                self.workdir,
+                "epp",
+                "serve",
+                "--grpc-port",
+                "0",
+                "--http-port",
+                "0",
+                "--log-level",
+                "warning",
+                *endpoints,
+                *self.policy.epp_args,
+            )
+            config = epp_config(
+                EnvoyOptions(
+                    listen_port=0,
+                    admin_port=0,
+                    epp_port=self.epp.info["grpc_port"],
+                    processing=self.processing,
+                )
+            )
+        path = write_config(config, self.workdir / "envoy.yaml")
+        self.envoy = EnvoyProcess(path, self.workdir, concurrency=1).start()
+
+    @property
+    def url(self) -> str:
+        assert self.envoy is not None
+        return f"http://127.0.0.1:{self.envoy.port}/v1/chat/completions"
+
+    def pids(self) -> dict[str, list[int]]:
+        assert self.envoy is not None
+        pids = {
+            "sims": [s.pid for s in self.sims],
+            "envoy": [self.envoy.process.pid],
+            "loadgen": [os.getpid()],
+        }
+        if self.epp is not None:
+            pids["epp"] = [self.epp.pid]
+        return pids
+
+    def stop(self) -> None:
+        if self.envoy is not None:
+            self.envoy.stop()
+        if self.epp is not None:
+            self.epp.stop()
+        for sim in self.sims:
+            sim.stop()
+
+
+# ---------------------------------------------------------------- load generator
+
+
+@dataclass(slots=True)
+class Record:
+    group: int
+    max_tokens: int
+    lag_s: float = 0.0
+    status: int = 0
+    server: str = ""
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Cell:
+    """One rate's requests: (offset_s, body bytes, group, max_tokens) in arrival order."""
+
+    rate: float
+    duration: float
+    requests: list[tuple[float, bytes, int, int]] = field(default_factory=list)
+
+
+def _has_content(event: bytes) -> bool:
+    if not event.startswith(b"data: {"):
+        return False
+    try:
+        choices = orjson.loads(event[6:]).get("choices") or []
+    except orjson.JSONDecodeError:
+        return False
+    return any((c.get("delta") or {}).get("content") or c.get("text") for c in choices)
+
+
+def _completion_tokens(tail: bytes) -> int | None:
+    for event in reversed(tail.split(b"\n\n")):
+        if event.startswith(b"data: {") and b'"usage"' in event:
+            try:
+                usage = orjson.loads(event[6:]).get("usage") or {}
+            except orjson.JSONDecodeError:
+                return None
+            tokens = usage.get("completion_tokens")
+            return tokens if isinstance(tokens, int) else None
+    return None
+
+
+async def one_request(
+    session: aiohttp.ClientSession, url: str, data: bytes, due: float, rec: Record
+) -> None:
+    loop = asyncio.get_running_loop()
+    rec.lag_s = loop.time() - due
+    try:
+        async with session.post(url, data=data, headers=HEADERS) as resp:
+            rec.status = resp.status
+            rec.server = resp.headers.get("x-sim-instance", "")
+            if resp.status != 200:
+                await resp.read()
+                rec.error = f"http-{resp.status}"
+                return
+            pending = b""
+            tail = b""
+            async for chunk in resp.content.iter_any():
+                if rec.ttft_s is None:
+                    pending += chunk
+                    while (end := pending.find(b"\n\n")) >= 0:
+                        event, pending = pending[:end], pending[end + 2 :]
+                        if _has_content(event):
+                            rec.ttft_s = loop.time() - due
+                            tail = pending
+                            break
+                else:
+                    tail = (tail + chunk)[-TAIL_BYTES:]
+            rec.e2e_s = loop.time() - due
+        if rec.ttft_s is None:
+            rec.error = "no-content"
+        elif not tail.rstrip().endswith(b"data: [DONE]"):
+            rec.error = "truncated"
+        elif _completion_tokens(tail) != rec.max_tokens:
+            rec.error = "short"
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        rec.error = type(exc).__name__
+
+
+async def run_cell(
+    session: aiohttp.ClientSession, url: str, cell: Cell, drain_timeout: float
+) -> tuple[list[Record], float]:
+    """Send every request at its time; wait for them (bounded); (records, start time)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.05
+    records: list[Record] = []
+    tasks: list[asyncio.Task[None]] = []
+    for offset, data, group, max_tokens in cell.requests:
+        due = start + offset
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        rec = Record(group, max_tokens)
+        records.append(rec)
+        tasks.append(loop.create_task(one_request(session, url, data, due, rec)))
+    if tasks:
+        deadline = start + cell.duration + drain_timeout
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for rec, task in zip(records, tasks, strict=True):
+            if task in pending:
+                rec.error, rec.e2e_s = "timeout", None
+    return records, start
+
+
+async def sim_stats(session: aiohttp.ClientSession, urls: list[str]) -> list[dict[str, Any]]:
+    async def one(url: str) -> dict[str, Any]:
+        async with session.get(f"{url}/sim/stats") as resp:
+            stats: dict[str, Any] = await resp.json()
+            return stats
+
+    return list(await asyncio.gather(*(one(u) for u in urls)))
+
+
+def cpu_snapshot(pids: dict[str, list[int]]) -> dict[str, float]:
+    snap = {name: sum(cpu_seconds(p) for p in ps) for name, ps in pids.items()}
+    snap["_busy"], snap["_total"] = machine_cpu()
+    snap["_wall"] = time.monotonic()
+    return snap
+
+
+def client_session() -> aiohttp.ClientSession:
+    """Keep-alive, unlimited connections (open loop: never queue in the client)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        auto_decompress=False,
+    )
+
+
+async def drive(
+    dep: Deployment, warmup: Cell | None, cells: list[Cell], drain_timeout: float
+) -> list[dict[str, Any]]:
+    rows = []
+    async with client_session() as session:
+        if warmup is not None and warmup.requests:
+            print(f"    warmup {warmup.rate:g} req/s for {warmup.duration:g} s", flush=True)
+            await run_cell(session, dep.url, warmup, drain_timeout)
+        for cell in cells:
+            stats0, cpu0 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
+            records, _ = await run_cell(session, dep.url, cell, drain_timeout)
+            stats1, cpu1 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
+            row = summarize(dep.policy, cell, records, stats0, stats1, cpu0, cpu1)
+            row["requests"] = raw_records(records)
+            rows.append(row)
+            print(
+                f"    {cell.rate:6.1f} req/s -> {row['throughput_rps']:6.1f} ok/s, "
+                f"TTFT p50 {row['ttft_p50_ms']:7.1f} p90 {row['ttft_p90_ms']:7.1f} ms, "
+                f"hit {row['prefix_hit_rate']:.0%}, load max/mean {row['load_max_mean']:.2f}, "
+                f"errors {row['errors']}, CPU {row['cpu']['machine']:.0f}% "
+                f"(benchmark {row['cpu']['benchmark']:.0f}%)",
+                flush=True,
+            )
+    return rows
+
+
+async def calibrate(dep: Deployment, cell: Cell, mean_output_tokens: float) -> float:
+    """Round robin's capacity: requests/s it completes under overload, once queues are full.
+
+    Counted in output tokens (of the requests completed in the last two thirds of the
+    run) divided by the workload's mean output length: a plain completion count over a
+    few seconds swings by several % with the mix of long and short outputs.
+    """
+    async with client_session() as session:
+        records, _ = await run_cell(session, dep.url, cell, drain_timeout=0.0)
+    t0, t1 = cell.duration / 3, cell.duration
+    tokens = sum(
+        max_tokens
+        for (offset, _, _, max_tokens), r in zip(cell.requests, records, strict=True)
+        if r.error is None and r.e2e_s is not None and t0 <= offset + r.e2e_s < t1
+    )
+    return tokens / (t1 - t0) / mean_output_tokens
+
+
+def raw_records(records: list[Record]) -> dict[str, list[Any]]:
+    """Per-request results, column-wise (ms rounded to 0.1; null where not reached)."""
+
+    def ms(v: float | None) -> float | None:
+        return None if v is None else round(v * 1000, 1)
+
+    return {
+        "group": [r.group for r in records],
+        "server": [r.server for r in records],
+        "ttft_ms": [ms(r.ttft_s) for r in records],
+        "e2e_ms": [ms(r.e2e_s) for r in records],
+        "lag_ms": [ms(r.lag_s) for r in records],
+        "error": [r.error for r in records],
+    }
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def departure_rate(cell: Cell, records: list[Record], t0: float, t1: float) -> float:
+    """Successful completions per second between ``t0`` and ``t1`` (seconds after start)."""
+    done = sum(
+        1
+        for (offset, *_), r in zip(cell.requests, records, strict=True)
+        if r.error is None and r.e2e_s is not None and t0 <= offset + r.e2e_s < t1
+    )
+    return done / (t1 - t0)
+
+
+def pct(sorted_values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending list (NaN if empty)."""
+    if not sorted_values:
+        return math.nan
+    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(p * len(sorted_values)) - 1))]
+
+
+def summarize(
+    policy: Policy,
+    cell: Cell,
+    records: list[Record],
+    stats0: list[dict[str, Any]],
+    stats1: list[dict[str, Any]],
+    cpu0: dict[str, float],
+    cpu1: dict[str, float],
+) -> dict[str, Any]:
+    ok = [r for r in records if r.error is None]
+    ttft = sorted(r.ttft_s * 1000 for r in ok if r.ttft_s is not None)
+    e2e = sorted(r.e2e_s * 1000 for r in ok if r.e2e_s is not None)
+    lag = sorted(r.lag_s * 1000 for r in records)
+    errors: dict[str, int] = {}
+    for r in records:
+        if r.error is not None:
+            errors[r.error] = errors.get(r.error, 0) + 1
+    names = [s["instance"] for s in stats1]
+    per_server = {name: 0 for name in names}
+    for r in records:
+        if r.server:
+            per_server[r.server] = per_server.get(r.server, 0) + 1
+    mean_load = sum(per_server.values()) / max(len(per_server), 1)
+    queries = sum(
+        b["prefix_cache_queries_tokens"] - a["prefix_cache_queries_tokens"]
+        for a, b in zip(stats0, stats1, strict=True)
+    )
+    hits = sum(
+        b["prefix_cache_hits_tokens"] - a["prefix_cache_hits_tokens"]
+        for a, b in zip(stats0, stats1, strict=True)
+    )
+    groups: dict[int, set[str]] = {}
+    for r in records:
+        if r.server:
+            groups.setdefault(r.group, set()).add(r.server)
+    # CPU in % of one core (the machine has os.cpu_count() x 100 %).
+    wall = cpu1["_wall"] - cpu0["_wall"]
+    cpu = {
+        name: round((cpu1[name] - cpu0[name]) / wall * 100, 1)
+        for name in cpu1
+        if not name.startswith("_")
+    }
+    cpu["benchmark"] = round(sum(cpu.values()), 1)
+    total = cpu1["_total"] - cpu0["_total"]
+    busy = (cpu1["_busy"] - cpu0["_busy"]) / total if total else 0.0
+    cpu["machine"] = round(busy * (os.cpu_count() or 1) * 100, 1)
+    cpu["other"] = round(max(0.0, cpu["machine"] - cpu["benchmark"]), 1)
+    return {
+        "policy": policy.name,
+        "rate": cell.rate,
+        "duration_s": cell.duration,
+        "sent": len(records),
+        "ok": len(ok),
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
+        # Completion rate once the first quarter (queues filling) is over: the arrival
+        # rate below capacity, the capacity above it.
+        "throughput_rps": departure_rate(cell, records, cell.duration / 4, cell.duration),
+        "ttft_p50_ms": pct(ttft, 0.5),
+        "ttft_p90_ms": pct(ttft, 0.9),
+        "ttft_p99_ms": pct(ttft, 0.99),
+        "e2e_p50_ms": pct(e2e, 0.5),
+        "e2e_p90_ms": pct(e2e, 0.9),
+        "per_server": per_server,
+        "load_max_mean": max(per_server.values()) / mean_load if mean_load else math.nan,
+        "prefix_hit_rate": hits / queries if queries else math.nan,
+        "servers_per_group": sum(len(s) for s in groups.values()) / max(len(groups), 1),
+        "client_lag_p99_ms": pct(lag, 0.99),
+        "client_lag_max_ms": lag[-1] if lag else math.nan,
+        "cpu": cpu,
+        "wall_s": wall,
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.routing",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = p.add_argument
+    add(
+        "--policy",
+        dest="policies",
+        action="append",
+        type=parse_policy,
+        metavar="SPEC",
+        help="round-robin | least-request | NAME=EPP_SERVE_ARGS (repeatable; default: "
+        + ", ".join(DEFAULT_POLICIES)
+        + ")",
+    )
+    add(
+        "--quick",
+        action="store_true",
+        help="smoke run: --duration 4 --warmup 2 --calibrate 6 --loads 0.5 0.8 1.1 unless given",
+    )
+    add("--servers", type=argtypes.positive_int, default=4, help="simulated model servers")
+    add(
+        "--duration",
+        type=argtypes.non_negative_float,
+        default=None,
+        help="seconds of arrivals per rate (default 15)",
+    )
+    add(
+        "--warmup",
+        type=argtypes.non_negative_float,
+        default=None,
+        help="unmeasured seconds at the lowest rate after each policy starts (default 5)",
+    )
+    add(
+        "--drain-timeout",
+        type=argtypes.non_negative_float,
+        default=30.0,
+        help="seconds to wait for outstanding requests after the arrivals end",
+    )
+    add(
+        "--loads",
+        type=float,
+        nargs="+",
+        default=None,
+        help="rates as fractions of the calibrated round-robin capacity "
+        "(default 0.4 0.6 0.8 1.0 1.2)",
+    )
+    add(
+        "--rates",
+        type=float,
+        nargs="+",
+        default=None,
+        help="absolute rates in req/s (no calibration)",
+    )
+    add(
+        "--calibrate",
+        type=argtypes.non_negative_float,
+        default=None,
+        help="seconds of round-robin overload measuring the capacity --loads refer to "
+        "(default 10, --quick 6; 0 = use the model estimate)",
+    )
+    add("--seed", type=int, default=1, help="seed of arrivals, groups and lengths")
+    w = p.add_argument_group("workload")
+    w.add_argument("--groups", type=argtypes.positive_int, default=16)
+    w.add_argument(
+        "--prefix-tokens",
+        type=argtypes.positive_int,
+        default=1500,
+        help="system prompt length per group",
+    )
+    w.add_argument(
+        "--question-tokens",
+        type=argtypes.positive_int,
+        nargs=2,
+        default=[20, 200],
+        metavar=("MIN", "MAX"),
+    )
+    w.add_argument(
+        "--output-tokens",
+        type=argtypes.positive_int,
+        nargs=2,
+        default=[10, 100],
+        metavar=("MIN", "MAX"),
+    )
+    w.add_argument(
+        "--skew",
+        type=argtypes.non_negative_float,
+        default=0.0,
+        help="Zipf exponent of the group popularity (0 = uniform)",
+    )
+    s = p.add_argument_group("simulators")
+    s.add_argument("--max-num-seqs", type=argtypes.positive_int, default=8)
+    s.add_argument(
+        "--kv-blocks",
+        type=argtypes.positive_int,
+        default=None,
+        help="default: derived from the workload, see above",
+    )
+    s.add_argument("--block-size", type=argtypes.positive_int, default=16)
+    s.add_argument("--prefill-overhead-ms", type=argtypes.non_negative_float, default=5.0)
+    s.add_argument("--prefill-ms-per-token", type=argtypes.non_negative_float, default=0.1)
+    s.add_argument("--decode-ms-per-token", type=argtypes.non_negative_float, default=8.0)
+    s.add_argument("--itl-ms-per-running-seq", type=argtypes.non_negative_float, default=0.5)
+    add(
+        "--processing",
+        choices=PROCESSING_MODES,
+        default="full",
+        help="what Envoy shows the EPP (as epp stack --processing)",
+    )
+    add(
+        "--per-request",
+        action="store_true",
+        help="also write every request's result to NAME_requests.json (~250 KB)",
+    )
+    add("--out", type=Path, default=RESULTS, help="where routing.{md,json,png} go")
+    add(
+        "--name",
+        default=None,
+        help="file name stem of the outputs (default: routing, with --quick routing-quick)",
+    )
+    return p
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+def make_cell(
+    spec: WorkloadSpec, prompts: list[str], rate: float, duration: float, seed: int
+) -> Cell:
+    cell = Cell(rate, duration)
+    for r in generate(spec, rate, duration, seed, prompts):
+        cell.requests.append((r.offset_s, orjson.dumps(r.body), r.group, r.body["max_tokens"]))
+    return cell
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    quick = args.quick
+    duration = args.duration if args.duration is not None else (4.0 if quick else 15.0)
+    warmup_s = args.warmup if args.warmup is not None else (2.0 if quick else 5.0)
+    loads = args.loads or ([0.5, 0.8, 1.1] if quick else [0.4, 0.6, 0.8, 1.0, 1.2])
+    policies: list[Policy] = args.policies or [parse_policy(p) for p in DEFAULT_POLICIES]
+    if len({p.name for p in policies}) != len(policies):
+        print("routing: policy names must be distinct", file=sys.stderr)
+        return 2
+    spec = WorkloadSpec(
+        groups=args.groups,
+        prefix_tokens=args.prefix_tokens,
+        question_tokens=(args.question_tokens[0], args.question_tokens[1]),
+        output_tokens=(args.output_tokens[0], args.output_tokens[1]),
+        skew=args.skew,
+    )
+    kv_blocks = args.kv_blocks or derived_kv_blocks(
+        spec, args.servers, args.max_num_seqs, args.block_size
+    )
+    sim = SimSettings(
+        max_num_seqs=args.max_num_seqs,
+        kv_blocks=kv_blocks,
+        block_size=args.block_size,
+        prefill_overhead_ms=args.prefill_overhead_ms,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        decode_ms_per_token=args.decode_ms_per_token,
+        itl_ms_per_running_seq=args.itl_ms_per_running_seq,
+    )
+    estimate = estimated_capacity(spec, args.servers, sim)
+    prompts = system_prompts(spec)
+    all_prefixes = args.groups * math.ceil(args.prefix_tokens / args.block_size)
+    print(
+        f"routing: {len(policies)} policies; kv-blocks {kv_blocks} (all {args.groups} "
+        f"prefixes: {all_prefixes}); round-robin capacity from the model {estimate:.1f} req/s",
+        flush=True,
+    )
+    workdir = scratch_dir("epp-routing-")
+    began = time.monotonic()
+    calibrated: float | None = None
+    calibrate_s = args.calibrate if args.calibrate is not None else (6.0 if quick else 10.0)
+    if args.rates:
+        rates = sorted(args.rates)
+    else:
+        if calibrate_s > 0:
+            cell = make_cell(spec, prompts, 1.5 * estimate, calibrate_s, args.seed + 2000)
+            rr = Policy("calibration", None)
+            with Deployment(
+                rr, workdir / "calibration", args.servers, sim, args.processing, spec.model
+            ) as dep:
+                calibrated = run_async(calibrate(dep, cell, mean_range(spec.output_tokens)))
+            print(
+                f"  calibration: round robin at {cell.rate:.1f} req/s for {calibrate_s:g} s "
+                f"completed {calibrated:.1f} req/s",
+                flush=True,
+            )
+        base = calibrated or estimate
+        rates = sorted(round(load * base, 1) for load in loads)
+    cells = [make_cell(spec, prompts, r, duration, args.seed + i) for i, r in enumerate(rates)]
+    warmup = make_cell(spec, prompts, rates[0], warmup_s, args.seed + 1000) if warmup_s else None
+    print(f"  rates {rates} req/s, {duration:g} s each", flush=True)
+    rows: list[dict[str, Any]] = []
+    for policy in policies:
+        print(f"  {policy.name}: {policy.describe()}", flush=True)
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "-", policy.name)
+        with Deployment(
+            policy, workdir / safe, args.servers, sim, args.processing, spec.model
+        ) as dep:
+            rows += run_async(drive(dep, warmup, cells, args.drain_timeout))
+    elapsed = time.monotonic() - began
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": machine_description(),
+        "git": git_state(),
+        "command": ".venv/bin/python -m bench.routing"
+        + "".join(f" {shlex.quote(a)}" for a in (sys.argv[1:] if argv is None else argv)),
+        "elapsed_s": round(elapsed, 1),
+        "workdir": str(workdir),
+        "policies": {p.name: {"epp_args": p.epp_args, "describe": p.describe()} for p in policies},
+        "servers": args.servers,
+        "sim": sim.__dict__,
+        "sim_argv": sim.argv(),
+        "workload": {**spec.__dict__, "seed": args.seed},
+        "duration_s": duration,
+        "warmup_s": warmup_s,
+        "drain_timeout_s": args.drain_timeout,
+        "processing": args.processing,
+        "estimated_capacity_rps": round(estimate, 2),
+        "calibrated_capacity_rps": None if calibrated is None else round(calibrated, 2),
+        "calibrate_s": calibrate_s if calibrated is not None else 0,
+        "loads": None if args.rates else loads,
+        "all_prefix_blocks": all_prefixes,
+        "rates": rates,
+    }
+    name = args.name or ("routing-quick" if quick else "routing")
+    write_results(args.out, name, meta, rows, args.per_request)
+    print(f"done in {elapsed:.0f} s; logs in {workdir}")
+    return 0
+
+
+def git_state() -> str:
+    """The commit the run used, marked dirty when the tree had uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "epp"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head} + uncommitted changes under epp/" if dirty else head
+
+
+def machine_description() -> str:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores{f' ({model})' if model else ''}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def reading(meta: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[float, list[str]]:
+    """The rate closest to 80 % of the reference's measured capacity, and what to read there."""
+    names = list(meta["policies"])
+    ref = "round-robin" if "round-robin" in names else names[0]
+    ref_rows = [r for r in rows if r["policy"] == ref]
+    best = max(r["throughput_rps"] for r in ref_rows)
+    top = ref_rows[-1]
+    saturated = top["throughput_rps"] < 0.9 * top["rate"]
+    calibrated = meta.get("calibrated_capacity_rps")
+    capacity = calibrated if calibrated and ref == "round-robin" else best
+    target = 0.8 * capacity
+    rate = min(meta["rates"], key=lambda r: abs(r - target))
+    at = {r["policy"]: r for r in rows if r["rate"] == rate}
+    base = at[ref]
+    lines = [
+        (
+            f"Round robin's capacity, measured by the calibration run, is {capacity:.1f} "
+            f"req/s; in the table it completed at most {best:.1f} req/s"
+            if capacity is calibrated
+            else f"{ref} completed at most {best:.1f} req/s"
+        )
+        + (
+            f" (its highest offered rate, {top['rate']:g} req/s, is beyond saturation)."
+            if saturated
+            else f" and did **not** saturate at the highest rate ({top['rate']:g} req/s): "
+            "its capacity is higher, raise --loads/--rates."
+        ),
+        f"At {rate:g} req/s (closest to 80 % of {capacity:.1f}), p90 TTFT relative to "
+        f"{ref} ({base['ttft_p90_ms']:.0f} ms):",
+        "",
+    ]
+    for name in names:
+        r = at[name]
+        mean = sum(r["per_server"].values()) / max(len(r["per_server"]), 1)
+        over = [s for s, n in r["per_server"].items() if n > 2 * mean]
+        lines.append(
+            f"- **{name}**: p90 TTFT {r['ttft_p90_ms']:.0f} ms = "
+            f"{r['ttft_p90_ms'] / base['ttft_p90_ms']:.2f}x {ref} "
+            f"(p50 {r['ttft_p50_ms']:.0f} ms, prefix-cache hit rate {r['prefix_hit_rate']:.0%}); "
+            f"busiest server {r['load_max_mean']:.2f}x the mean load, "
+            + (f"**{', '.join(over)} above 2x the mean**" if over else "none above 2x the mean")
+            + f"; {r['errors']} errors."
+        )
+    return rate, lines
+
+
+def write_results(
+    out: Path, name: str, meta: dict[str, Any], rows: list[dict[str, Any]], per_request: bool
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rate80, read = reading(meta, rows)
+    meta["reading_rate"] = rate80
+    summary = [{k: v for k, v in r.items() if k != "requests"} for r in rows]
+    (out / f"{name}.json").write_bytes(
+        orjson.dumps({"meta": meta, "rows": summary}, option=orjson.OPT_INDENT_2)
+    )
+    if per_request:
+        raw = [{"policy": r["policy"], "rate": r["rate"], **r["requests"]} for r in rows]
+        (out / f"{name}_requests.json").write_bytes(orjson.dumps(raw))
+    plot_ttft(out / f"{name}_ttft.png", meta, rows)
+    plot_load(out / f"{name}_load.png", meta, rows, rate80)
+    wl, sim = meta["workload"], meta["sim"]
+    groups_how = f"Zipf(s={wl['skew']:g})" if wl["skew"] else "uniformly"
+    calibration = f"{meta['estimated_capacity_rps']:.1f} req/s from the latency model"
+    if meta["calibrated_capacity_rps"] is not None:
+        calibration = (
+            f"{meta['calibrated_capacity_rps']:.1f} req/s measured by a calibration run "
+            f"(fresh simulators, round robin at 1.5x the model's "
+            f"{meta['estimated_capacity_rps']:.1f} req/s for {meta['calibrate_s']:g} s; output "
+            "tokens/s of the requests completed in its last two thirds / mean output length)"
+        )
+    if meta["loads"]:
+        calibration += f"; the rates are {', '.join(f'{x:g}' for x in meta['loads'])} x that"
+    lines = [
+        "# Routing quality: TTFT and load balance on a shared-prefix workload",
+        "",
+        f"Measured {meta['date']} on {meta['machine']}, code at {meta['git']}, in "
+        f"{meta['elapsed_s']:.0f} s, with",
+        "",
+        f"    {meta['command']}",
+        "",
+        "Everything (Envoy, the EPP, the simulators and the load generator) shares the same "
+        f"cores. CPU columns are % of one core ({os.cpu_count()} cores = "
+        f"{(os.cpu_count() or 1) * 100} %): the benchmark's processes, then `other` (whatever "
+        "else ran on the machine meanwhile) and the whole machine. Compare policies within "
+        "this file, not absolute numbers across machines.",
+        "",
+        "## Setup",
+        "",
+        f"- **Workload** (bench/workload.py, seed {wl['seed']}): {wl['groups']} groups, each "
+        f"with its own {wl['prefix_tokens']}-token system prompt; each request adds a "
+        f"{wl['question_tokens'][0]}-{wl['question_tokens'][1]}-token question and asks for "
+        f"{wl['output_tokens'][0]}-{wl['output_tokens'][1]} output tokens (uniform draws), "
+        f"group chosen {groups_how}; "
+        "streaming chat completions with `stream_options.include_usage`; Poisson arrivals, "
+        "open loop.",
+        f"- **Simulators**: {meta['servers']} x `epp sim {' '.join(meta['sim_argv'])}`. "
+        f"KV capacity {sim['kv_blocks']} blocks < {meta['all_prefix_blocks']} blocks for all "
+        "groups' prefixes, so no server caches every group; under load (8 sequences "
+        "holding their blocks) a server caches about a quarter of the groups. An uncached "
+        f"{wl['prefix_tokens']}-token prefix costs "
+        f"{sim['prefill_ms_per_token'] * wl['prefix_tokens']:.0f} ms more prefill than a "
+        "cached one. Fresh simulators for every policy (cold caches), then "
+        f"{meta['warmup_s']:g} s unmeasured warm-up at the lowest rate, then the rates in "
+        "increasing order with the caches carried over; every policy gets the identical "
+        "request sequence.",
+        f"- **Rates**: {', '.join(f'{r:g}' for r in meta['rates'])} req/s, "
+        f"{meta['duration_s']:g} s of arrivals each, then up to {meta['drain_timeout_s']:g} s "
+        "for outstanding requests (then counted as `timeout` errors). Round-robin "
+        f"capacity {calibration}.",
+        "- **Measured**: TTFT from the scheduled arrival to the first SSE chunk with "
+        "content; e2e to the end of the stream; achieved = successful completions per second "
+        "over the last three quarters of the arrival window (the offered rate below "
+        "capacity, the capacity above it); load = requests per server (`x-sim-instance`), "
+        "max/mean; prefix-cache hit rate = cached / prompt tokens over all simulators "
+        "(`/sim/stats`); servers/group = distinct servers each group's requests went to.",
+        f"- **Envoy**: one per policy, `--concurrency 1`; EPP policies use processing mode "
+        f"`{meta['processing']}`.",
+        "",
+        "| policy | what ran |",
+        "|---|---|",
+        *[f"| {n} | {p['describe']} |" for n, p in meta["policies"].items()],
+        "",
+        "## Results",
+        "",
+        "| policy | offered (arrived) req/s | achieved req/s | TTFT p50 ms | TTFT p90 ms "
+        "| e2e p50 ms | errors | load max/mean | prefix hit | servers/group "
+        "| CPU % envoy/epp/sims/loadgen | CPU % other/machine |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        c = r["cpu"]
+        lines.append(
+            f"| {r['policy']} | {r['rate']:g} ({r['sent'] / r['duration_s']:.1f}) "
+            f"| {r['throughput_rps']:.1f} "
+            f"| {r['ttft_p50_ms']:.0f} | {r['ttft_p90_ms']:.0f} | {r['e2e_p50_ms']:.0f} "
+            f"| {r['errors']}{' ' + str(r['error_kinds']) if r['errors'] else ''} "
+            f"| {r['load_max_mean']:.2f} | {r['prefix_hit_rate']:.0%} "
+            f"| {r['servers_per_group']:.1f} "
+            f"| {c['envoy']:.0f}/{c.get('epp', 0):.0f}/{c['sims']:.0f}/{c['loadgen']:.0f} "
+            f"| {c['other']:.0f}/{c['machine']:.0f} |"
+        )
+    lag = max(r["client_lag_max_ms"] for r in rows)
+    lines += [
+        "",
+        f"Load generator: worst send lag behind schedule {lag:.1f} ms (p99 per cell ≤ "
+        f"{max(r['client_lag_p99_ms'] for r in rows):.1f} ms).",
+        "",
+        "## Reading the table",
+        "",
+        *read,
+        "",
+        f"![TTFT vs rate]({name}_ttft.png)",
+        "",
+        f"![requests per server]({name}_load.png)",
+        "",
+    ]
+    (out / f"{name}.md").write_text("\n".join(lines))
+    print(f"wrote {out / name}.md, .json, _ttft.png, _load.png")
+
+
+def plot_ttft(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for i, name in enumerate(meta["policies"]):
+        mine = [r for r in rows if r["policy"] == name]
+        x = [r["rate"] for r in mine]
+        color = f"C{i}"
+        axes[0].plot(x, [r["ttft_p50_ms"] for r in mine], "o-", color=color, label=name)
+        axes[1].plot(x, [r["ttft_p90_ms"] for r in mine], "o-", color=color, label=name)
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for ax, title in zip(axes, ("TTFT p50", "TTFT p90"), strict=True):
+        ax.set_title(title)
+        ax.set_xlabel("offered load (req/s)")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="both", alpha=0.3)
+        ax.axvline(meta["reading_rate"], color="grey", linestyle=":", linewidth=1)
+    axes[0].set_ylabel("ms (log scale)")
+    axes[0].legend()
+    fig.suptitle(
+        f"TTFT vs request rate ({meta['servers']} simulators, {meta['workload']['groups']} "
+        f"prefix groups; dotted line: {meta['reading_rate']:g} req/s, ~80% of round-robin "
+        "capacity)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_load(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]], rate: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(meta["policies"])
+    at = {r["policy"]: r for r in rows if r["rate"] == rate}
+    servers = sorted({s for r in at.values() for s in r["per_server"]})
+    width = 0.8 / max(len(names), 1)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, name in enumerate(names):
+        counts = [at[name]["per_server"].get(s, 0) for s in servers]
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(servers))]
+        ax.bar(
+            xs,
+            counts,
+            width,
+            label=f"{name} (max/mean {at[name]['load_max_mean']:.2f})",
+            color=f"C{i}",
+        )
+    total = sum(at[names[0]]["per_server"].values())
+    mean = total / max(len(servers), 1)
+    ax.axhline(mean, color="black", linestyle="--", linewidth=1, label="mean")
+    ax.axhline(2 * mean, color="red", linestyle=":", linewidth=1, label="2x mean")
+    ax.set_xticks(range(len(servers)), servers)
+    ax.set_ylabel("requests")
+    ax.set_ylim(0, 2.6 * mean)
+    ax.set_title(f"Requests per server at {rate:g} req/s (~80% of round-robin capacity)")
+    ax.legend(fontsize=8, ncol=2, loc="upper center")
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
