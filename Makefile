@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench clean
+.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-routing clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,18 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+# All benchmarks (~10 minutes); results land in bench/results/.
+bench: bench-overhead bench-decision bench-routing
+
+bench-overhead: $(STAMP)
 	$(BIN)/python -m bench.overhead
+	$(BIN)/python -m bench.overhead --prompt-bytes 225280 --concurrency 20 --name overhead-220kb
+
+bench-decision: $(STAMP)
+	$(BIN)/python -m bench.decision
+
+bench-routing: $(STAMP)
+	$(BIN)/python -m bench.routing
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

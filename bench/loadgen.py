@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import orjson
@@ -96,7 +97,9 @@ async def run_load(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", required=True)
-    parser.add_argument("--body", required=True, help="request body (JSON text)")
+    body = parser.add_mutually_exclusive_group(required=True)
+    body.add_argument("--body", help="request body (JSON text)")
+    body.add_argument("--body-file", type=Path, help="file holding the request body")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
@@ -108,7 +111,13 @@ def main() -> int:
     except ImportError:
         pass
     result = asyncio.run(
-        run_load(args.url, args.body.encode(), args.concurrency, args.duration, args.warmup)
+        run_load(
+            args.url,
+            args.body.encode() if args.body is not None else args.body_file.read_bytes(),
+            args.concurrency,
+            args.duration,
+            args.warmup,
+        )
     )
     sys.stdout.write(orjson.dumps(result).decode() + "\n")
     return 0

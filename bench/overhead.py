@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,15 @@ from epp.stack import LocalStack, StackOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-BODY = orjson.dumps(
-    {"model": "sim-model", "prompt": "x" * 1000, "max_tokens": 1, "temperature": 0}
-).decode()
+BODY_FILE = Path(tempfile.mkdtemp(prefix="epp-bench-")) / "body.json"
+
+
+def write_body(prompt_bytes: int) -> None:
+    BODY_FILE.write_bytes(
+        orjson.dumps(
+            {"model": "sim-model", "prompt": "x" * prompt_bytes, "max_tokens": 1, "temperature": 0}
+        )
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -62,7 +69,7 @@ def start_envoy(stack: LocalStack, name: str, config: dict[str, Any]) -> EnvoyPr
 
 def load(url: str, concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.loadgen", "--url", url, "--body", BODY,
+        [sys.executable, "-m", "bench.loadgen", "--url", url, "--body-file", str(BODY_FILE),
          "--concurrency", str(concurrency), "--duration", str(duration), "--warmup", str(warmup)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -92,7 +99,10 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--prompt-bytes", type=int, default=1000, help="prompt size per request")
+    parser.add_argument("--name", default="overhead", help="results file name (without .md)")
     args = parser.parse_args()
+    write_body(args.prompt_bytes)
 
     opts = StackOptions(
         servers=args.servers, envoy_port=0, envoy_admin_port=0, grpc_port=0, http_port=0,
@@ -160,15 +170,17 @@ def write_results(out: Path, rows: list[dict[str, Any]], args: argparse.Namespac
         "duration_s": args.duration,
         "servers": args.servers,
     }
-    (out / "overhead.json").write_bytes(
+    (out / f"{args.name}.json").write_bytes(
         orjson.dumps({"meta": meta, "rows": rows}, option=orjson.OPT_INDENT_2)
     )
     lines = [
         "# Overhead: Envoy alone vs Envoy + EPP",
         "",
-        f"Measured {meta['date']} on {meta['machine']} with `make bench` "
+        f"Measured {meta['date']} on {meta['machine']} with "
+        f"`python -m bench.overhead {' '.join(sys.argv[1:])}` "
         f"({args.duration:g} s per cell, {args.servers} simulators answering instantly, "
-        "1 KB non-streaming completions, each Envoy with `--concurrency 1`, closed-loop "
+        f"non-streaming completions with a {args.prompt_bytes:,}-byte prompt, "
+        "each Envoy with `--concurrency 1`, closed-loop "
         "keep-alive clients). Everything shares the same 2 cores, so compare rows within "
         "one table, not absolute numbers across machines.",
         "",
@@ -193,8 +205,8 @@ def write_results(out: Path, rows: list[dict[str, Any]], args: argparse.Namespac
                 f"| {r['envoy_cpu_us_per_req']:.0f} | {r['errors']} |"
             )
         lines.append("")
-    (out / "overhead.md").write_text("\n".join(lines))
-    print(f"wrote {out / 'overhead.md'}")
+    (out / f"{args.name}.md").write_text("\n".join(lines))
+    print(f"wrote {out / args.name}.md")
 
 
 if __name__ == "__main__":

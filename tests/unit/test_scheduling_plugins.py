@@ -60,6 +60,13 @@ def test_relative_scores() -> None:
     assert load.relative([None, None]) == [0.0, 0.0]
 
 
+def test_threshold_normalization_is_absolute() -> None:
+    assert load.against_threshold([0, 1, 5, 9, None], 5) == [1.0, 0.8, 0.0, 0.0, 0.0]
+    states = [state(1, waiting=0), state(2, waiting=1)]
+    scorer = load.queue_scorer(Params("t", {"normalize": "threshold", "threshold": 4}))
+    assert scorer.score(ctx(states), states) == [1.0, 0.75]
+
+
 def test_queue_running_kv_scorers_and_staleness() -> None:
     states = [
         state(1, waiting=0, running=4, kv_usage=0.9),

@@ -21,26 +21,43 @@ def relative(values: Sequence[float | None]) -> list[float]:
     return [0.0 if v is None else (1.0 if span == 0 else (hi - v) / span) for v in values]
 
 
+def against_threshold(values: Sequence[float | None], threshold: float) -> list[float]:
+    """Absolute score where lower is better: 1 at 0, falling linearly to 0 at
+    ``threshold``; unknown (None) gets 0. Unlike :func:`relative`, one queued request
+    costs a little, not everything, so small fluctuations do not flip decisions."""
+    return [0.0 if v is None else max(0.0, 1.0 - v / threshold) for v in values]
+
+
 class _MetricScorer:
-    def __init__(self, field: str) -> None:
+    def __init__(self, field: str, threshold: float | None) -> None:
         self._field = field
+        self._threshold = threshold
 
     def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
         f = self._field
-        return relative(
-            [None if m is None else getattr(m, f) for m in ctx.fresh_metrics(candidates)]
-        )
+        values = [None if m is None else getattr(m, f) for m in ctx.fresh_metrics(candidates)]
+        if self._threshold is None:
+            return relative(values)
+        return against_threshold(values, self._threshold)
+
+
+def _normalization(p: Params) -> float | None:
+    mode = p.string("normalize", "relative", choices=("relative", "threshold"))
+    threshold = p.number("threshold", 5.0, minimum=1e-9)
+    return threshold if mode == "threshold" else None
 
 
 def queue_scorer(p: Params) -> _MetricScorer:
-    """Fewer requests waiting in the engine's queue scores higher (min-max across
-    candidates). Consumes: scraped/ORCA ``waiting``."""
-    return _MetricScorer("waiting")
+    """Fewer requests waiting in the engine's queue scores higher: min-max across
+    candidates (``normalize: relative``) or ``1 - waiting/threshold``
+    (``normalize: threshold``). Consumes: scraped/ORCA ``waiting``."""
+    return _MetricScorer("waiting", _normalization(p))
 
 
 def running_requests_scorer(p: Params) -> _MetricScorer:
-    """Smaller running batch scores higher. Consumes: scraped/ORCA ``running``."""
-    return _MetricScorer("running")
+    """Smaller running batch scores higher (same normalizations as queue-scorer).
+    Consumes: scraped/ORCA ``running``."""
+    return _MetricScorer("running", _normalization(p))
 
 
 class KvCacheScorer:
