@@ -293,3 +293,50 @@ def test_any_pick_is_a_candidate(
         assert not decoders
         return
     assert result.primary in decoders
+
+
+SCORER_TYPES = [
+    "queue-scorer",
+    "running-requests-scorer",
+    "kv-cache-utilization-scorer",
+    "in-flight-load-scorer",
+    "prefix-cache-scorer",
+    "lora-affinity-scorer",
+    "orca-scorer",
+    "session-affinity-scorer",
+]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0, 1e6),
+            st.floats(0, 1e6),
+            st.floats(0, 1),
+            st.integers(0, 100),
+            st.floats(0, 1),
+            st.floats(0, 10),
+        ),
+        min_size=1,
+        max_size=10,
+    ),
+    st.text(max_size=200),
+)
+def test_builtin_scores_stay_in_unit_range(
+    specs: list[tuple[float, float, float, int, float, float]], prompt: str
+) -> None:
+    from epp.config import builtin_registry
+
+    states = [
+        state(
+            i + 1, age=age, waiting=w, running=r, kv_usage=kv, orca={"application_utilization": u}
+        )
+        for i, (w, r, kv, _, u, age) in enumerate(specs)
+    ]
+    in_flight = {s.address: n for s, (_, _, _, n, _, _) in zip(states, specs, strict=True)}
+    c = ctx(states, InferenceRequest("r", "m", "/", prompt=prompt), in_flight, in_flight)
+    registry = builtin_registry()
+    for name in SCORER_TYPES:
+        scores = registry.get(name, "test").factory(Params(name, {})).score(c, states)
+        assert len(scores) == len(states)
+        assert all(0.0 <= x <= 1.0 for x in scores), (name, scores)
