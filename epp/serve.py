@@ -23,6 +23,7 @@ from epp.datastore import Datastore
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.readyfile import write_ready
 from epp.router import Router
+from epp.scheduling.base import Scheduler
 from epp.scheduling.params import ConfigError
 from epp.types import Endpoint, parse_host_port
 
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         cfg = config.load(opts.config_path)
+        scheduler = config.instantiate(cfg, config.builtin_registry())
     except ConfigError as exc:
         log.error("invalid config: %s", exc)
         return 2
@@ -129,17 +131,15 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             log.info("uvloop not installed; using asyncio's default loop")
     try:
-        asyncio.run(serve(opts, cfg))
+        asyncio.run(serve(opts, cfg, scheduler))
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
     return 0
 
 
-async def serve(opts: ServeOptions, cfg: config.EppConfig) -> None:
+async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler) -> None:
     log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
-    registry = config.builtin_registry()
-    scheduler = config.instantiate(cfg, registry)
     datastore = Datastore()
     for endpoint in opts.endpoints:
         datastore.add(replace(endpoint, engine=cfg.data_layer.engine))
