@@ -21,7 +21,7 @@ from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.profile import Profile, WeightedScorer
 from epp.scheduling.registry import Registry, register_builtin_plugins
 from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
-from epp.scheduling.scheduler import ProfileScheduler
+from epp.scheduling.scheduler import ProfileScheduler, SingleProfileHandler
 
 DEFAULT_CONFIG = """\
 apiVersion: epp.dev/v1alpha1
@@ -138,7 +138,7 @@ def parse(text: str, source: str) -> dict[str, Any]:
 
 
 # -- phase 2: defaults --------------------------------------------------------------------
-def with_defaults(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
+def with_defaults(doc: Mapping[str, Any], source: str, registry: Registry) -> dict[str, Any]:
     """Fill what the file leaves out from DEFAULT_CONFIG, section by section. A file
     that declares ``plugins`` owns the plugin list (and its profiles) entirely."""
     default = parse(DEFAULT_CONFIG, "<default>")
@@ -148,9 +148,16 @@ def with_defaults(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
     merged = dict(default)
     merged.update({k: v for k, v in doc.items() if k not in ("dataLayer",)})
     if "plugins" in doc and "schedulingProfiles" not in doc:
-        # like the Inference Extension: one profile "default" using every plugin
+        # like the Inference Extension: one profile "default" using every plugin but
+        # the profile handler
         plugins = doc["plugins"] if isinstance(doc["plugins"], list) else []
-        refs = [{"pluginRef": p.get("name", p.get("type"))} for p in plugins if isinstance(p, dict)]
+        types = registry.types()
+        refs = [
+            {"pluginRef": p.get("name", p.get("type"))}
+            for p in plugins
+            if isinstance(p, dict)
+            and getattr(types.get(str(p.get("type"))), "kind", None) != "handler"
+        ]
         merged["schedulingProfiles"] = [{"name": "default", "plugins": refs}]
     data_layer = dict(default["dataLayer"])
     data_layer.update(_mapping(doc.get("dataLayer"), f"{source}: dataLayer"))
@@ -194,6 +201,11 @@ def validate(doc: Mapping[str, Any], source: str, registry: Registry) -> EppConf
             if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
                 raise ConfigError(f"{rwhere}.weight: must be a number >= 0, got {weight!r}")
             kind = registry.get(_spec(plugins, plugin).type, rwhere).kind
+            if kind == "handler":
+                raise ConfigError(
+                    f"{rwhere}.pluginRef: {plugin!r} is a profile handler; declare it under "
+                    "plugins only, not inside a profile"
+                )
             pickers += kind == "picker"
             refs.append(ProfileRef(plugin, float(weight)))
         if pickers > 1:
@@ -309,7 +321,7 @@ def instantiate(
         params = Params(f"{cfg.source}: plugin {spec.name!r} parameters", spec.parameters)
         instances[spec.name] = registry.get(spec.type, spec.name).factory(params)
         params.done()
-    profiles = {}
+    profiles = []
     for prof in cfg.profiles:
         filters, scorers, picker = [], [], None
         for ref in prof.plugins:
@@ -322,11 +334,20 @@ def instantiate(
                 picker = instances[ref.plugin]
         if picker is None:
             picker = registry.get("max-score-picker", prof.name).factory(Params(prof.name, {}))
-        profiles[prof.name] = Profile(prof.name, tuple(filters), tuple(scorers), picker)
+        profiles.append(Profile(prof.name, tuple(filters), tuple(scorers), picker))
+    handlers = [
+        instances[spec.name]
+        for spec in cfg.plugins
+        if registry.get(spec.type, spec.name).kind == "handler"
+    ]
+    if len(handlers) > 1:
+        raise ConfigError(
+            f"{cfg.source}: plugins: at most one profile handler, found {len(handlers)}"
+        )
     observers = [i for i in instances.values() if isinstance(i, RoutingObserver)]
     return ProfileScheduler(
         profiles=profiles,
-        primary=cfg.profiles[0].name,
+        handler=handlers[0] if handlers else SingleProfileHandler(),
         saturation=cfg.saturation,
         admission=cfg.admission,
         stale_after_s=cfg.data_layer.stale_after_s,
@@ -348,7 +369,7 @@ def load(path: Path | None, registry: Registry | None = None) -> EppConfig:
 
 def load_text(text: str, source: str, registry: Registry | None = None) -> EppConfig:
     registry = registry or builtin_registry()
-    return validate(with_defaults(parse(text, source), source), source, registry)
+    return validate(with_defaults(parse(text, source), source, registry), source, registry)
 
 
 def builtin_registry() -> Registry:

@@ -98,6 +98,32 @@ class Picker(Protocol):
     ) -> list[EndpointState]: ...
 
 
+class ProfileRunner(Protocol):
+    """What a profile handler runs: one profile (filters -> scorers -> picker)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def run(
+        self, ctx: CycleContext, candidates: Sequence[EndpointState]
+    ) -> list[EndpointState]: ...
+
+
+class ProfileHandler(Protocol):
+    """Decides which profiles run for a request, in which order, and turns their picks
+    into the result. Contract: the result's targets are endpoints of ``candidates``;
+    raise :class:`epp.errors.NoEndpointError` when the request cannot be served.
+    (The single-profile handler runs the first profile; a P/D handler runs ``decode``,
+    then asks a decider whether to run ``prefill``.)"""
+
+    def run(
+        self,
+        ctx: CycleContext,
+        profiles: Sequence[ProfileRunner],
+        candidates: Sequence[EndpointState],
+    ) -> SchedulingResult: ...
+
+
 @runtime_checkable
 class RoutingObserver(Protocol):
     """A plugin with state to update once a request is routed (e.g. the prefix index).

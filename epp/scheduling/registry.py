@@ -9,8 +9,9 @@ from typing import Any, Literal
 
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins import affinity, filters, load, pickers, prefix
+from epp.scheduling.scheduler import SingleProfileHandler
 
-Kind = Literal["filter", "scorer", "picker"]
+Kind = Literal["filter", "scorer", "picker", "handler"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class Registry:
         return dict(self._types)
 
 
+def single_profile_handler(p: Params) -> SingleProfileHandler:
+    return SingleProfileHandler()
+
+
 def register_builtin_plugins(registry: Registry) -> Registry:
     r = registry.register
     r("decode-filter", "filter", filters.decode_filter, "endpoints that can decode")
@@ -59,6 +64,7 @@ def register_builtin_plugins(registry: Registry) -> Registry:
     r("lora-affinity-scorer", "scorer", affinity.lora_affinity_scorer, "adapter loaded")
     r("orca-scorer", "scorer", affinity.orca_scorer, "lower ORCA utilisation")
     r("session-affinity-scorer", "scorer", affinity.session_affinity_scorer, "same session")
+    r("single-profile-handler", "handler", single_profile_handler, "run the first profile")
     r("max-score-picker", "picker", pickers.max_score_picker, "best score, random ties")
     r("random-picker", "picker", pickers.random_picker, "uniformly random")
     r("weighted-random-picker", "picker", pickers.weighted_random_picker, "random by score")

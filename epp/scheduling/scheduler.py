@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from epp.errors import NoEndpointError, ShedError
-from epp.scheduling.base import CycleContext, RoutingObserver
+from epp.scheduling.base import CycleContext, ProfileHandler, ProfileRunner, RoutingObserver
 from epp.scheduling.profile import Profile
 from epp.scheduling.saturation import (
     AdmissionConfig,
@@ -15,17 +15,29 @@ from epp.scheduling.saturation import (
     pool_saturated,
     request_priority,
 )
-from epp.types import InferenceRequest, SchedulingResult, Snapshot
+from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
+
+
+class SingleProfileHandler:
+    """Runs the first (usually the only) profile; its picks are the targets."""
+
+    def run(
+        self,
+        ctx: CycleContext,
+        profiles: Sequence[ProfileRunner],
+        candidates: Sequence[EndpointState],
+    ) -> SchedulingResult:
+        targets = profiles[0].run(ctx, candidates)
+        return SchedulingResult(tuple(t.endpoint for t in targets))
 
 
 @dataclass
 class ProfileScheduler:
-    """Runs the primary profile for every request (the single-profile handler; the P/D
-    handler adds a prefill profile). Pure except for plugins' routing observers, which
-    the router calls after a request is routed."""
+    """Subset hint -> admission -> the profile handler. Pure except for plugins' routing
+    observers, which the router calls after a request is routed."""
 
-    profiles: Mapping[str, Profile]
-    primary: str
+    profiles: Sequence[Profile]
+    handler: ProfileHandler
     saturation: SaturationConfig
     admission: AdmissionConfig
     stale_after_s: float
@@ -52,8 +64,7 @@ class ProfileScheduler:
                 "retry later",
                 code="shed",
             )
-        targets = self.profiles[self.primary].run(ctx, candidates)
-        return SchedulingResult(tuple(t.endpoint for t in targets))
+        return self.handler.run(ctx, self.profiles, candidates)
 
     def on_routed(
         self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot

@@ -100,6 +100,20 @@ def test_bad_plugin_parameters_are_reported_at_instantiation() -> None:
         config.instantiate(cfg, config.builtin_registry())
 
 
+def test_profile_handler_is_declared_once_and_never_in_a_profile() -> None:
+    sched = config.build_scheduler(
+        "plugins: [{type: single-profile-handler}, {type: random-picker}]"
+    )
+    assert type(sched.handler).__name__ == "SingleProfileHandler"
+    assert [p.name for p in sched.profiles] == ["default"]
+    with pytest.raises(ConfigError, match="is a profile handler; declare it under plugins only"):
+        config.load_text(
+            "plugins: [{type: single-profile-handler}]\n"
+            "schedulingProfiles: [{name: p, plugins: [{pluginRef: single-profile-handler}]}]",
+            "f",
+        )
+
+
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         config.load(tmp_path / "nope.yaml")
