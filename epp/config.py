@@ -29,6 +29,9 @@ kind: EndpointPickerConfig
 plugins:
 - type: decode-filter
 - type: queue-scorer
+  parameters:
+    normalize: threshold
+    threshold: 5
 - type: kv-cache-utilization-scorer
 - type: in-flight-load-scorer
 - type: prefix-cache-scorer
