@@ -81,13 +81,10 @@ from bench.workload import WorkloadSpec, generate, system_prompts
 from epp import argtypes
 from epp.envoyconfig import (
     PROCESSING_MODES,
-    EnvoyOptions,
     Processing,
-    baseline_config,
-    epp_config,
 )
-from epp.envoyproc import EnvoyProcess, write_config
-from epp.procs import ManagedProcess, scratch_dir, spawn_epp, start_epp
+from epp.procs import scratch_dir
+from epp.stack import LocalStack, StackOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -202,9 +199,9 @@ def machine_cpu() -> tuple[float, float]:
     return float(total - idle), float(total)
 
 
-class Deployment:
-    """Fresh simulators, then (for EPP policies) ``epp serve``, then Envoy; stopped in
-    reverse order."""
+class Deployment(LocalStack):
+    """One policy's stack: fresh simulators, ``epp serve`` with the policy's arguments
+    (or none: Envoy alone, round robin), Envoy with one worker thread."""
 
     def __init__(
         self,
@@ -215,80 +212,24 @@ class Deployment:
         processing: Processing,
         model: str,
     ) -> None:
+        super().__init__(
+            StackOptions(
+                servers=servers,
+                model=model,
+                envoy_port=0,
+                envoy_admin_port=0,
+                grpc_port=0,
+                http_port=0,
+                processing=processing,
+                sim_args=sim.argv(),
+                epp_args=list(policy.epp_args or []),
+                log_level="warning",
+                workdir=workdir,
+                epp=policy.epp_args is not None,
+                envoy_concurrency=1,
+            )
+        )
         self.policy = policy
-        self.workdir = workdir
-        self.servers = servers
-        self.sim = sim
-        self.processing = processing
-        self.model = model
-        self.sims: list[ManagedProcess] = []
-        self.sim_urls: list[str] = []
-        self.epp: ManagedProcess | None = None
-        self.envoy: EnvoyProcess | None = None
-
-    def __enter__(self) -> Deployment:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
-
-    def _start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        for i in range(self.servers):
-            self.sims.append(
-                spawn_epp(
-                    self.workdir,
-                    f"sim-{i}",
-                    "sim",
-                    "--port",
-                    "0",
-                    "--model",
-                    self.model,
-                    "--instance-id",
-                    f"sim-{i}",
-                    "--log-level",
-                    "warning",
-                    *self.sim.argv(),
-                )
-            )
-        addresses = []
-        for sim in self.sims:
-            info = sim.wait_ready()
-            addresses.append((info["host"], int(info["port"])))
-            self.sim_urls.append(info["url"])
-        opts = EnvoyOptions(listen_port=0, admin_port=0)
-        if self.policy.epp_args is None:
-            config = baseline_config(opts, addresses)
-        else:
-            endpoints = [a for h, p in addresses for a in ("--endpoint", f"{h}:{p}")]
-            self.epp = start_epp(
-                self.workdir,
-                "epp",
-                "serve",
-                "--grpc-port",
-                "0",
-                "--http-port",
-                "0",
-                "--log-level",
-                "warning",
-                *endpoints,
-                *self.policy.epp_args,
-            )
-            config = epp_config(
-                EnvoyOptions(
-                    listen_port=0,
-                    admin_port=0,
-                    epp_port=self.epp.info["grpc_port"],
-                    processing=self.processing,
-                )
-            )
-        path = write_config(config, self.workdir / "envoy.yaml")
-        self.envoy = EnvoyProcess(path, self.workdir, concurrency=1).start()
 
     @property
     def url(self) -> str:
@@ -305,14 +246,6 @@ class Deployment:
         if self.epp is not None:
             pids["epp"] = [self.epp.pid]
         return pids
-
-    def stop(self) -> None:
-        if self.envoy is not None:
-            self.envoy.stop()
-        if self.epp is not None:
-            self.epp.stop()
-        for sim in self.sims:
-            sim.stop()
 
 
 # ---------------------------------------------------------------- load generator

@@ -11,13 +11,20 @@ import signal
 import socket
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
+from typing import Self
 
 from epp import argtypes
 from epp.cli import add_log_level
-from epp.envoyconfig import PROCESSING_MODES, EnvoyOptions, Processing, epp_config
+from epp.envoyconfig import (
+    PROCESSING_MODES,
+    EnvoyOptions,
+    Processing,
+    baseline_config,
+    epp_config,
+)
 from epp.envoyproc import EnvoyProcess, write_config
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
 from epp.procs import ManagedProcess, ProcessFailed, scratch_dir, spawn_epp
@@ -38,6 +45,9 @@ class StackOptions:
     epp_args: list[str] = field(default_factory=list)
     log_level: str = "info"
     workdir: Path | None = None
+    # False: Envoy alone, round robin over the simulators (the benchmarks' baseline)
+    epp: bool = True
+    envoy_concurrency: int | None = None
 
 
 class LocalStack:
@@ -49,6 +59,7 @@ class LocalStack:
         self.epp: ManagedProcess | None = None
         self.envoy: EnvoyProcess | None = None
         self.sim_addresses: list[str] = []
+        self.sim_urls: list[str] = []
         self.grpc_port = 0
         self.http_port = 0
 
@@ -61,7 +72,7 @@ class LocalStack:
     def epp_http_url(self) -> str:
         return f"http://{HOST}:{self.http_port}"
 
-    def start(self) -> LocalStack:
+    def start(self) -> Self:
         """Start everything or, if any part fails, stop what started and raise."""
         try:
             self._start()
@@ -72,19 +83,25 @@ class LocalStack:
 
     def _start(self) -> None:
         o = self.opts
-        check_ports_free(
-            {
-                "--envoy-port": o.envoy_port,
-                "--envoy-admin-port": o.envoy_admin_port,
-                "--grpc-port": o.grpc_port,
-                "--http-port": o.http_port,
-            }
-        )
+        ports = {"--envoy-port": o.envoy_port, "--envoy-admin-port": o.envoy_admin_port}
+        if o.epp:
+            ports.update({"--grpc-port": o.grpc_port, "--http-port": o.http_port})
+        check_ports_free(ports)
         for i in range(o.servers):
             self.sims.append(self.start_sim(f"sim-{i}"))
         for sim in self.sims:
             info = sim.wait_ready()
             self.sim_addresses.append(f"{info['host']}:{info['port']}")
+            self.sim_urls.append(info["url"])
+        envoy_opts = EnvoyOptions(
+            listen_port=o.envoy_port, admin_port=o.envoy_admin_port, processing=o.processing
+        )
+        if not o.epp:
+            servers = [(str(i["host"]), int(i["port"])) for i in (p.info for p in self.sims)]
+            config = baseline_config(envoy_opts, servers)
+            path = write_config(config, self.workdir / "envoy.yaml")
+            self.envoy = EnvoyProcess(path, self.workdir, concurrency=o.envoy_concurrency).start()
+            return
         self.epp = spawn_epp(
             self.workdir,
             "epp",
@@ -100,16 +117,9 @@ class LocalStack:
         )
         info = self.epp.wait_ready()
         self.grpc_port, self.http_port = info["grpc_port"], info["http_port"]
-        config = epp_config(
-            EnvoyOptions(
-                listen_port=o.envoy_port,
-                admin_port=o.envoy_admin_port,
-                epp_port=self.grpc_port,
-                processing=o.processing,
-            )
-        )
+        config = epp_config(replace(envoy_opts, epp_port=self.grpc_port))
         path = write_config(config, self.workdir / "envoy.yaml")
-        self.envoy = EnvoyProcess(path, self.workdir).start()
+        self.envoy = EnvoyProcess(path, self.workdir, concurrency=o.envoy_concurrency).start()
 
     def start_sim(self, name: str, *extra: str) -> ManagedProcess:
         """Start one more simulator (not yet known to the EPP); call wait_ready() on it."""
@@ -128,7 +138,7 @@ class LocalStack:
         for sim in self.sims:
             sim.stop()
 
-    def __enter__(self) -> LocalStack:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *_: object) -> None:
