@@ -11,6 +11,11 @@ request Envoy shows the EPP:
   Trailers must stay SEND: with SKIP, Envoy 1.40 closes the ext_proc stream right after
   the response headers, so the EPP would lose sight of a streaming response's end and
   its in-flight counts would drop while the response is still streaming (measured).
+* ``buffered``: ``lean``'s response side, and the request body BUFFERED: Envoy sends the
+  whole body in one message and the EPP routes in its answer to it, without echoing the
+  body back (half the bytes through the EPP, fewer messages). The EPP cannot rewrite
+  the body in this mode, and bodies must fit Envoy's buffer limit
+  (``per_connection_buffer_limit_bytes``, 32 MiB here).
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from typing import Any, Literal
 
 from epp.extproc.messages import DESTINATION_HEADER, LB_NAMESPACE
 
-Processing = Literal["full", "lean"]
-PROCESSING_MODES: tuple[Processing, ...] = ("full", "lean")
+Processing = Literal["full", "lean", "buffered"]
+PROCESSING_MODES: tuple[Processing, ...] = ("full", "lean", "buffered")
 
 _HCM = (
     "type.googleapis.com/"
@@ -101,9 +106,12 @@ def _processing_mode(processing: Processing) -> dict[str, str]:
         "response_body_mode": "STREAMED",
         "response_trailer_mode": "SKIP",
     }
-    if processing == "lean":
+    if processing in ("lean", "buffered"):
         mode["response_body_mode"] = "NONE"
         mode["response_trailer_mode"] = "SEND"  # keeps the stream open; see module doc
+    if processing == "buffered":
+        mode["request_body_mode"] = "BUFFERED"
+        mode["request_trailer_mode"] = "SKIP"
     return mode
 
 
@@ -200,6 +208,7 @@ def baseline_config(opts: EnvoyOptions, servers: list[tuple[str, int]]) -> dict[
 EXAMPLES: dict[str, EnvoyOptions] = {
     "local.yaml": EnvoyOptions(),
     "local-lean.yaml": EnvoyOptions(processing="lean"),
+    "local-buffered.yaml": EnvoyOptions(processing="buffered"),
     "compose.yaml": EnvoyOptions(listen_host="0.0.0.0", admin_host="0.0.0.0", epp_host="epp"),
 }
 EXAMPLE_HEADER = (

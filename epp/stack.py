@@ -182,7 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--processing",
         choices=PROCESSING_MODES,
         default="full",
-        help="what Envoy sends the EPP: full (response body too) or lean (response headers only)",
+        help="what Envoy sends the EPP: full (response body too), lean (response headers "
+        "only) or buffered (lean, and the request body in one message, not echoed)",
     )
     parser.add_argument(
         "--transport",

@@ -43,23 +43,29 @@ def header_mutation(
     )
 
 
-def routed_headers(
-    destination: str, set_headers: Iterable[tuple[str, str]], remove: Iterable[str]
+def routed(
+    destination: str,
+    set_headers: Iterable[tuple[str, str]],
+    remove: Iterable[str],
+    *,
+    on_body: bool = False,
 ) -> ProcessingResponse:
-    """The reply to ``request_headers`` once a destination is chosen: header and
-    ``envoy.lb`` metadata carry the same value (Endpoint Picker Protocol)."""
+    """The reply that routes the request: header and ``envoy.lb`` metadata carry the
+    same value (Endpoint Picker Protocol). It answers ``request_headers`` (streamed
+    bodies, body-less requests) or, with ``on_body``, a BUFFERED ``request_body``: Envoy
+    still holds the headers then, so the mutation applies and the body needs no echo."""
     metadata = Struct()
     metadata.get_or_create_struct(LB_NAMESPACE)[DESTINATION_HEADER] = destination
+    common = CommonResponse(
+        header_mutation=header_mutation([(DESTINATION_HEADER, destination), *set_headers], remove),
+        clear_route_cache=True,
+    )
+    if on_body:
+        return ProcessingResponse(
+            request_body=BodyResponse(response=common), dynamic_metadata=metadata
+        )
     return ProcessingResponse(
-        request_headers=HeadersResponse(
-            response=CommonResponse(
-                header_mutation=header_mutation(
-                    [(DESTINATION_HEADER, destination), *set_headers], remove
-                ),
-                clear_route_cache=True,
-            )
-        ),
-        dynamic_metadata=metadata,
+        request_headers=HeadersResponse(response=common), dynamic_metadata=metadata
     )
 
 

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 _STRIPPED_PREFIX = "x-gateway-destination-endpoint"
 _STRIPPED_EXACT = frozenset({"x-prefiller-host-port"})
 _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
+_BUFFERED = ProcessingMode.BUFFERED
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -50,6 +51,7 @@ class _Envoy:
     """What we know of Envoy's side of the protocol on this stream."""
 
     phase: Phase = Phase.REQUEST_HEADERS
+    request_body_mode: int = ProcessingMode.FULL_DUPLEX_STREAMED
     response_body_mode: int = ProcessingMode.STREAMED
 
 
@@ -83,6 +85,7 @@ class ExtProcStream:
         """Replies for one message from Envoy (possibly none while buffering)."""
         kind = msg.WhichOneof("request")
         if msg.HasField("protocol_config"):
+            self._envoy.request_body_mode = msg.protocol_config.request_body_mode
             self._envoy.response_body_mode = msg.protocol_config.response_body_mode
         if msg.HasField("metadata_context"):
             self._subset_hint = _subset_hint(msg)
@@ -126,6 +129,9 @@ class ExtProcStream:
             method = req.headers.get(":method", "GET")
             return [self._routed_headers(b"" if method in _BODY_METHODS else None)]
         self._envoy.phase = Phase.REQUEST_BODY
+        if self._envoy.request_body_mode == _BUFFERED:
+            # Envoy sends the whole body only after this answer; we route on the body.
+            return [messages.EMPTY_REQUEST_HEADERS]
         return []
 
     def _on_request_body(self, data: bytes, end: bool) -> list[ProcessingResponse]:
@@ -152,19 +158,21 @@ class ExtProcStream:
     def _complete_request(self, end_of_stream: bool) -> list[ProcessingResponse]:
         body = b"".join(self._req.chunks)
         self._req.chunks = []
+        if self._envoy.request_body_mode == _BUFFERED:
+            return [self._routed_headers(body, on_body=True)]
         return [
             self._routed_headers(body),
             *messages.streamed_request_body(body, end_of_stream),
         ]
 
-    def _routed_headers(self, body: bytes | None) -> ProcessingResponse:
+    def _routed_headers(self, body: bytes | None, on_body: bool = False) -> ProcessingResponse:
         req = self._req
         request, _doc = parse_request(req.request_id, req.headers, body, req.subset)
         routed = self._router.route(request)
         req.routed = routed
         self._envoy.phase = Phase.UPSTREAM
         extra: list[tuple[str, str]] = list(self._router.request_headers)
-        if body is not None:
+        if body is not None and not on_body:  # buffered bodies pass unchanged
             extra.append(("content-length", str(len(body))))
         if req.generated_id:
             extra.append(("x-request-id", req.request_id))
@@ -174,7 +182,7 @@ class ExtProcStream:
             if (k.startswith(_STRIPPED_PREFIX) and k != messages.DESTINATION_HEADER)
             or k in _STRIPPED_EXACT
         ]
-        return messages.routed_headers(routed.result.header_value, extra, remove)
+        return messages.routed(routed.result.header_value, extra, remove, on_body=on_body)
 
     def _reject(self, error: EppError) -> ProcessingResponse:
         log.info("request %s rejected: %d %s", self._req.request_id, error.status, error.message)

@@ -22,6 +22,7 @@ def request_headers(
     method: str = "POST",
     end_of_stream: bool = False,
     response_body_mode: int | None = None,
+    request_body_mode: int = ProcessingMode.FULL_DUPLEX_STREAMED,
 ) -> ProcessingRequest:
     pairs = {":method": method, ":path": path, ":authority": "envoy", **(extra or {})}
     msg = ProcessingRequest(
@@ -32,11 +33,11 @@ def request_headers(
             end_of_stream=end_of_stream,
         )
     )
-    if response_body_mode is not None:
+    if response_body_mode is not None or request_body_mode != ProcessingMode.FULL_DUPLEX_STREAMED:
         msg.protocol_config.CopyFrom(
             ProtocolConfiguration(
-                request_body_mode=ProcessingMode.FULL_DUPLEX_STREAMED,
-                response_body_mode=response_body_mode,  # type: ignore[arg-type]
+                request_body_mode=request_body_mode,  # type: ignore[arg-type]
+                response_body_mode=response_body_mode or ProcessingMode.STREAMED,  # type: ignore[arg-type]
             )
         )
     return msg

@@ -189,6 +189,23 @@ def test_full_duplex_response_mode_echoes_chunks() -> None:
     assert r.response_body.response.body_mutation.streamed_response.body == b"data: x\n\n"
 
 
+def test_buffered_body_is_routed_on_the_body_without_echo() -> None:
+    router = make_router()
+    stream = ExtProcStream(router)
+    [head] = stream.on_message(m.request_headers(request_body_mode=ProcessingMode.BUFFERED))
+    assert head.HasField("request_headers") and not head.request_headers.HasField("response")
+    [reply] = stream.on_message(m.request_body(BODY, True))
+    common = reply.request_body.response
+    headers = {
+        h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers
+    }
+    assert headers["x-gateway-destination-endpoint"] in {"127.0.0.1:8000", "127.0.0.1:8001"}
+    assert "content-length" not in headers  # the body is unchanged
+    assert common.clear_route_cache and not common.HasField("body_mutation")
+    assert "envoy.lb" in reply.dynamic_metadata.fields
+    assert router.datastore.total_in_flight() == 1
+
+
 def test_close_mid_stream_releases() -> None:
     router = make_router()
     stream = ExtProcStream(router)

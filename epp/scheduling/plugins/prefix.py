@@ -59,9 +59,12 @@ class PrefixCacheScorer:
         if snapshot.version != self._version:  # membership changed: forget removed ones
             self._version = snapshot.version
             self.index.retain({s.address for s in snapshot.endpoints})
-        hashes = block_hashes(
-            request.model or "", request.prompt, self.block_chars, self.max_blocks
-        )
+        last, hashes = self._last
+        self._last = (None, [])
+        if last is not request:  # scored in this cycle? then reuse its hashes
+            hashes = block_hashes(
+                request.model or "", request.prompt, self.block_chars, self.max_blocks
+            )
         if not hashes:
             return
         target = result.primary.address
