@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -19,23 +17,9 @@ from epp.datastore import Datastore
 from epp.procs import ManagedProcess, start_epp
 from epp.types import Endpoint
 from tests.support.http import open_raw_post
+from tests.support.wait import until
 
-T = TypeVar("T")
 INTERVAL_S = 0.02
-
-
-async def until(check: Callable[[], T], what: str, limit_s: float = 5.0) -> T:
-    """Poll ``check`` without blocking the event loop (the client under test runs on it)."""
-    deadline = time.monotonic() + limit_s
-    delay = 0.005
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit_s}s waiting for {what} (last: {value!r})")
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.05)
 
 
 def start_sim(workdir: Path, name: str, *args: str) -> ManagedProcess:

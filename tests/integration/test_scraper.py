@@ -12,10 +12,10 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -26,8 +26,8 @@ from epp.datalayer.scraper import MetricsScraper
 from epp.datastore import Datastore
 from epp.procs import ManagedProcess, start_epp
 from epp.types import Endpoint, EndpointMetrics
+from tests.support.wait import until
 
-T = TypeVar("T")
 MODEL = "scrape-model"
 SCRAPER_LOG = "epp.datalayer.scraper"
 
@@ -39,18 +39,6 @@ vllm:num_requests_waiting{{model_name="m"}} {waiting}
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{{model_name="m"}} 0.5
 """
-
-
-async def until(check: Callable[[], T], within: float = 10.0, what: str = "condition") -> T:
-    """Poll ``check`` while letting the event loop (and so the scraper) run."""
-    deadline = time.monotonic() + within
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what} (last: {value!r})")
-        await asyncio.sleep(0.01)
 
 
 def start_sim(workdir: Path, name: str, *args: str) -> ManagedProcess:
