@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -53,6 +54,22 @@ class EppMetrics:
             registry=self.registry,
         )
         self.registry.register(_DatastoreCollector(datastore))
+        # per-endpoint series go when their endpoint goes (membership changes at runtime)
+        self._datastore = datastore
+        self._known: set[str] = set()
+        datastore.on_change(self._forget_removed)
+
+    def _forget_removed(self) -> None:
+        current = {s.address for s in self._datastore.snapshot().endpoints}
+        for address in self._known - current:
+            for counter, labels in (
+                (self.scrape_failures, [(address,)]),
+                (self.responses, [(address, f"{c}xx") for c in range(1, 6)]),
+            ):
+                for values in labels:
+                    with contextlib.suppress(KeyError):
+                        counter.remove(*values)
+        self._known = current
 
 
 class _DatastoreCollector(Collector):
