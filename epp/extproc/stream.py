@@ -127,7 +127,7 @@ class ExtProcStream:
         if msg.end_of_stream:  # nothing to wait for
             # GET /v1/models has no body by design; a POST without one is a client error.
             method = req.headers.get(":method", "GET")
-            return [self._routed_headers(b"" if method in _BODY_METHODS else None)]
+            return [self._route(b"" if method in _BODY_METHODS else None)]
         self._envoy.phase = Phase.REQUEST_BODY
         if self._envoy.request_body_mode == _BUFFERED:
             # Envoy sends the whole body only after this answer; we route on the body.
@@ -159,13 +159,13 @@ class ExtProcStream:
         body = b"".join(self._req.chunks)
         self._req.chunks = []
         if self._envoy.request_body_mode == _BUFFERED:
-            return [self._routed_headers(body, on_body=True)]
+            return [self._route(body, on_body=True)]
         return [
-            self._routed_headers(body),
+            self._route(body),
             *messages.streamed_request_body(body, end_of_stream),
         ]
 
-    def _routed_headers(self, body: bytes | None, on_body: bool = False) -> ProcessingResponse:
+    def _route(self, body: bytes | None, on_body: bool = False) -> ProcessingResponse:
         req = self._req
         request, _doc = parse_request(req.request_id, req.headers, body, req.subset)
         routed = self._router.route(request)
