@@ -6,8 +6,6 @@ a 220 KB prompt at concurrency 20. Writes bench/results/decision.{md,json}.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import random
 import time
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from bench.host import machine_description
 from epp.config import DEFAULT_CONFIG, build_scheduler
 from epp.types import Endpoint, EndpointMetrics, EndpointState, InferenceRequest, Snapshot
 
@@ -79,8 +78,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        "machine": machine_description(),
     }
     (args.out / "decision.json").write_bytes(
         orjson.dumps({"meta": meta, "rows": rows}, option=orjson.OPT_INDENT_2)

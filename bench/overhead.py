@@ -9,8 +9,6 @@ the EPP and of Envoy, at each concurrency. Writes bench/results/overhead.{md,jso
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -21,13 +19,13 @@ from typing import Any
 
 import orjson
 
+from bench.host import cpu_seconds, machine_description
 from epp.envoyconfig import EnvoyOptions, Processing, baseline_config, epp_config
 from epp.envoyproc import EnvoyProcess, write_config
 from epp.procs import ManagedProcess, start_epp
 from epp.stack import LocalStack, StackOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 BODY_FILE = Path(tempfile.mkdtemp(prefix="epp-bench-")) / "body.json"
 
 
@@ -37,11 +35,6 @@ def write_body(prompt_bytes: int) -> None:
             {"model": "sim-model", "prompt": "x" * prompt_bytes, "max_tokens": 1, "temperature": 0}
         )
     )
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 @dataclass
@@ -168,8 +161,7 @@ def write_results(out: Path, rows: list[dict[str, Any]], args: argparse.Namespac
     out.mkdir(parents=True, exist_ok=True)
     meta = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        "machine": machine_description(),
         "duration_s": args.duration,
         "servers": args.servers,
     }

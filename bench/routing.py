@@ -63,7 +63,6 @@ import argparse
 import asyncio
 import math
 import os
-import platform
 import re
 import shlex
 import subprocess
@@ -77,6 +76,7 @@ from typing import Any, TypeVar
 import aiohttp
 import orjson
 
+from bench.host import cpu_seconds, machine_cpu, machine_description
 from bench.workload import WorkloadSpec, generate, system_prompts
 from epp import argtypes
 from epp.envoyconfig import (
@@ -87,7 +87,6 @@ from epp.procs import scratch_dir
 from epp.stack import LocalStack, StackOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 HEADERS = {"content-type": "application/json"}
 TAIL_BYTES = 1024  # enough for the usage chunk and [DONE] at the end of a stream
 
@@ -184,19 +183,6 @@ def estimated_capacity(spec: WorkloadSpec, servers: int, sim: SimSettings) -> fl
 
 
 # ---------------------------------------------------------------- processes
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def machine_cpu() -> tuple[float, float]:
-    """(busy, total) jiffies over all cores since boot."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    total = sum(values[:8])  # guest time is already inside user
-    return float(total - idle), float(total)
 
 
 class Deployment(LocalStack):
@@ -804,21 +790,6 @@ def git_state() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{head} + uncommitted changes under epp/" if dirty else head
-
-
-def machine_description() -> str:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{platform.machine()}, {os.cpu_count()} cores{f' ({model})' if model else ''}, "
-        f"Python {platform.python_version()}"
-    )
 
 
 # ---------------------------------------------------------------- reporting

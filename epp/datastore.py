@@ -7,7 +7,7 @@ the scheduler only ever sees :class:`Snapshot`s.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -71,14 +71,6 @@ class Datastore:
         self._changed()
         log.info("endpoint %s removed", address)
         return True
-
-    def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
-        wanted = {e.address: e for e in endpoints}
-        for address in list(self._states):
-            if address not in wanted:
-                self.remove(address)
-        for endpoint in wanted.values():
-            self.add(endpoint)
 
     def update_metrics(self, address: str, metrics: EndpointMetrics) -> bool:
         """Replace an endpoint's reported load; False if the endpoint is not (any longer)

@@ -35,11 +35,6 @@ class BodyTooLargeError(EppError):
     error_type = "invalid_request_error"
 
 
-class ModelNotFoundError(EppError):
-    status = 404
-    error_type = "not_found_error"
-
-
 class ShedError(EppError):
     status = 429
     error_type = "rate_limit_exceeded"

@@ -69,9 +69,6 @@ class CycleContext:
         result: list[EndpointMetrics | None] = cached[1]
         return result
 
-    def in_flight(self, state: EndpointState) -> int:
-        return self.snapshot.in_flight.get(state.address, 0)
-
 
 class Filter(Protocol):
     """Narrows the candidates. Contract: returns a subset of ``candidates`` (possibly

@@ -91,13 +91,6 @@ def test_removed_endpoint_keeps_its_count_until_requests_finish() -> None:
     assert not ds.remove("10.0.0.1:1")
 
 
-def test_replace_all() -> None:
-    ds = Datastore()
-    ds.replace_all([ep(1), ep(2)])
-    ds.replace_all([ep(2), ep(3)])
-    assert sorted(s.endpoint.port for s in ds.snapshot().endpoints) == [2, 3]
-
-
 @pytest.mark.parametrize(
     ("text", "expected"),
     [("1.2.3.4:80", ("1.2.3.4", 80)), ("[::1]:8000", ("::1", 8000)), ("host:1", ("host", 1))],
