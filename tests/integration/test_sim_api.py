@@ -303,3 +303,20 @@ def test_every_response_names_its_instance(sim: Sim) -> None:
     for path in ("/metrics", "/sim/stats", "/v1/models", "/no-such-route"):
         _, headers, _ = http(f"{sim.url}{path}")
         assert headers["x-sim-instance"] == sim.instance, path
+
+
+@pytest.mark.parametrize("body", [b"{", b"{}", b'{"metrics_down": "yes"}'])
+def test_faults_rejects_bad_input(sim: Sim, body: bytes) -> None:
+    status, _, raw = http(f"{sim.url}/sim/faults", body)
+    assert status == 400
+    assert "metrics_down" in json.loads(raw)["error"]["message"]
+
+
+def test_faults_toggle_metrics(sim: Sim) -> None:
+    assert http(f"{sim.url}/sim/faults", b'{"metrics_down": true}')[0] == 200
+    try:
+        assert http(f"{sim.url}/metrics")[0] == 503
+        assert http(f"{sim.url}/v1/models")[0] == 200  # requests are still served
+    finally:
+        assert http(f"{sim.url}/sim/faults", b'{"metrics_down": false}')[0] == 200
+    assert http(f"{sim.url}/metrics")[0] == 200

@@ -7,6 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
+from google.protobuf.struct_pb2 import Value
 
 from epp.admin.metrics import EppMetrics
 from epp.config import build_scheduler
@@ -187,6 +189,27 @@ def test_full_duplex_response_mode_echoes_chunks() -> None:
     stream.on_message(m.response_headers(200))
     [r] = stream.on_message(m.response_body(b"data: x\n\n", False))
     assert r.response_body.response.body_mutation.streamed_response.body == b"data: x\n\n"
+
+
+def with_subset(msg: ProcessingRequest, addresses: list[str]) -> ProcessingRequest:
+    hint = msg.metadata_context.filter_metadata["envoy.lb.subset_hint"]
+    hint.fields["x-gateway-destination-endpoint-subset"].list_value.values.extend(
+        Value(string_value=a) for a in addresses
+    )
+    return msg
+
+
+def test_subset_hint_from_envoy_metadata_limits_the_pick() -> None:
+    for _ in range(10):
+        stream = ExtProcStream(make_router())
+        stream.on_message(with_subset(m.request_headers(), ["127.0.0.1:8001"]))
+        [head, *_] = run(stream, m.chunked(BODY))
+        assert m.set_headers(head)["x-gateway-destination-endpoint"] == "127.0.0.1:8001"
+    stream = ExtProcStream(make_router())
+    stream.on_message(with_subset(m.request_headers(), ["10.9.9.9:1"]))
+    [reply] = stream.on_message(m.request_body(BODY, True))
+    assert reply.immediate_response.status.code == 503
+    assert json.loads(reply.immediate_response.body)["error"]["code"] == "no_endpoint_in_subset"
 
 
 def test_buffered_body_is_routed_on_the_body_without_echo() -> None:
