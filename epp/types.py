@@ -14,6 +14,19 @@ class Role(StrEnum):
     PREFILL = "prefill"
     BOTH = "prefill-decode"
 
+    @classmethod
+    def parse(cls, value: str) -> Role:
+        """A role from its name; ``both`` is accepted for ``prefill-decode`` (llm-d's
+        deprecated spelling). Raises ValueError naming the accepted values."""
+        name = value.strip().lower()
+        if name == "both":
+            return cls.BOTH
+        try:
+            return cls(name)
+        except ValueError:
+            accepted = ", ".join([r.value for r in cls] + ["both"])
+            raise ValueError(f"unknown role {value!r}; use one of: {accepted}") from None
+
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:

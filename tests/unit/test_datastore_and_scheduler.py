@@ -107,3 +107,13 @@ def test_parse_host_port_rejects(text: str) -> None:
 
 def test_ipv6_address_is_bracketed() -> None:
     assert Endpoint("::1", 80).address == "[::1]:80"
+
+
+def test_role_parse_accepts_both_alias_and_names_the_choices() -> None:
+    from epp.types import Role
+
+    assert Role.parse("both") is Role.BOTH
+    assert Role.parse(" Prefill ") is Role.PREFILL
+    assert Role.parse("prefill-decode") is Role.BOTH
+    with pytest.raises(ValueError, match="use one of: decode, prefill, prefill-decode, both"):
+        Role.parse("chef")

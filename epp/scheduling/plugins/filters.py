@@ -26,11 +26,9 @@ def role_filter(p: Params) -> RoleFilter:
     roles = set()
     for name in names:
         try:
-            roles.add(Role("prefill-decode" if name == "both" else name))
-        except ValueError:
-            raise ConfigError(
-                f"{p.where}.roles: unknown role {name!r}; use {[r.value for r in Role]}"
-            ) from None
+            roles.add(Role.parse(name))
+        except ValueError as exc:
+            raise ConfigError(f"{p.where}.roles: {exc}") from None
     return RoleFilter(frozenset(roles))
 
 
