@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from epp.scheduling.base import RoutingObserver
+from epp.disagg.coordinators import COORDINATORS
+from epp.scheduling.base import ReferencesPlugins, RoutingObserver
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.profile import Profile, WeightedScorer
 from epp.scheduling.registry import Registry, register_builtin_plugins
@@ -27,7 +28,15 @@ DEFAULT_CONFIG = """\
 apiVersion: epp.dev/v1alpha1
 kind: EndpointPickerConfig
 plugins:
+- type: pd-profile-handler
+  parameters:
+    decodeProfile: decode
+    prefillProfile: prefill
+    decider: prefix-based
+    nonCachedTokens: 256
+    prefixPlugin: prefix-cache-scorer
 - type: decode-filter
+- type: prefill-filter
 - type: queue-scorer
   parameters:
     normalize: threshold
@@ -41,12 +50,22 @@ plugins:
     lruCapacityPerServer: 31250
 - type: max-score-picker
 schedulingProfiles:
-- name: default
+- name: decode
   plugins:
   - pluginRef: decode-filter
   - pluginRef: queue-scorer
     weight: 2
   - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: in-flight-load-scorer
+    weight: 1
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: max-score-picker
+- name: prefill
+  plugins:
+  - pluginRef: prefill-filter
+  - pluginRef: queue-scorer
     weight: 2
   - pluginRef: in-flight-load-scorer
     weight: 1
@@ -69,6 +88,11 @@ dataLayer:
     requestFormat: none
     oobPort: null
     reportIntervalSeconds: 1.0
+disaggregation:
+  coordinator: nixl
+  prefillTimeoutSeconds: 60
+  connectTimeoutSeconds: 1.0
+  bootstrapPort: null
 """
 
 _TOP_KEYS = {
@@ -79,6 +103,7 @@ _TOP_KEYS = {
     "saturationDetector",
     "admission",
     "dataLayer",
+    "disaggregation",
 }
 
 
@@ -114,6 +139,16 @@ class DataLayerConfig:
 
 
 @dataclass(frozen=True)
+class DisaggConfig:
+    """How prefill and decode legs meet (``disaggregation`` section; see epp.disagg)."""
+
+    coordinator: str = "nixl"
+    prefill_timeout_s: float = 60.0  # the whole prefill leg
+    connect_timeout_s: float = 1.0  # reaching the prefill server; then decode-only
+    bootstrap_port: int | None = None  # SGLang bootstrap port; None: the prefill's own port
+
+
+@dataclass(frozen=True)
 class EppConfig:
     source: str
     plugins: tuple[PluginSpec, ...]
@@ -121,6 +156,7 @@ class EppConfig:
     saturation: SaturationConfig
     admission: AdmissionConfig
     data_layer: DataLayerConfig
+    disaggregation: DisaggConfig = field(default_factory=DisaggConfig)
     raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
 
 
@@ -149,7 +185,7 @@ def with_defaults(doc: Mapping[str, Any], source: str, registry: Registry) -> di
     if unknown:
         raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(_TOP_KEYS)}")
     merged = dict(default)
-    merged.update({k: v for k, v in doc.items() if k not in ("dataLayer",)})
+    merged.update({k: v for k, v in doc.items() if k not in ("dataLayer", "disaggregation")})
     if "plugins" in doc and "schedulingProfiles" not in doc:
         # like the Inference Extension: one profile "default" using every plugin but
         # the profile handler
@@ -168,6 +204,9 @@ def with_defaults(doc: Mapping[str, Any], source: str, registry: Registry) -> di
     orca.update(_mapping(data_layer.get("orca"), f"{source}: dataLayer.orca"))
     data_layer["orca"] = orca
     merged["dataLayer"] = data_layer
+    disagg = dict(default["disaggregation"])
+    disagg.update(_mapping(doc.get("disaggregation"), f"{source}: disaggregation"))
+    merged["disaggregation"] = disagg
     return merged
 
 
@@ -241,6 +280,7 @@ def validate(doc: Mapping[str, Any], source: str, registry: Registry) -> EppConf
         saturation=saturation,
         admission=admission,
         data_layer=_data_layer(doc.get("dataLayer"), source),
+        disaggregation=_disaggregation(doc.get("disaggregation"), source),
         raw=doc,
     )
 
@@ -291,6 +331,25 @@ def _data_layer(raw: Any, source: str) -> DataLayerConfig:
         orca_report_interval_s=orca.number("reportIntervalSeconds", 1.0, minimum=0.01),
     )
     orca.done()
+    p.done()
+    return cfg
+
+
+def _disaggregation(raw: Any, source: str) -> DisaggConfig:
+    p = Params(f"{source}: disaggregation", raw)
+    bootstrap = p._get("bootstrapPort")
+    if bootstrap is not None and (
+        isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or not 0 < bootstrap < 65536
+    ):
+        raise ConfigError(
+            f"{source}: disaggregation.bootstrapPort: a port 1-65535 or null, got {bootstrap!r}"
+        )
+    cfg = DisaggConfig(
+        coordinator=p.string("coordinator", "nixl", choices=tuple(COORDINATORS)),
+        prefill_timeout_s=p.number("prefillTimeoutSeconds", 60.0, minimum=0.001),
+        connect_timeout_s=p.number("connectTimeoutSeconds", 1.0, minimum=0.001),
+        bootstrap_port=bootstrap,
+    )
     p.done()
     return cfg
 
@@ -347,6 +406,10 @@ def instantiate(
         raise ConfigError(
             f"{cfg.source}: plugins: at most one profile handler, found {len(handlers)}"
         )
+    profile_names = [p.name for p in profiles]
+    for instance in instances.values():
+        if isinstance(instance, ReferencesPlugins):
+            instance.bind(instances, profile_names)
     observers = [i for i in instances.values() if isinstance(i, RoutingObserver)]
     return ProfileScheduler(
         profiles=profiles,

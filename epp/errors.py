@@ -3,16 +3,14 @@ the Envoy adapter maps any of them to an ImmediateResponse in one place."""
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import orjson
 
 
 class EppError(Exception):
     """An error the client should see, with an OpenAI-shaped JSON body."""
 
-    status: ClassVar[int] = 500
-    error_type: ClassVar[str] = "internal_error"
+    status: int = 500  # per class; an error relayed from upstream sets its own
+    error_type: str = "internal_error"
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
@@ -43,3 +41,24 @@ class ShedError(EppError):
 class NoEndpointError(EppError):
     status = 503
     error_type = "service_unavailable"
+
+
+class PrefillRejectedError(EppError):
+    """The prefill server answered a client error (400-451): the client gets that status
+    and, when it is OpenAI-shaped JSON, that body."""
+
+    error_type = "invalid_request_error"
+
+    def __init__(self, status: int, upstream_body: bytes, message: str) -> None:
+        super().__init__(message, code="prefill_rejected")
+        self.status = status
+        self._upstream = upstream_body
+
+    def body(self) -> bytes:
+        try:
+            doc = orjson.loads(self._upstream)
+        except orjson.JSONDecodeError:
+            doc = None
+        if isinstance(doc, dict) and "error" in doc:
+            return self._upstream
+        return super().body()

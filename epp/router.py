@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from epp.admin.metrics import EppMetrics
 from epp.datalayer.orca import (
@@ -18,6 +19,7 @@ from epp.datalayer.orca import (
     parse_orca,
 )
 from epp.datastore import Datastore, InFlightTicket
+from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
 from epp.errors import EppError
 from epp.scheduling.base import Scheduler
 from epp.types import InferenceRequest, SchedulingResult
@@ -33,6 +35,13 @@ DEFAULT_OUTPUT_TOKENS = 256
 class Routed:
     result: SchedulingResult
     ticket: InFlightTicket
+    # the prefill endpoint's claim while the request lives (sidecar coordinator)
+    prefill_ticket: InFlightTicket | None = None
+
+    def release(self) -> None:
+        self.ticket.release()
+        if self.prefill_ticket is not None:
+            self.prefill_ticket.release()
 
 
 class Router:
@@ -46,6 +55,7 @@ class Router:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         request_headers: Iterable[tuple[str, str]] = (),
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -55,6 +65,8 @@ class Router:
         self.clock = clock
         # headers added to every routed request (e.g. asking vLLM for ORCA load)
         self.request_headers = tuple(request_headers)
+        # carries out disaggregated requests; without one they simply decode
+        self.coordinator = coordinator
         self._routed = metrics.requests.labels("routed")
         self._orca_ok = metrics.orca_reports.labels("header", "ok")
         self._orca_malformed = metrics.orca_reports.labels("header", "malformed")
@@ -66,8 +78,20 @@ class Router:
         self.scheduler.on_routed(request, result, snapshot)
         self.metrics.scheduling_seconds.observe(time.perf_counter() - start)
         self._routed.inc()
+        if result.decision:
+            self.metrics.pd_decisions.labels(result.decision).inc()
         tokens = request.prompt_tokens + (request.max_tokens or DEFAULT_OUTPUT_TOKENS)
         return Routed(result, self.datastore.acquire(result.primary.address, tokens))
+
+    def hand_off(
+        self, routed: Routed, request: InferenceRequest, doc: Mapping[str, Any]
+    ) -> DecodeLeg | Awaitable[DecodeLeg] | None:
+        """Let the coordinator join the prefill leg to the decode leg (None: the request
+        is not disaggregated)."""
+        prefill = routed.result.prefill
+        if prefill is None or self.coordinator is None:
+            return None
+        return self.coordinator.hand_off(Handoff(request, doc, prefill, routed.result.primary))
 
     def rejected(self, error: EppError) -> None:
         self.metrics.requests.labels(str(error.status)).inc()

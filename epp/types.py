@@ -133,9 +133,17 @@ class InferenceRequest:
 
 @dataclass(frozen=True, slots=True)
 class SchedulingResult:
-    """The chosen endpoints, primary first; later entries are fallbacks."""
+    """The chosen endpoints, primary first; later entries are fallbacks.
+
+    ``prefill`` is set when the request is disaggregated: a separate endpoint computes
+    the prompt's KV first and the targets (decode endpoints) continue from it.
+    ``decision`` names why (counted per value: ``disaggregated``, ``decode-only``,
+    ``no-prefill-endpoint``; empty when no P/D handler ran).
+    """
 
     targets: tuple[Endpoint, ...]
+    prefill: Endpoint | None = None
+    decision: str = ""
 
     @property
     def primary(self) -> Endpoint:

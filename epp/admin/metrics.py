@@ -53,6 +53,27 @@ class EppMetrics:
             ["source", "result"],
             registry=self.registry,
         )
+        self.pd_decisions = Counter(
+            "epp_pd_decisions",
+            "Prefill/decode decisions, by decision (disaggregated, decode-only, "
+            "no-prefill-endpoint).",
+            ["decision"],
+            registry=self.registry,
+        )
+        self.prefill_legs = Counter(
+            "epp_prefill_legs",
+            "Prefill legs run by the EPP, by coordinator and outcome (ok, failed = decode "
+            "alone, rejected = client error returned, no_kv_params = decode alone).",
+            ["coordinator", "outcome"],
+            registry=self.registry,
+        )
+        self.prefill_leg_seconds = Histogram(
+            "epp_prefill_leg_duration_seconds",
+            "Time of prefill legs run by the EPP (request sent to response read).",
+            ["coordinator"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
         self.registry.register(_DatastoreCollector(datastore))
         # per-endpoint series go when their endpoint goes (membership changes at runtime)
         self._datastore = datastore

@@ -26,7 +26,10 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
         stream = ExtProcStream(self._router)
         try:
             async for msg in request_iterator:
-                for reply in stream.on_message(msg):
+                replies = stream.on_message(msg)
+                if not isinstance(replies, list):  # a prefill leg runs first
+                    replies = await replies
+                for reply in replies:
                     yield reply
         finally:
             # EOF, client cancel (CancelledError / GeneratorExit) or error: all end here.

@@ -38,7 +38,10 @@ class _ExtProc:
         self.idle.clear()
         try:
             async for msg in stream:
-                for reply in ext.on_message(msg):
+                replies = ext.on_message(msg)
+                if not isinstance(replies, list):  # a prefill leg runs first
+                    replies = await replies
+                for reply in replies:
                     await stream.send_message(reply)
         finally:
             self.active -= 1

@@ -49,11 +49,13 @@ def routed(
     remove: Iterable[str],
     *,
     on_body: bool = False,
+    body: bytes | None = None,
 ) -> ProcessingResponse:
     """The reply that routes the request: header and ``envoy.lb`` metadata carry the
     same value (Endpoint Picker Protocol). It answers ``request_headers`` (streamed
     bodies, body-less requests) or, with ``on_body``, a BUFFERED ``request_body``: Envoy
-    still holds the headers then, so the mutation applies and the body needs no echo."""
+    still holds the headers then, so the mutation applies and the body needs no echo
+    (``body`` replaces it, e.g. a P/D decode body)."""
     metadata = Struct()
     metadata.get_or_create_struct(LB_NAMESPACE)[DESTINATION_HEADER] = destination
     common = CommonResponse(
@@ -61,6 +63,8 @@ def routed(
         clear_route_cache=True,
     )
     if on_body:
+        if body is not None:
+            common.body_mutation.body = body
         return ProcessingResponse(
             request_body=BodyResponse(response=common), dynamic_metadata=metadata
         )

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
+import orjson
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
     HttpHeaders,
@@ -20,6 +22,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     ProcessingResponse,
 )
 
+from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BadRequestError, BodyTooLargeError, EppError
 from epp.extproc import messages
 from epp.requestparse import parse_request
@@ -36,6 +39,9 @@ _BUFFERED = ProcessingMode.BUFFERED
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+# What a message gets back: the replies, or (a prefill leg running first) an awaitable.
+Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]]
 
 
 class Phase(Enum):
@@ -81,8 +87,9 @@ class ExtProcStream:
     def phase(self) -> Phase:
         return self._envoy.phase
 
-    def on_message(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
-        """Replies for one message from Envoy (possibly none while buffering)."""
+    def on_message(self, msg: ProcessingRequest) -> Replies:
+        """Replies for one message from Envoy (possibly none while buffering). Usually a
+        list; an awaitable of one while a prefill leg runs before routing."""
         kind = msg.WhichOneof("request")
         if msg.HasField("protocol_config"):
             self._envoy.request_body_mode = msg.protocol_config.request_body_mode
@@ -116,7 +123,7 @@ class ExtProcStream:
         self._finish()
 
     # -- request path -------------------------------------------------------------------
-    def _on_request_headers(self, msg: HttpHeaders) -> list[ProcessingResponse]:
+    def _on_request_headers(self, msg: HttpHeaders) -> Replies:
         req = self._req
         for h in msg.headers.headers:
             req.headers[h.key] = h.raw_value.decode() if h.raw_value else h.value
@@ -127,14 +134,14 @@ class ExtProcStream:
         if msg.end_of_stream:  # nothing to wait for
             # GET /v1/models has no body by design; a POST without one is a client error.
             method = req.headers.get(":method", "GET")
-            return [self._route(b"" if method in _BODY_METHODS else None)]
+            return self._route(b"" if method in _BODY_METHODS else None)
         self._envoy.phase = Phase.REQUEST_BODY
         if self._envoy.request_body_mode == _BUFFERED:
             # Envoy sends the whole body only after this answer; we route on the body.
             return [messages.EMPTY_REQUEST_HEADERS]
         return []
 
-    def _on_request_body(self, data: bytes, end: bool) -> list[ProcessingResponse]:
+    def _on_request_body(self, data: bytes, end: bool) -> Replies:
         req = self._req
         if self._envoy.phase is Phase.DONE:  # already answered (e.g. 413): drop the rest
             return []
@@ -150,29 +157,64 @@ class ExtProcStream:
             req.chunks.append(data)
         return self._complete_request(end_of_stream=True) if end else []
 
-    def _on_request_trailers(self) -> list[ProcessingResponse]:
-        if self._envoy.phase is Phase.REQUEST_BODY:
-            return [*self._complete_request(end_of_stream=False), messages.EMPTY_REQUEST_TRAILERS]
-        return [messages.EMPTY_REQUEST_TRAILERS]
+    def _on_request_trailers(self) -> Replies:
+        if self._envoy.phase is not Phase.REQUEST_BODY:
+            return [messages.EMPTY_REQUEST_TRAILERS]
+        replies = self._complete_request(end_of_stream=False)
+        if isinstance(replies, list):
+            return [*replies, messages.EMPTY_REQUEST_TRAILERS]
+        return _then(replies, messages.EMPTY_REQUEST_TRAILERS)
 
-    def _complete_request(self, end_of_stream: bool) -> list[ProcessingResponse]:
+    def _complete_request(self, end_of_stream: bool) -> Replies:
         body = b"".join(self._req.chunks)
         self._req.chunks = []
-        if self._envoy.request_body_mode == _BUFFERED:
-            return [self._route(body, on_body=True)]
-        return [
-            self._route(body),
-            *messages.streamed_request_body(body, end_of_stream),
-        ]
+        return self._route(body, end_of_stream)
 
-    def _route(self, body: bytes | None, on_body: bool = False) -> ProcessingResponse:
+    def _route(self, body: bytes | None, end_of_stream: bool = True) -> Replies:
+        """Schedule, then answer with the routing reply and (full duplex) the body; a
+        disaggregated request first lets the coordinator prepare the decode leg, which
+        may take a prefill leg's time (then the replies are awaited)."""
         req = self._req
-        request, _doc = parse_request(req.request_id, req.headers, body, req.subset)
+        request, doc = parse_request(req.request_id, req.headers, body, req.subset)
         routed = self._router.route(request)
         req.routed = routed
         self._envoy.phase = Phase.UPSTREAM
+        leg = self._router.hand_off(routed, request, doc) if doc is not None else None
+        if leg is None or isinstance(leg, DecodeLeg):
+            return self._forward(body, end_of_stream, leg)
+        return self._forward_after(leg, body, end_of_stream)
+
+    async def _forward_after(
+        self, pending: Awaitable[DecodeLeg], body: bytes | None, end_of_stream: bool
+    ) -> list[ProcessingResponse]:
+        try:
+            leg = await pending
+        except EppError as error:
+            return [self._reject(error)]
+        except Exception:
+            log.exception(
+                "request %s: internal error preparing the decode leg", self._req.request_id
+            )
+            return [self._reject(EppError("internal error in the endpoint picker"))]
+        if self._envoy.phase is not Phase.UPSTREAM:  # the stream ended meanwhile
+            return []
+        return self._forward(body, end_of_stream, leg)
+
+    def _forward(
+        self, body: bytes | None, end_of_stream: bool, leg: DecodeLeg | None
+    ) -> list[ProcessingResponse]:
+        req = self._req
+        routed = req.routed
+        assert routed is not None
         extra: list[tuple[str, str]] = list(self._router.request_headers)
-        if body is not None and not on_body:  # buffered bodies pass unchanged
+        rewritten = None
+        if leg is not None:
+            extra.extend(leg.headers)
+            routed.prefill_ticket = leg.prefill_ticket
+            if leg.doc is not None:
+                rewritten = body = orjson.dumps(leg.doc)
+        buffered = self._envoy.request_body_mode == _BUFFERED and body is not None
+        if body is not None and (rewritten is not None or not buffered):
             extra.append(("content-length", str(len(body))))
         if req.generated_id:
             extra.append(("x-request-id", req.request_id))
@@ -182,7 +224,13 @@ class ExtProcStream:
             if (k.startswith(_STRIPPED_PREFIX) and k != messages.DESTINATION_HEADER)
             or k in _STRIPPED_EXACT
         ]
-        return messages.routed(routed.result.header_value, extra, remove, on_body=on_body)
+        destination = routed.result.header_value
+        if buffered:  # Envoy holds the body: replace it only if rewritten
+            return [messages.routed(destination, extra, remove, on_body=True, body=rewritten)]
+        reply = messages.routed(destination, extra, remove)
+        if body is None:
+            return [reply]
+        return [reply, *messages.streamed_request_body(body, end_of_stream)]
 
     def _reject(self, error: EppError) -> ProcessingResponse:
         log.info("request %s rejected: %d %s", self._req.request_id, error.status, error.message)
@@ -220,7 +268,7 @@ class ExtProcStream:
     def _finish(self) -> None:
         routed = self._req.routed
         if routed is not None and not routed.ticket.released:
-            routed.ticket.release()
+            routed.release()
             if self._req.status:
                 self._router.response_seen(routed.ticket.address, self._req.status)
         self._envoy.phase = Phase.DONE
@@ -240,3 +288,9 @@ def _subset_hint(msg: ProcessingRequest) -> frozenset[str] | None:
 
 def _body_ends(body: object) -> bool:
     return bool(body.end_of_stream or body.end_of_stream_without_message)  # type: ignore[attr-defined]
+
+
+async def _then(
+    first: Awaitable[list[ProcessingResponse]], last: ProcessingResponse
+) -> list[ProcessingResponse]:
+    return [*(await first), last]

@@ -4,7 +4,7 @@ of I/O: a scheduling cycle is a function of (request, snapshot, clock, rng)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -129,3 +129,13 @@ class RoutingObserver(Protocol):
     def on_routed(
         self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
     ) -> None: ...
+
+
+@runtime_checkable
+class ReferencesPlugins(Protocol):
+    """A plugin that names other plugins or profiles in its parameters (e.g. the P/D
+    handler names its profiles and the prefix-cache scorer its decider consults).
+    ``bind`` is called once after every plugin is built; it raises
+    :class:`epp.scheduling.params.ConfigError` for a name that does not resolve."""
+
+    def bind(self, plugins: Mapping[str, Any], profiles: Sequence[str]) -> None: ...

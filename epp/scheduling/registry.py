@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from epp.scheduling.params import ConfigError, Params
-from epp.scheduling.plugins import affinity, filters, load, pickers, prefix
+from epp.scheduling.plugins import affinity, filters, load, pd, pickers, prefix
 from epp.scheduling.scheduler import SingleProfileHandler
 
 Kind = Literal["filter", "scorer", "picker", "handler"]
@@ -65,6 +65,7 @@ def register_builtin_plugins(registry: Registry) -> Registry:
     r("orca-scorer", "scorer", affinity.orca_scorer, "lower ORCA utilisation")
     r("session-affinity-scorer", "scorer", affinity.session_affinity_scorer, "same session")
     r("single-profile-handler", "handler", single_profile_handler, "run the first profile")
+    r("pd-profile-handler", "handler", pd.pd_profile_handler, "decode, then prefill if worth it")
     r("max-score-picker", "picker", pickers.max_score_picker, "best score, random ties")
     r("random-picker", "picker", pickers.random_picker, "uniformly random")
     r("weighted-random-picker", "picker", pickers.weighted_random_picker, "random by score")

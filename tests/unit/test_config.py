@@ -14,15 +14,20 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 def test_default_config_is_complete() -> None:
     cfg = config.load(None)
-    [profile] = cfg.profiles
-    weights = {r.plugin: r.weight for r in profile.plugins}
+    decode, prefill = cfg.profiles
+    assert (decode.name, prefill.name) == ("decode", "prefill")
+    weights = {r.plugin: r.weight for r in decode.plugins}
     assert weights["queue-scorer"] == 2
     assert weights["kv-cache-utilization-scorer"] == 2
     assert weights["prefix-cache-scorer"] == 3
+    # prefill favours cache hits and short queues; KV headroom matters where tokens decode
+    assert "kv-cache-utilization-scorer" not in {r.plugin for r in prefill.plugins}
     assert cfg.saturation.queue_threshold == 5 and cfg.saturation.kv_threshold == 0.8
     assert cfg.data_layer.scrape_interval_s == 0.05 and cfg.data_layer.stale_after_s == 2.0
+    assert cfg.disaggregation.coordinator == "nixl"
     sched = config.instantiate(cfg, config.builtin_registry())
     assert [o.__class__.__name__ for o in sched.observers] == ["PrefixCacheScorer"]
+    assert sched.handler.__class__.__name__ == "PDProfileHandler"
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
@@ -38,7 +43,8 @@ def test_partial_file_keeps_defaults_for_the_rest() -> None:
     assert cfg.data_layer.scrape_interval_s == 0.2
     assert cfg.data_layer.orca_request_format == "TEXT"
     assert cfg.data_layer.stale_after_s == 2.0
-    assert len(cfg.profiles[0].plugins) == 6  # default profile untouched
+    assert len(cfg.profiles[0].plugins) == 6  # default profiles untouched
+    assert cfg.disaggregation.prefill_timeout_s == 60
 
 
 def test_plugins_without_profiles_form_one_default_profile() -> None:
@@ -79,6 +85,29 @@ def test_plugins_without_profiles_form_one_default_profile() -> None:
         ("dataLayer: {orca: {oobPort: 70000}}", "oobPort: a port"),
         ("dataLayer: {scrapeMetrics: yes please}", "scrapeMetrics: expected true or false"),
         ("dataLayer: {colour: red}", "unknown parameter(s) ['colour']"),
+        ("disaggregation: {coordinator: pigeon}", "disaggregation.coordinator: must be one of"),
+        ("disaggregation: {bootstrapPort: 0}", "bootstrapPort: a port 1-65535 or null"),
+        ("disaggregation: {prefillTimeoutSeconds: 0}", "prefillTimeoutSeconds: must be >="),
+        (
+            "plugins: [{type: pd-profile-handler, parameters: {decider: coin}}, "
+            "{type: random-picker}]",
+            "decider: unknown decider 'coin'",
+        ),
+        (
+            "plugins: [{type: pd-profile-handler}, {type: random-picker}]",
+            "decodeProfile: no scheduling profile named 'decode'",
+        ),
+        (
+            "plugins: [{type: pd-profile-handler, parameters: {prefixPlugin: r}}, "
+            "{type: random-picker, name: r}]\nschedulingProfiles: [{name: decode, plugins: "
+            "[{pluginRef: r}]}, {name: prefill, plugins: [{pluginRef: r}]}]",
+            "prefixPlugin: 'r' is not a configured prefix-cache-scorer",
+        ),
+        (
+            "plugins: [{type: pd-profile-handler, parameters: {decider: always, "
+            "nonCachedTokens: 5}}, {type: random-picker}]",
+            "unknown parameter(s) ['nonCachedTokens']",
+        ),
     ],
 )
 def test_errors_name_file_key_and_reason(text: str, fragment: str) -> None:

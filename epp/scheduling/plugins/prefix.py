@@ -43,14 +43,26 @@ class PrefixCacheScorer:
         result: list[int] = cached
         return result
 
+    def matches(self, ctx: CycleContext) -> dict[str, int]:
+        """address -> leading blocks of the prompt it probably caches (once per cycle)."""
+        key = f"prefix-matches/{id(self)}"
+        cached = ctx.cache.get(key)
+        if cached is None:
+            hashes = self.hashes(ctx)
+            cached = self.index.match(hashes) if hashes else {}
+            ctx.cache[key] = cached
+        result: dict[str, int] = cached
+        return result
+
+    def cached_tokens(self, ctx: CycleContext, address: str) -> int:
+        """Estimated prompt tokens ``address`` already caches (the P/D decider asks)."""
+        return self.matches(ctx).get(address, 0) * self.block_tokens
+
     def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
-        hashes = self.hashes(ctx)
-        if not hashes:
-            return [0.0] * len(candidates)
-        matched = self.index.match(hashes)
+        matched = self.matches(ctx)
         if not matched:
             return [0.0] * len(candidates)
-        total = len(hashes)
+        total = len(self.hashes(ctx))
         return [matched.get(s.address, 0) / total for s in candidates]
 
     def on_routed(
@@ -67,13 +79,17 @@ class PrefixCacheScorer:
             )
         if not hashes:
             return
-        target = result.primary.address
-        capacity = None
-        state = snapshot.state(target)
-        m = state.metrics if state is not None else None
-        if m is not None and m.num_blocks and m.block_size:
-            capacity = m.num_blocks * m.block_size // self.block_tokens
-        self.index.insert(target, hashes, capacity)
+        # a disaggregated request leaves its KV on the prefill endpoint and, once
+        # transferred, on the decode endpoint too
+        for target in (result.primary, result.prefill):
+            if target is None:
+                continue
+            capacity = None
+            state = snapshot.state(target.address)
+            m = state.metrics if state is not None else None
+            if m is not None and m.num_blocks and m.block_size:
+                capacity = m.num_blocks * m.block_size // self.block_tokens
+            self.index.insert(target.address, hashes, capacity)
 
 
 def prefix_cache_scorer(p: Params) -> PrefixCacheScorer:

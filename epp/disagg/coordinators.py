@@ -1,0 +1,234 @@
+"""Coordinators: how a disaggregated request's prefill and decode legs meet (DESIGN.md
+§4). Registered by name; the scheduler has already chosen both endpoints.
+
+Each one turns a :class:`Handoff` into the :class:`DecodeLeg` Envoy forwards: maybe a
+header, maybe a rewritten body, after running the prefill leg itself or not. A prefill
+server that cannot be reached or fails (status outside 400-451) never fails the request:
+the decode endpoint then prefills on its own. A 400-451 goes back to the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from epp.admin.metrics import EppMetrics
+from epp.datastore import Datastore, InFlightTicket
+from epp.disagg import bodies
+from epp.disagg.legs import LegClient, LegFailed, LegResult
+from epp.errors import PrefillRejectedError
+from epp.types import Endpoint, InferenceRequest
+
+log = logging.getLogger(__name__)
+
+PREFILLER_HEADER = "x-prefiller-host-port"
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    request: InferenceRequest
+    doc: Mapping[str, Any]  # the client's JSON body
+    prefill: Endpoint
+    decode: Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLeg:
+    """What Envoy sends to the decode endpoint."""
+
+    doc: Mapping[str, Any] | None = None  # a rewritten body; None: the client's, unchanged
+    headers: tuple[tuple[str, str], ...] = ()
+    # the prefill endpoint's load claim when the leg runs outside the EPP (sidecar):
+    # held until the request ends
+    prefill_ticket: InFlightTicket | None = None
+
+
+class Coordinator(Protocol):
+    name: str
+
+    def hand_off(self, handoff: Handoff) -> DecodeLeg | Awaitable[DecodeLeg]:
+        """The decode leg for ``handoff``: returned at once, or awaited when the EPP runs
+        the prefill leg first. May raise PrefillRejectedError."""
+        ...
+
+    async def close(self) -> None:
+        """Finish or cancel background legs (shutdown)."""
+        ...
+
+
+@dataclass
+class CoordinatorEnv:
+    datastore: Datastore
+    metrics: EppMetrics
+    client: LegClient
+    rng: random.Random
+    bootstrap_port: int | None = None
+
+
+class PrefillLegs:
+    """Runs one prefill leg: counts it against the prefill endpoint's in-flight load,
+    records its time and outcome, and sorts failures from client errors."""
+
+    def __init__(self, env: CoordinatorEnv, coordinator: str) -> None:
+        self.env = env
+        self.coordinator = coordinator
+        self._seconds = env.metrics.prefill_leg_seconds.labels(coordinator)
+
+    def _count(self, outcome: str) -> None:
+        self.env.metrics.prefill_legs.labels(self.coordinator, outcome).inc()
+
+    async def run(
+        self, h: Handoff, doc: Mapping[str, Any], connected: asyncio.Event | None = None
+    ) -> LegResult | None:
+        """The prefill's answer, or None when the decode endpoint must prefill alone."""
+        ticket = self.env.datastore.acquire(h.prefill.address, h.request.prompt_tokens)
+        try:
+            result = await self.env.client.post(
+                h.prefill, h.request.path, doc, h.request.headers, connected
+            )
+        except LegFailed as exc:
+            self._count("failed")
+            log.warning(
+                "request %s: prefill leg failed (%s); decode alone", h.request.request_id, exc
+            )
+            return None
+        finally:
+            ticket.release()
+        self._seconds.observe(result.seconds)
+        if 400 <= result.status <= 451:
+            self._count("rejected")
+            raise PrefillRejectedError(
+                result.status,
+                result.body,
+                f"the prefill server {h.prefill.address} rejected the request "
+                f"(HTTP {result.status})",
+            )
+        if not 200 <= result.status < 300:
+            self._count("failed")
+            log.warning(
+                "request %s: prefill leg on %s answered %d; decode alone",
+                h.request.request_id,
+                h.prefill.address,
+                result.status,
+            )
+            return None
+        self._count("ok")
+        return result
+
+    def count(self, outcome: str) -> None:
+        self._count(outcome)
+
+
+class SidecarCoordinator:
+    """llm-d's protocol: name the prefill endpoint in ``x-prefiller-host-port`` and route
+    to the decode endpoint, whose sidecar (``epp sidecar``) runs both legs."""
+
+    name = "sidecar"
+
+    def __init__(self, env: CoordinatorEnv) -> None:
+        self.env = env
+
+    def hand_off(self, handoff: Handoff) -> DecodeLeg:
+        ticket = self.env.datastore.acquire(handoff.prefill.address, handoff.request.prompt_tokens)
+        return DecodeLeg(
+            headers=((PREFILLER_HEADER, handoff.prefill.address),), prefill_ticket=ticket
+        )
+
+    async def close(self) -> None:
+        pass
+
+
+class NixlCoordinator:
+    """vLLM's NIXL pull flow run by the EPP: prefill leg first, then the decode body
+    carries the returned ``kv_transfer_params``. No sidecar needed."""
+
+    name = "nixl"
+
+    def __init__(self, env: CoordinatorEnv) -> None:
+        self.legs = PrefillLegs(env, self.name)
+
+    async def hand_off(self, handoff: Handoff) -> DecodeLeg:
+        result = await self.legs.run(handoff, bodies.nixl_prefill(handoff.doc))
+        if result is None:
+            return DecodeLeg()
+        params = bodies.returned_kv_params(result.json())
+        if params is None:
+            self.legs.count("no_kv_params")
+            log.warning(
+                "request %s: prefill on %s returned no kv_transfer_params; decode alone",
+                handoff.request.request_id,
+                handoff.prefill.address,
+            )
+            return DecodeLeg()
+        return DecodeLeg(doc=bodies.nixl_decode(handoff.doc, params))
+
+    async def close(self) -> None:
+        pass
+
+
+class KvPoolCoordinator:
+    """Shared KV pool (Mooncake store, LMCache): a one-token prefill leg fills the pool,
+    then the decode endpoint gets the same prompt and finds its KV there."""
+
+    name = "kv-pool"
+
+    def __init__(self, env: CoordinatorEnv) -> None:
+        self.legs = PrefillLegs(env, self.name)
+
+    async def hand_off(self, handoff: Handoff) -> DecodeLeg:
+        await self.legs.run(handoff, bodies.one_token(handoff.doc))
+        return DecodeLeg()
+
+    async def close(self) -> None:
+        pass
+
+
+class ConcurrentCoordinator:
+    """SGLang (and its Mooncake transfer backend): the same body, naming a bootstrap
+    rendezvous, goes to both servers at once; each waits for the other, so a sequential
+    proxy would deadlock. The EPP fires the prefill leg, and routes the decode leg as
+    soon as the prefill request is on the wire (a dead prefill server: decode alone)."""
+
+    name = "concurrent"
+
+    def __init__(self, env: CoordinatorEnv) -> None:
+        self.env = env
+        self.legs = PrefillLegs(env, self.name)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def hand_off(self, handoff: Handoff) -> DecodeLeg:
+        p = handoff.prefill
+        room = bodies.new_bootstrap_room(self.env.rng)
+        doc = bodies.with_bootstrap(handoff.doc, p.host, self.env.bootstrap_port or p.port, room)
+        connected = asyncio.Event()
+        task = asyncio.create_task(self._prefill(handoff, doc, connected))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        waiter = asyncio.create_task(connected.wait())
+        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        return DecodeLeg(doc=doc) if connected.is_set() else DecodeLeg()
+
+    async def _prefill(self, h: Handoff, doc: Mapping[str, Any], connected: asyncio.Event) -> None:
+        try:
+            await self.legs.run(h, doc, connected)
+        except PrefillRejectedError as exc:  # the decode leg, same body, answers the client
+            log.info("request %s: %s", h.request.request_id, exc.message)
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=5)
+        for task in self._tasks:
+            task.cancel()
+
+
+COORDINATORS: dict[str, Callable[[CoordinatorEnv], Coordinator]] = {
+    SidecarCoordinator.name: SidecarCoordinator,
+    NixlCoordinator.name: NixlCoordinator,
+    ConcurrentCoordinator.name: ConcurrentCoordinator,
+    KvPoolCoordinator.name: KvPoolCoordinator,
+}

@@ -1,0 +1,93 @@
+"""The prefill leg as an HTTP call from the EPP (or the sidecar) to a prefill server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from epp.types import Endpoint
+
+# Client headers a prefill leg carries over (the body is JSON we re-encode).
+FORWARDED_HEADERS = ("authorization", "x-request-id", "x-gateway-inference-objective")
+
+
+@dataclass(frozen=True, slots=True)
+class LegResult:
+    status: int
+    body: bytes
+    seconds: float
+
+    def json(self) -> Any:
+        """The decoded body, or None when it is not JSON."""
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            return None
+
+
+class LegFailed(Exception):
+    """The prefill server could not be reached or did not answer in time."""
+
+
+class LegClient:
+    """Posts prefill legs over keep-alive connections. ``connected`` (when given) is set
+    once the request is on the wire, so a concurrent coordinator knows the server is up
+    before routing the decode leg."""
+
+    def __init__(self, connect_timeout_s: float, total_timeout_s: float) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=total_timeout_s, sock_connect=connect_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:  # created lazily: needs the running loop
+            trace = aiohttp.TraceConfig()
+            trace.on_request_headers_sent.append(_mark_connected)
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout,
+                trace_configs=[trace],
+                connector=aiohttp.TCPConnector(limit=0),
+            )
+        return self._session
+
+    async def post(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        doc: Mapping[str, Any],
+        headers: Mapping[str, str],
+        connected: asyncio.Event | None = None,
+    ) -> LegResult:
+        send = {k: v for k, v in headers.items() if k in FORWARDED_HEADERS}
+        send["content-type"] = "application/json"
+        start = time.perf_counter()
+        try:
+            async with self._client().post(
+                f"http://{endpoint.address}{path}",
+                data=orjson.dumps(doc),
+                headers=send,
+                trace_request_ctx={"connected": connected},
+            ) as resp:
+                body = await resp.read()
+                return LegResult(resp.status, body, time.perf_counter() - start)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise LegFailed(f"{endpoint.address}: {type(exc).__name__}: {exc}") from None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def _mark_connected(
+    session: aiohttp.ClientSession, ctx: Any, params: aiohttp.TraceRequestHeadersSentParams
+) -> None:
+    extra = ctx.trace_request_ctx
+    event = extra.get("connected") if isinstance(extra, dict) else None
+    if event is not None:
+        event.set()
