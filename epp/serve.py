@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import random
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -20,12 +22,14 @@ from epp.datalayer.orca import ORCA_FORMAT_HEADER
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datalayer.scraper import MetricsScraper
 from epp.datastore import Datastore
+from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
+from epp.disagg.legs import LegClient
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.readyfile import write_ready
 from epp.router import Router
 from epp.scheduling.base import Scheduler
 from epp.scheduling.params import ConfigError
-from epp.types import Endpoint, parse_host_port
+from epp.types import Endpoint, Role, parse_host_port
 
 log = logging.getLogger("epp.serve")
 
@@ -45,12 +49,15 @@ class ServeOptions:
     config_path: Path | None = None
 
 
-def _endpoint(value: str) -> Endpoint:
-    try:
-        host, port = parse_host_port(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return Endpoint(host, port)
+def _endpoint_of(role: Role) -> Callable[[str], Endpoint]:
+    def parse(value: str) -> Endpoint:
+        try:
+            host, port = parse_host_port(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return Endpoint(host, port, role)
+
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,13 +73,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--http-port", type=argtypes.port, default=9090, help="HTTP port for /metrics and /health"
     )
+    for flag, role, what in (
+        ("--endpoint", Role.DECODE, "a model server to route to (role decode)"),
+        ("--decode", Role.DECODE, "a decode server"),
+        ("--prefill", Role.PREFILL, "a prefill server"),
+        ("--prefill-decode", Role.BOTH, "a server that does both"),
+    ):
+        parser.add_argument(
+            flag,
+            action="append",
+            dest="endpoints",
+            type=_endpoint_of(role),
+            default=[],
+            metavar="HOST:PORT",
+            help=f"{what} (repeatable)",
+        )
     parser.add_argument(
-        "--endpoint",
-        action="append",
-        type=_endpoint,
-        default=[],
-        metavar="HOST:PORT",
-        help="a model server to route to (repeatable)",
+        "--coordinator",
+        choices=sorted(COORDINATORS),
+        help="how prefill and decode legs meet; overrides the config's "
+        "disaggregation.coordinator (default nixl)",
     )
     parser.add_argument(
         "--max-body-bytes",
@@ -110,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         listen_host=args.listen_host,
         grpc_port=args.grpc_port,
         http_port=args.http_port,
-        endpoints=tuple(args.endpoint),
+        endpoints=tuple(args.endpoints),
         max_body_bytes=args.max_body_bytes,
         ready_file=args.ready_file,
         transport=args.transport,
@@ -119,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         cfg = config.load(opts.config_path)
+        if args.coordinator:
+            cfg = replace(
+                cfg, disaggregation=replace(cfg.disaggregation, coordinator=args.coordinator)
+            )
         scheduler = config.instantiate(cfg, config.builtin_registry())
     except ConfigError as exc:
         log.error("invalid config: %s", exc)
@@ -148,12 +172,20 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     request_headers = []
     if dl.orca_request_format is not None:
         request_headers.append((ORCA_FORMAT_HEADER, dl.orca_request_format))
+    pd = cfg.disaggregation
+    legs = LegClient(pd.connect_timeout_s, pd.prefill_timeout_s)
+    rng = random.Random()
+    coordinator = COORDINATORS[pd.coordinator](
+        CoordinatorEnv(datastore, metrics, legs, rng, pd.bootstrap_port)
+    )
     router = Router(
         datastore,
         scheduler,
         metrics,
         max_body_bytes=opts.max_body_bytes,
+        rng=rng,
         request_headers=request_headers,
+        coordinator=coordinator,
     )
     background = _start_data_layer(datastore, metrics, dl)
     try:
@@ -174,14 +206,15 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
 
         await transport.set_serving(True)
         log.info(
-            "serving ext_proc (%s) on %s:%d, HTTP on %s:%d, %d endpoint(s): %s",
+            "serving ext_proc (%s) on %s:%d, HTTP on %s:%d, coordinator %s, %d endpoint(s): %s",
             opts.transport,
             opts.listen_host,
             grpc_port,
             opts.listen_host,
             http_port,
+            pd.coordinator,
             len(datastore),
-            ", ".join(e.address for e in opts.endpoints) or "none",
+            ", ".join(f"{e.address} ({e.role.value})" for e in opts.endpoints) or "none",
         )
         write_ready(opts.ready_file, {"grpc_port": grpc_port, "http_port": http_port})
 
@@ -197,6 +230,8 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     finally:
         for task in background:
             await task.stop()
+        await coordinator.close()
+        await legs.close()
 
 
 class _Background(Protocol):

@@ -18,7 +18,9 @@ def test_show_prints_the_effective_default_config() -> None:
     result = epp("config", "show")
     assert result.returncode == 0
     doc = yaml.safe_load(result.stdout)
-    [profile] = doc["schedulingProfiles"]
+    profile, _prefill = doc["schedulingProfiles"]
+    assert profile["name"] == "decode"
+    assert doc["disaggregation"]["coordinator"] == "nixl"
     weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
     assert weights["prefix-cache-scorer"] == 3 and weights["queue-scorer"] == 2
 
