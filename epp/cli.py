@@ -1,4 +1,4 @@
-"""The single ``epp`` entry point: ``epp serve | sim | stack``.
+"""The single ``epp`` entry point: ``epp serve | sim | stack | sidecar | config``.
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only wires them together.
@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("epp.serve", "run the endpoint picker (Envoy ext_proc gRPC server + HTTP admin)"),
     "sim": ("epp.sim.cli", "run one simulated vLLM-compatible model server"),
     "stack": ("epp.stack", "run Envoy + EPP + simulated model servers locally (make run)"),
+    "sidecar": ("epp.disagg.sidecar", "run the decode-side P/D proxy (coordinator: sidecar)"),
     "config": ("epp.configcmd", "show the effective config, or list plugin types"),
 }
 

@@ -31,10 +31,16 @@ from epp.procs import ManagedProcess, ProcessFailed, scratch_dir, spawn_epp
 
 HOST = "127.0.0.1"
 
+# The simulators' KV connector that matches each coordinator (epp sim --kv-connector).
+SIM_CONNECTOR = {"nixl": "nixl", "sidecar": "nixl", "concurrent": "sglang", "kv-pool": "pool"}
+
 
 @dataclass
 class StackOptions:
-    servers: int = 4
+    servers: int = 4  # plain servers (prefill and decode in one)
+    prefill: int = 0  # P/D split: prefill-only servers ...
+    decode: int = 0  # ... and decode-only servers
+    coordinator: str = "nixl"  # how their legs meet (epp serve --coordinator)
     model: str = "sim-model"
     envoy_port: int = 8081
     envoy_admin_port: int = 9901
@@ -56,10 +62,13 @@ class LocalStack:
         self.workdir = opts.workdir or scratch_dir("epp-stack-")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sims: list[ManagedProcess] = []
+        self.sidecars: list[ManagedProcess] = []
         self.epp: ManagedProcess | None = None
         self.envoy: EnvoyProcess | None = None
         self.sim_addresses: list[str] = []
         self.sim_urls: list[str] = []
+        # what the EPP routes to, as `epp serve` flags: --endpoint/--prefill/--decode ADDR
+        self.endpoint_args: list[str] = []
         self.grpc_port = 0
         self.http_port = 0
 
@@ -87,12 +96,14 @@ class LocalStack:
         if o.epp:
             ports.update({"--grpc-port": o.grpc_port, "--http-port": o.http_port})
         check_ports_free(ports)
-        for i in range(o.servers):
-            self.sims.append(self.start_sim(f"sim-{i}"))
+        plan = self._plan()
+        for name, _flag, extra in plan:
+            self.sims.append(self.start_sim(name, *extra))
         for sim in self.sims:
             info = sim.wait_ready()
             self.sim_addresses.append(f"{info['host']}:{info['port']}")
             self.sim_urls.append(info["url"])
+        self._start_sidecars(plan)
         envoy_opts = EnvoyOptions(
             listen_port=o.envoy_port, admin_port=o.envoy_admin_port, processing=o.processing
         )
@@ -112,7 +123,9 @@ class LocalStack:
             str(o.http_port),
             "--log-level",
             o.log_level,
-            *[arg for a in self.sim_addresses for arg in ("--endpoint", a)],
+            "--coordinator",
+            o.coordinator,
+            *self.endpoint_args,
             *o.epp_args,
         )
         info = self.epp.wait_ready()
@@ -120,6 +133,39 @@ class LocalStack:
         config = epp_config(replace(envoy_opts, epp_port=self.grpc_port))
         path = write_config(config, self.workdir / "envoy.yaml")
         self.envoy = EnvoyProcess(path, self.workdir, concurrency=o.envoy_concurrency).start()
+
+    def _plan(self) -> list[tuple[str, str, list[str]]]:
+        """(name, `epp serve` flag, extra `epp sim` args) for every simulator."""
+        o = self.opts
+        connector = ["--kv-connector", SIM_CONNECTOR[o.coordinator]]
+        if o.coordinator == "kv-pool":
+            connector += ["--kv-pool-dir", str(self.workdir / "kv-pool")]
+        plan: list[tuple[str, str, list[str]]] = [
+            (f"sim-{i}", "--endpoint", []) for i in range(o.servers)
+        ]
+        plan += [
+            (f"prefill-{i}", "--prefill", ["--role", "prefill", *connector])
+            for i in range(o.prefill)
+        ]
+        plan += [
+            (f"decode-{i}", "--decode", ["--role", "decode", *connector]) for i in range(o.decode)
+        ]
+        return plan
+
+    def _start_sidecars(self, plan: list[tuple[str, str, list[str]]]) -> None:
+        """Register every simulator with the EPP; with the sidecar coordinator a decode
+        server is reached through its own `epp sidecar`."""
+        o = self.opts
+        for (name, flag, _), address in zip(plan, self.sim_addresses, strict=True):
+            if flag == "--decode" and o.coordinator == "sidecar":
+                sidecar = spawn_epp(
+                    self.workdir, f"sidecar-{name}", "sidecar", "--port", "0",
+                    "--decode", address, "--log-level", o.log_level,
+                )  # fmt: skip
+                self.sidecars.append(sidecar)
+                info = sidecar.wait_ready()
+                address = f"{info['host']}:{info['port']}"
+            self.endpoint_args += [flag, address]
 
     def start_sim(self, name: str, *extra: str) -> ManagedProcess:
         """Start one more simulator (not yet known to the EPP); call wait_ready() on it."""
@@ -135,8 +181,8 @@ class LocalStack:
             self.envoy.stop()
         if self.epp is not None:
             self.epp.stop()
-        for sim in self.sims:
-            sim.stop()
+        for proc in [*self.sidecars, *self.sims]:
+            proc.stop()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -163,7 +209,28 @@ def check_ports_free(ports: dict[str, int]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--servers", type=argtypes.positive_int, default=4, help="simulated model servers to start"
+        "--prefill",
+        type=argtypes.non_negative_int,
+        help="simulated prefill servers (default 2, or 0 when --servers is given)",
+    )
+    parser.add_argument(
+        "--decode",
+        type=argtypes.non_negative_int,
+        help="simulated decode servers (default 2, or 0 when --servers is given)",
+    )
+    parser.add_argument(
+        "--servers",
+        type=argtypes.non_negative_int,
+        default=0,
+        help="simulated servers that do prefill and decode in one (no P/D split)",
+    )
+    parser.add_argument(
+        "--coordinator",
+        choices=sorted(SIM_CONNECTOR),
+        default="nixl",
+        help="how prefill and decode legs meet (epp serve --coordinator); the simulators "
+        "get the matching --kv-connector, and `sidecar` starts an `epp sidecar` per decode "
+        "server",
     )
     parser.add_argument("--model", default="sim-model", help="model name the simulators serve")
     parser.add_argument(
@@ -204,8 +271,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    split = 0 if args.servers else 2
+    prefill = split if args.prefill is None else args.prefill
+    decode = split if args.decode is None else args.decode
+    if args.servers + decode == 0:
+        print("epp stack: nothing can decode: give --decode N or --servers N", file=sys.stderr)
+        return 2
     opts = StackOptions(
         servers=args.servers,
+        prefill=prefill,
+        decode=decode,
+        coordinator=args.coordinator,
         model=args.model,
         envoy_port=args.envoy_port,
         envoy_admin_port=args.envoy_admin_port,
@@ -225,7 +301,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     stack = LocalStack(opts)
-    print(f"starting Envoy, the EPP and {opts.servers} simulated model server(s)...", flush=True)
+    print(
+        f"starting Envoy, the EPP and simulated model servers ({prefill} prefill, {decode} "
+        f"decode, {opts.servers} plain; coordinator {opts.coordinator})...",
+        flush=True,
+    )
     try:
         stack.start()
     except ProcessFailed as exc:
@@ -234,7 +314,8 @@ def run(args: argparse.Namespace) -> int:
     print(banner(stack), flush=True)
     try:
         while not stop.wait(0.5):
-            dead = [p.name for p in [*stack.sims, stack.epp] if p is not None and not p.alive()]
+            procs = [*stack.sims, *stack.sidecars, stack.epp]
+            dead = [p.name for p in procs if p is not None and not p.alive()]
             if stack.envoy is not None and not stack.envoy.process.alive():
                 dead.append("envoy")
             if dead:
@@ -250,13 +331,17 @@ def run(args: argparse.Namespace) -> int:
 def banner(stack: LocalStack) -> str:
     assert stack.envoy is not None
     url, model = stack.envoy_url, stack.opts.model
+    args = stack.endpoint_args
+    pairs = zip(args[::2], args[1::2], strict=True)
+    servers = "\n".join(f"    {flag.lstrip('-'):<10} {address}" for flag, address in pairs)
     return f"""
 epp stack is up.
   Envoy (send requests here)  {url}
   EPP ext_proc gRPC           {HOST}:{stack.grpc_port}
   EPP metrics                 {stack.epp_http_url}/metrics
   Envoy admin                 {stack.envoy.admin_url}
-  model servers               {", ".join(stack.sim_addresses)} (model {model})
+  model servers (model {model})  coordinator {stack.opts.coordinator}
+{servers}
   logs and configs            {stack.workdir}
 
 Try it:

@@ -1,0 +1,217 @@
+"""``epp sidecar``: a reverse proxy beside a decode server that carries out llm-d's
+P/D protocol.
+
+The EPP (coordinator ``sidecar``) routes a disaggregated request to this proxy with
+``x-prefiller-host-port: ip:port``. The proxy runs vLLM's NIXL flow: a one-token prefill
+leg on that server, then the client's request, plus the returned ``kv_transfer_params``,
+to its decode server, streamed back. A prefill answer of 400-451 goes back to the
+client; any other prefill failure falls back to plain decode (the decode server
+computes the prefill itself). Requests without the header, and every other path
+(/metrics, /health, /v1/models), pass straight through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from epp import argtypes
+from epp.cli import add_log_level
+from epp.disagg import bodies
+from epp.disagg.coordinators import PREFILLER_HEADER
+from epp.disagg.legs import LegClient, LegFailed
+from epp.readyfile import write_ready
+from epp.types import Endpoint, parse_host_port
+
+log = logging.getLogger("epp.sidecar")
+
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
+)
+_P_D_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+
+class Sidecar:
+    def __init__(self, decode: Endpoint, legs: LegClient) -> None:
+        self.decode = decode
+        self.legs = legs
+        self.session: aiohttp.ClientSession | None = None
+        self.stats = {"proxied": 0, "prefill_legs": 0, "fallbacks": 0, "rejected": 0}
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+            connector=aiohttp.TCPConnector(limit=0),
+            auto_decompress=False,
+        )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+        await self.legs.close()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        prefiller = request.headers.get(PREFILLER_HEADER)
+        if prefiller and request.method == "POST" and request.path in _P_D_PATHS:
+            rewritten = await self._prefill(request, body, prefiller)
+            if isinstance(rewritten, web.Response):
+                return rewritten
+            body = rewritten
+        self.stats["proxied"] += 1
+        return await self._to_decode(request, body)
+
+    async def _prefill(
+        self, request: web.Request, body: bytes, prefiller: str
+    ) -> bytes | web.Response:
+        """The decode body after the prefill leg (unchanged on fallback), or the
+        prefill's own client-error answer."""
+        rid = request.headers.get("x-request-id", "-")
+        try:
+            doc = orjson.loads(body)
+            host, port = parse_host_port(prefiller)
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            log.warning("request %s: not running a prefill leg: %s", rid, exc)
+            return body
+        if not isinstance(doc, dict):
+            return body
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            result = await self.legs.post(
+                Endpoint(host, port), request.path, bodies.nixl_prefill(doc), headers
+            )
+        except LegFailed as exc:
+            self.stats["fallbacks"] += 1
+            log.warning("request %s: prefill leg failed (%s); decoding alone", rid, exc)
+            return body
+        self.stats["prefill_legs"] += 1
+        if 400 <= result.status <= 451:
+            self.stats["rejected"] += 1
+            return web.Response(
+                status=result.status, body=result.body, content_type="application/json"
+            )
+        params = bodies.returned_kv_params(result.json()) if result.status < 300 else None
+        if params is None:
+            self.stats["fallbacks"] += 1
+            log.warning(
+                "request %s: prefill on %s answered %d without kv_transfer_params; decoding alone",
+                rid,
+                prefiller,
+                result.status,
+            )
+            return body
+        return orjson.dumps(bodies.nixl_decode(doc, params))
+
+    async def _to_decode(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        assert self.session is not None
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in _HOP_BY_HOP and k.lower() != PREFILLER_HEADER
+        }
+        url = f"http://{self.decode.address}{request.path_qs}"
+        try:
+            upstream = await self.session.request(
+                request.method, url, data=body or None, headers=headers
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return _error(502, f"decode server {self.decode.address} unreachable: {exc}")
+        async with upstream:
+            response = web.StreamResponse(status=upstream.status)
+            for k, v in upstream.headers.items():
+                if k.lower() not in _HOP_BY_HOP:
+                    response.headers.add(k, v)
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": "bad_gateway", "code": status}}, status=status
+    )
+
+
+def make_app(sidecar: Sidecar) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+
+    async def stats(_request: web.Request) -> web.Response:
+        return web.json_response(sidecar.stats)
+
+    app.router.add_get("/sidecar/stats", stats)
+    app.router.add_route("*", "/{tail:.*}", sidecar.handle)
+    return app
+
+
+def _decode_endpoint(value: str) -> Endpoint:
+    try:
+        return Endpoint(*parse_host_port(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=argtypes.port, default=8001, help="port (0 = any free)")
+    parser.add_argument(
+        "--decode",
+        type=_decode_endpoint,
+        required=True,
+        metavar="HOST:PORT",
+        help="the decode server this sidecar fronts",
+    )
+    parser.add_argument(
+        "--prefill-timeout-seconds",
+        type=argtypes.non_negative_float,
+        default=60.0,
+        help="longest a prefill leg may take before decoding alone",
+    )
+    parser.add_argument(
+        "--connect-timeout-seconds",
+        type=argtypes.non_negative_float,
+        default=1.0,
+        help="longest to wait to reach the prefill server before decoding alone",
+    )
+    parser.add_argument("--ready-file", help="write {host, port} as JSON here once listening")
+    add_log_level(parser)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    sidecar = Sidecar(
+        args.decode, LegClient(args.connect_timeout_seconds, args.prefill_timeout_seconds)
+    )
+    await sidecar.start()
+    runner = web.AppRunner(make_app(sidecar), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    try:
+        await site.start()
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", args.host, args.port, exc.strerror)
+        await runner.cleanup()
+        await sidecar.close()
+        return 1
+    port: Any = runner.addresses[0][1]
+    write_ready(args.ready_file, {"host": args.host, "port": port})
+    log.info("sidecar on %s:%d fronting decode server %s", args.host, port, args.decode.address)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    await sidecar.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(_serve(args))

@@ -1,0 +1,122 @@
+"""Prefill/decode disaggregation end to end, for every coordinator: real Envoy, the EPP,
+one prefill and one decode simulator speaking the coordinator's KV-transfer protocol
+(and, for `sidecar`, our `epp sidecar` in front of the decode server)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from epp.stack import SIM_CONNECTOR, LocalStack
+from tests.e2e.conftest import ephemeral
+from tests.support.http import get_json, metric_sum, request
+
+pytestmark = pytest.mark.e2e
+MODEL = "sim-model"
+LONG = "Background for the question that follows. " * 60  # ~650 tokens: disaggregated
+SHORT = "Hi there"  # far below nonCachedTokens: decode only
+
+
+@pytest.fixture(scope="module", params=sorted(SIM_CONNECTOR))
+def pd(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
+    opts = ephemeral(
+        servers=0, prefill=1, decode=1, coordinator=request.param,
+        sim_args=["--time-scale", "0.05"],
+    )  # fmt: skip
+    with LocalStack(opts) as s:
+        yield s
+
+
+def sim_stats(stack: LocalStack, name: str) -> dict[str, Any]:
+    """/sim/stats of the simulator named e.g. "prefill-0"."""
+    i = next(i for i, p in enumerate(stack.sims) if p.name == name)
+    stats: dict[str, Any] = get_json(f"{stack.sim_urls[i]}/sim/stats")
+    return stats
+
+
+def last_request(stack: LocalStack, name: str) -> dict[str, Any]:
+    i = next(i for i, p in enumerate(stack.sims) if p.name == name)
+    doc: dict[str, Any] = get_json(f"{stack.sim_urls[i]}/sim/last-request")
+    return doc
+
+
+def post(stack: LocalStack, path: str, doc: dict[str, Any], rid: str) -> tuple[int, bytes]:
+    status, _, body = request(
+        f"{stack.envoy_url}{path}", orjson.dumps(doc), headers={"x-request-id": rid}
+    )
+    return status, body
+
+
+def counters(stack: LocalStack) -> tuple[dict[str, Any], dict[str, Any]]:
+    return sim_stats(stack, "prefill-0"), sim_stats(stack, "decode-0")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_long_prompt_is_prefilled_elsewhere_and_not_recomputed(
+    pd: LocalStack, path: str, stream: bool
+) -> None:
+    before_p, before_d = counters(pd)
+    rid = f"pd-{pd.opts.coordinator}-{path.rsplit('/', 1)[1]}-{stream}"
+    doc: dict[str, Any] = {"model": MODEL, "max_tokens": 7, "stream": stream}
+    if path.endswith("chat/completions"):
+        doc["messages"] = [{"role": "user", "content": LONG}]
+    else:
+        doc["prompt"] = LONG
+    if stream:
+        doc["stream_options"] = {"include_usage": True}
+    status, body = post(pd, path, doc, rid)
+    assert status == 200, body[:300]
+    if stream:
+        assert body.rstrip().endswith(b"data: [DONE]")
+    after_p, after_d = counters(pd)
+    assert after_p["prefill_legs"] == before_p["prefill_legs"] + 1
+    assert after_d["kv_transfers"] == before_d["kv_transfers"] + 1
+    assert after_d["recomputed_prefills"] == before_d["recomputed_prefills"]
+    assert after_d["local_prefills"] == before_d["local_prefills"]
+    # the client's own limits and stream flag reach the decode server; both legs share
+    # the request id
+    decoded = last_request(pd, "decode-0")
+    assert decoded["body"]["max_tokens"] == 7
+    assert decoded["body"]["stream"] is stream
+    assert decoded["headers"].get("x-request-id") == rid
+    assert last_request(pd, "prefill-0")["headers"].get("x-request-id") == rid
+
+
+def test_short_prompt_goes_decode_only(pd: LocalStack) -> None:
+    before_p, before_d = counters(pd)
+    status, body = post(
+        pd, "/v1/completions", {"model": MODEL, "prompt": SHORT, "max_tokens": 3}, "short"
+    )
+    assert status == 200, body[:300]
+    after_p, after_d = counters(pd)
+    assert after_p["prefill_legs"] == before_p["prefill_legs"]
+    assert after_d["local_prefills"] == before_d["local_prefills"] + 1
+    _, _, metrics = request(f"{pd.epp_http_url}/metrics")
+    text = metrics.decode()
+    assert metric_sum(text, 'epp_pd_decisions_total{decision="decode-only"}') >= 1
+    assert metric_sum(text, 'epp_pd_decisions_total{decision="disaggregated"}') >= 1
+
+
+def test_dead_prefill_server_falls_back_to_decode_alone(pd: LocalStack) -> None:
+    """Runs last in this module: it stops the prefill simulator."""
+    pd.sims[0].stop()
+    assert pd.sims[0].name == "prefill-0"
+    before = sim_stats(pd, "decode-0")
+    for i in range(3):
+        status, body = post(
+            pd,
+            "/v1/completions",
+            {"model": MODEL, "prompt": LONG + str(i), "max_tokens": 3},
+            f"dead-{i}",
+        )
+        assert status == 200, body[:300]
+    after = sim_stats(pd, "decode-0")
+    prefilled_here = (after["local_prefills"] + after["recomputed_prefills"]) - (
+        before["local_prefills"] + before["recomputed_prefills"]
+    )
+    assert prefilled_here == 3
+    assert after["kv_transfers"] == before["kv_transfers"]
