@@ -106,6 +106,12 @@ def test_short_prompt_goes_decode_only(pd: LocalStack) -> None:
     assert metric_sum(text, 'epp_pd_decisions_total{decision="disaggregated"}') >= 1
 
 
+def test_client_error_from_the_prefill_server_reaches_the_client(pd: LocalStack) -> None:
+    status, body = post(pd, "/v1/completions", {"model": "no-such-model", "prompt": LONG}, "bad")
+    assert status == 404, body[:300]
+    assert "no-such-model" in orjson.loads(body)["error"]["message"]
+
+
 def test_dead_prefill_server_falls_back_to_decode_alone(pd: LocalStack) -> None:
     """Runs last in this module: it stops the prefill simulator."""
     pd.sims[0].stop()
