@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from epp.datalayer.engines import ENGINES
 from epp.disagg.coordinators import COORDINATORS
 from epp.scheduling.base import ReferencesPlugins, RoutingObserver
 from epp.scheduling.params import ConfigError, Params
@@ -23,6 +24,7 @@ from epp.scheduling.profile import Profile, WeightedScorer
 from epp.scheduling.registry import Registry, register_builtin_plugins
 from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
 from epp.scheduling.scheduler import ProfileScheduler, SingleProfileHandler
+from epp.types import Endpoint, Role, parse_host_port
 
 DEFAULT_CONFIG = """\
 apiVersion: epp.dev/v1alpha1
@@ -104,6 +106,7 @@ _TOP_KEYS = {
     "admission",
     "dataLayer",
     "disaggregation",
+    "endpoints",
 }
 
 
@@ -157,6 +160,8 @@ class EppConfig:
     admission: AdmissionConfig
     data_layer: DataLayerConfig
     disaggregation: DisaggConfig = field(default_factory=DisaggConfig)
+    # static endpoints (beside `epp serve --decode/--prefill` flags and discovery)
+    endpoints: tuple[Endpoint, ...] = ()
     raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
 
 
@@ -273,14 +278,16 @@ def validate(doc: Mapping[str, Any], source: str, registry: Registry) -> EppConf
         objectives=dict(objectives_raw), default_priority=adm.integer("defaultPriority", 0)
     )
     adm.done()
+    data_layer = _data_layer(doc.get("dataLayer"), source)
     return EppConfig(
         source=source,
         plugins=plugins,
         profiles=tuple(profiles),
         saturation=saturation,
         admission=admission,
-        data_layer=_data_layer(doc.get("dataLayer"), source),
+        data_layer=data_layer,
         disaggregation=_disaggregation(doc.get("disaggregation"), source),
+        endpoints=_endpoints(doc.get("endpoints"), source, data_layer.engine),
         raw=doc,
     )
 
@@ -325,7 +332,7 @@ def _data_layer(raw: Any, source: str) -> DataLayerConfig:
         scrape_interval_s=p.number("scrapeIntervalSeconds", 0.05, minimum=0.001),
         scrape_timeout_s=p.number("scrapeTimeoutSeconds", 1.0, minimum=0.001),
         stale_after_s=p.number("staleAfterSeconds", 2.0, minimum=0.001),
-        engine=p.string("engine", "vllm", choices=("vllm", "sglang", "trtllm")),
+        engine=p.string("engine", "vllm", choices=tuple(ENGINES)),
         orca_request_format=None if fmt == "none" else fmt,
         orca_oob_port=oob_port,
         orca_report_interval_s=orca.number("reportIntervalSeconds", 1.0, minimum=0.01),
@@ -333,6 +340,26 @@ def _data_layer(raw: Any, source: str) -> DataLayerConfig:
     orca.done()
     p.done()
     return cfg
+
+
+def _endpoints(raw: Any, source: str, default_engine: str) -> tuple[Endpoint, ...]:
+    """``endpoints: [{address: "ip:port", role: prefill, engine: vllm, labels: {..}}]``;
+    ``engine`` defaults to ``dataLayer.engine``."""
+    out = []
+    for i, item in enumerate(_list(raw or [], f"{source}: endpoints")):
+        p = Params(f"{source}: endpoints[{i}]", _mapping(item, f"{source}: endpoints[{i}]"))
+        try:
+            host, port = parse_host_port(p.string("address", ""))
+        except ValueError as exc:
+            raise ConfigError(f"{p.where}.address: {exc}") from None
+        try:
+            role = Role.parse(p.string("role", Role.DECODE.value))
+        except ValueError as exc:
+            raise ConfigError(f"{p.where}.role: {exc}") from None
+        engine = p.string("engine", default_engine, choices=tuple(ENGINES))
+        out.append(Endpoint(host, port, role, p.mapping("labels"), engine))
+        p.done()
+    return tuple(out)
 
 
 def _disaggregation(raw: Any, source: str) -> DisaggConfig:

@@ -165,7 +165,9 @@ def run(args: argparse.Namespace) -> int:
 async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler) -> None:
     log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
     datastore = Datastore()
-    for endpoint in opts.endpoints:
+    for endpoint in cfg.endpoints:
+        datastore.add(endpoint)
+    for endpoint in opts.endpoints:  # flags name no engine: the config's applies
         datastore.add(replace(endpoint, engine=cfg.data_layer.engine))
     metrics = EppMetrics(datastore)
     dl = cfg.data_layer
@@ -214,7 +216,10 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
             http_port,
             pd.coordinator,
             len(datastore),
-            ", ".join(f"{e.address} ({e.role.value})" for e in opts.endpoints) or "none",
+            ", ".join(
+                f"{s.address} ({s.endpoint.role.value})" for s in datastore.snapshot().endpoints
+            )
+            or "none",
         )
         write_ready(opts.ready_file, {"grpc_port": grpc_port, "http_port": http_port})
 

@@ -6,7 +6,8 @@ import socket
 import subprocess
 from pathlib import Path
 
-from epp.procs import epp_argv
+from epp.procs import epp_argv, start_epp
+from tests.support.http import metric_sum, request
 
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -47,3 +48,29 @@ def test_taken_port_exits_1_with_the_address() -> None:
         )
     assert result.returncode == 1
     assert f"HTTP port 127.0.0.1:{port}" in result.stderr
+
+
+def test_role_flags_and_config_endpoints_join_the_pool(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("endpoints: [{address: '127.0.0.1:1004', role: both}]\n")
+    proc = start_epp(
+        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0",
+        "--config", str(config), "--prefill", "127.0.0.1:1001",
+        "--decode", "127.0.0.1:1002", "--endpoint", "127.0.0.1:1003",
+        "--coordinator", "kv-pool",
+    )  # fmt: skip
+    try:
+        _, _, body = request(f"http://127.0.0.1:{proc.info['http_port']}/metrics")
+        text = body.decode()
+        assert metric_sum(text, 'epp_endpoints{role="prefill"}') == 1
+        assert metric_sum(text, 'epp_endpoints{role="decode"}') == 2
+        assert metric_sum(text, 'epp_endpoints{role="prefill-decode"}') == 1
+    finally:
+        proc.stop()
+    assert "coordinator kv-pool" in (tmp_path / "epp.log").read_text()
+
+
+def test_unknown_coordinator_is_a_usage_error() -> None:
+    result = serve("--coordinator", "pigeon")
+    assert result.returncode == 2
+    assert "invalid choice: 'pigeon'" in result.stderr

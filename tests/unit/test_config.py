@@ -85,6 +85,9 @@ def test_plugins_without_profiles_form_one_default_profile() -> None:
         ("dataLayer: {orca: {oobPort: 70000}}", "oobPort: a port"),
         ("dataLayer: {scrapeMetrics: yes please}", "scrapeMetrics: expected true or false"),
         ("dataLayer: {colour: red}", "unknown parameter(s) ['colour']"),
+        ("endpoints: [{address: 'nowhere'}]", "endpoints[0].address:"),
+        ("endpoints: [{address: '1.2.3.4:80', role: chef}]", "endpoints[0].role: unknown role"),
+        ("endpoints: [{address: '1.2.3.4:80', colour: red}]", "unknown parameter(s) ['colour']"),
         ("disaggregation: {coordinator: pigeon}", "disaggregation.coordinator: must be one of"),
         ("disaggregation: {bootstrapPort: 0}", "bootstrapPort: a port 1-65535 or null"),
         ("disaggregation: {prefillTimeoutSeconds: 0}", "prefillTimeoutSeconds: must be >="),
@@ -152,3 +155,18 @@ def test_effective_yaml_round_trips() -> None:
     cfg = config.load(None)
     again = config.load_text(config.effective_yaml(cfg), "again")
     assert again.profiles == cfg.profiles and again.data_layer == cfg.data_layer
+
+
+def test_static_endpoints_carry_role_engine_and_labels() -> None:
+    cfg = config.load_text(
+        "dataLayer: {engine: sglang}\n"
+        "endpoints:\n"
+        "- {address: '10.0.0.1:8000', role: prefill}\n"
+        "- {address: '10.0.0.2:8000', role: both, engine: vllm, labels: {zone: a}}\n"
+        "- {address: '[fd00::1]:8000'}\n",
+        "f",
+    )
+    a, b, c = cfg.endpoints
+    assert (a.address, a.role.value, a.engine) == ("10.0.0.1:8000", "prefill", "sglang")
+    assert (b.role.value, b.engine, dict(b.labels)) == ("prefill-decode", "vllm", {"zone": "a"})
+    assert (c.address, c.role.value) == ("[fd00::1]:8000", "decode")
