@@ -95,6 +95,7 @@ disaggregation:
   prefillTimeoutSeconds: 60
   connectTimeoutSeconds: 1.0
   bootstrapPort: null
+endpoints: []
 """
 
 _TOP_KEYS = {
