@@ -78,7 +78,7 @@ class PrefillLegs:
         self.coordinator = coordinator
         self._seconds = env.metrics.prefill_leg_seconds.labels(coordinator)
 
-    def _count(self, outcome: str) -> None:
+    def count(self, outcome: str) -> None:
         self.env.metrics.prefill_legs.labels(self.coordinator, outcome).inc()
 
     async def run(
@@ -91,7 +91,7 @@ class PrefillLegs:
                 h.prefill, h.request.path, doc, h.request.headers, connected
             )
         except LegFailed as exc:
-            self._count("failed")
+            self.count("failed")
             log.warning(
                 "request %s: prefill leg failed (%s); decode alone", h.request.request_id, exc
             )
@@ -100,7 +100,7 @@ class PrefillLegs:
             ticket.release()
         self._seconds.observe(result.seconds)
         if 400 <= result.status <= 451:
-            self._count("rejected")
+            self.count("rejected")
             raise PrefillRejectedError(
                 result.status,
                 result.body,
@@ -108,7 +108,7 @@ class PrefillLegs:
                 f"(HTTP {result.status})",
             )
         if not 200 <= result.status < 300:
-            self._count("failed")
+            self.count("failed")
             log.warning(
                 "request %s: prefill leg on %s answered %d; decode alone",
                 h.request.request_id,
@@ -116,11 +116,8 @@ class PrefillLegs:
                 result.status,
             )
             return None
-        self._count("ok")
+        self.count("ok")
         return result
-
-    def count(self, outcome: str) -> None:
-        self._count(outcome)
 
 
 class SidecarCoordinator:
