@@ -251,3 +251,13 @@ def test_trailers_end_the_body() -> None:
     assert replies[0].HasField("request_headers")
     assert m.streamed_body(replies[1:-1]) == (BODY, False)
     assert replies[-1].HasField("request_trailers")
+
+
+def test_grpclib_transport_stops_h2_hex_dumping_every_received_data_frame() -> None:
+    from hyperframe.frame import DataFrame
+
+    from epp.extproc.grpclib_transport import GrpclibTransport
+
+    GrpclibTransport(make_router())
+    frame = DataFrame(1, data=b"\x00" * 16384)
+    assert repr(frame).endswith("<16384 bytes>")
