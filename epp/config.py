@@ -318,9 +318,7 @@ def _plugins(raw: Any, source: str, registry: Registry) -> tuple[PluginSpec, ...
 
 def _data_layer(raw: Any, source: str) -> DataLayerConfig:
     p = Params(f"{source}: dataLayer", raw)
-    scrape = p._get("scrapeMetrics")
-    if not isinstance(scrape, bool):
-        raise ConfigError(f"{source}: dataLayer.scrapeMetrics: expected true or false")
+    scrape = p.boolean("scrapeMetrics", True)
     orca = Params(f"{source}: dataLayer.orca", p._get("orca"))
     fmt = orca.string("requestFormat", "none", choices=("none", "TEXT", "JSON"))
     oob_port = orca._get("oobPort")

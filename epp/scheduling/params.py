@@ -45,6 +45,14 @@ class Params:
             raise ConfigError(f"{self.where}.{key}: must be >= {minimum}, got {value}")
         return value
 
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.where}.{key}: expected true or false, got {value!r}")
+        return value
+
     def string(self, key: str, default: str, *, choices: tuple[str, ...] = ()) -> str:
         value = self._get(key)
         if value is None:

@@ -253,7 +253,7 @@ def test_trailers_end_the_body() -> None:
     assert replies[-1].HasField("request_trailers")
 
 
-def test_grpclib_transport_stops_h2_hex_dumping_every_received_data_frame() -> None:
+async def test_grpclib_transport_stops_h2_hex_dumping_every_received_data_frame() -> None:
     from hyperframe.frame import DataFrame
 
     from epp.extproc.grpclib_transport import GrpclibTransport

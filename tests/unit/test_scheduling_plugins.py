@@ -340,3 +340,18 @@ def test_builtin_scores_stay_in_unit_range(
         scores = registry.get(name, "test").factory(Params(name, {})).score(c, states)
         assert len(scores) == len(states)
         assert all(0.0 <= x <= 1.0 for x in scores), (name, scores)
+
+
+def test_prefix_index_capacity_shrinks_with_the_servers_kv_usage() -> None:
+    """A busy server evicts cached prefixes for its running requests; the index forgets
+    what no longer fits (here: geometry 64 blocks x 16 tokens, 75 % in use -> 16 left)."""
+    busy = state(1, kv_usage=0.75, num_blocks=64, block_size=16)
+    snap = Snapshot((busy,), {})
+    scorer = prefix.prefix_cache_scorer(Params("t", {}))
+    for i in range(3):  # three prompts of 10 blocks each; only the newest fits
+        req = InferenceRequest(str(i), "m", "/", prompt=f"{i}" * 640)
+        scorer.on_routed(req, SchedulingResult((busy.endpoint,)), snap)
+    assert scorer.index.size() == 16
+    assert scorer._capacity(busy.metrics) == 16
+    fixed = prefix.prefix_cache_scorer(Params("t", {"shrinkWithKvUsage": False}))
+    assert fixed._capacity(busy.metrics) == 64

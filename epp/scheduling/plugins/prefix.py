@@ -9,7 +9,13 @@ from collections.abc import Sequence
 from epp.scheduling.base import CycleContext
 from epp.scheduling.params import Params
 from epp.scheduling.prefixindex import PrefixIndex, block_hashes
-from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
+from epp.types import (
+    EndpointMetrics,
+    EndpointState,
+    InferenceRequest,
+    SchedulingResult,
+    Snapshot,
+)
 
 CHARS_PER_TOKEN = 4
 
@@ -19,11 +25,16 @@ class PrefixCacheScorer:
 
     Parameters: ``blockSize`` tokens per block (16; x4 characters), ``maxPrefixBlocksToMatch``
     (256), ``lruCapacityPerServer`` blocks remembered per endpoint (31,250) unless the
-    endpoint reports its KV geometry (``cache_config_info``), which then sets it.
+    endpoint reports its KV geometry (``cache_config_info``), which then sets it; with
+    ``shrinkWithKvUsage`` (default true) less the share its running requests use
+    (``kv_usage``), since a busy server evicts cached prefixes to make room.
     """
 
-    def __init__(self, block_tokens: int, max_blocks: int, capacity: int) -> None:
+    def __init__(
+        self, block_tokens: int, max_blocks: int, capacity: int, shrink_with_kv_usage: bool = True
+    ) -> None:
         self.block_tokens = block_tokens
+        self.shrink_with_kv_usage = shrink_with_kv_usage
         self.block_chars = block_tokens * CHARS_PER_TOKEN
         self.max_blocks = max_blocks
         self.index = PrefixIndex(capacity)
@@ -84,12 +95,19 @@ class PrefixCacheScorer:
         for target in (result.primary, result.prefill):
             if target is None:
                 continue
-            capacity = None
             state = snapshot.state(target.address)
-            m = state.metrics if state is not None else None
-            if m is not None and m.num_blocks and m.block_size:
-                capacity = m.num_blocks * m.block_size // self.block_tokens
+            capacity = self._capacity(state.metrics if state is not None else None)
             self.index.insert(target.address, hashes, capacity)
+
+    def _capacity(self, m: EndpointMetrics | None) -> int | None:
+        """Blocks (of ours) the endpoint can keep cached: its KV geometry, less what its
+        running requests occupy (they evict cached prefixes first); None = default."""
+        if m is None or not m.num_blocks or not m.block_size:
+            return None
+        blocks = m.num_blocks
+        if self.shrink_with_kv_usage and m.kv_usage is not None:
+            blocks = int(blocks * (1.0 - min(max(m.kv_usage, 0.0), 1.0)))
+        return max(blocks * m.block_size // self.block_tokens, 1)
 
 
 def prefix_cache_scorer(p: Params) -> PrefixCacheScorer:
@@ -97,4 +115,5 @@ def prefix_cache_scorer(p: Params) -> PrefixCacheScorer:
         block_tokens=p.integer("blockSize", 16, minimum=1),
         max_blocks=p.integer("maxPrefixBlocksToMatch", 256, minimum=1),
         capacity=p.integer("lruCapacityPerServer", 31_250, minimum=1),
+        shrink_with_kv_usage=p.boolean("shrinkWithKvUsage", True),
     )
