@@ -197,6 +197,8 @@ class ExtProcStream:
             )
             return [self._reject(EppError("internal error in the endpoint picker"))]
         if self._envoy.phase is not Phase.UPSTREAM:  # the stream ended meanwhile
+            if leg.prefill_ticket is not None:
+                leg.prefill_ticket.release()
             return []
         return self._forward(body, end_of_stream, leg)
 
