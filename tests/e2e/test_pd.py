@@ -17,9 +17,11 @@ from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 # TEMPORARY until the simulator's P/D modes (epp sim --role/--kv-connector) are merged.
-if "--role" not in __import__("epp.sim.cli", fromlist=["x"]).__doc__ + open(
-    __import__("epp.sim.cli", fromlist=["x"]).__file__
-).read():
+if (
+    "--role"
+    not in __import__("epp.sim.cli", fromlist=["x"]).__doc__
+    + open(__import__("epp.sim.cli", fromlist=["x"]).__file__).read()
+):
     pytest.skip("simulator P/D modes not merged yet", allow_module_level=True)
 MODEL = "sim-model"
 LONG = "Background for the question that follows. " * 60  # ~650 tokens: disaggregated
@@ -66,12 +68,13 @@ def test_long_prompt_is_prefilled_elsewhere_and_not_recomputed(
     pd: LocalStack, path: str, stream: bool
 ) -> None:
     before_p, before_d = counters(pd)
-    rid = f"pd-{pd.opts.coordinator}-{path.rsplit('/', 1)[1]}-{stream}"
+    rid = f"pd-{pd.opts.coordinator}-{path.strip('/').replace('/', '-')}-{stream}"
     doc: dict[str, Any] = {"model": MODEL, "max_tokens": 7, "stream": stream}
+    prompt = f"{rid}: {LONG}"  # new to every server, so the decider disaggregates
     if path.endswith("chat/completions"):
-        doc["messages"] = [{"role": "user", "content": LONG}]
+        doc["messages"] = [{"role": "user", "content": prompt}]
     else:
-        doc["prompt"] = LONG
+        doc["prompt"] = prompt
     if stream:
         doc["stream_options"] = {"include_usage": True}
     status, body = post(pd, path, doc, rid)
@@ -136,3 +139,21 @@ def test_dead_prefill_server_falls_back_to_decode_alone(pd: LocalStack) -> None:
     )
     assert prefilled_here == 3
     assert after["kv_transfers"] == before["kv_transfers"]
+
+
+def test_buffered_processing_replaces_the_body_for_the_decode_leg() -> None:
+    """In BUFFERED mode Envoy holds the body; the rewritten decode body goes back as a
+    body mutation (not streamed chunks) and still reaches the decode server whole."""
+    opts = ephemeral(
+        servers=0, prefill=1, decode=1, coordinator="nixl", processing="buffered",
+        sim_args=["--time-scale", "0.05"],
+    )  # fmt: skip
+    with LocalStack(opts) as stack:
+        doc = {"model": MODEL, "prompt": "buffered: " + LONG, "max_tokens": 4}
+        status, body = post(stack, "/v1/completions", doc, "buffered-1")
+        assert status == 200, body[:300]
+        decode = sim_stats(stack, "decode-0")
+        assert (decode["kv_transfers"], decode["recomputed_prefills"]) == (1, 0)
+        received = last_request(stack, "decode-0")["body"]
+        assert received["kv_transfer_params"]["do_remote_prefill"] is True
+        assert received["prompt"] == doc["prompt"]
