@@ -12,8 +12,8 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.server import Server, Stream
-from hyperframe.frame import DataFrame
 
+from epp.extproc.h2frames import skip_hex_dumps_of_received_data
 from epp.extproc.stream import ExtProcStream
 from epp.extproc.transport import EXT_PROC_SERVICE, HEALTH_SERVICES
 from epp.router import Router
@@ -73,22 +73,9 @@ class _Health:
         await stream.send_message(HealthCheckResponse(status=status))
 
 
-def _skip_hex_dumps_of_received_data() -> None:
-    """h2 traces every received frame with an eagerly built ``repr(frame)``, and
-    hyperframe's DataFrame repr hex-encodes the whole payload before cutting it to 20
-    characters: ~20 µs per 16 KB frame, built and thrown away (the trace logger is a
-    no-op). With long prompts that is ~10 % of the EPP's CPU per request (profiled with
-    a 220 KB body). The repr keeps the frame's size instead; affects only debug output."""
-    DataFrame._body_repr = _data_frame_body_repr  # type: ignore[method-assign,assignment]
-
-
-def _data_frame_body_repr(frame: DataFrame) -> str:
-    return f"<{len(frame.data)} bytes>"
-
-
 class GrpclibTransport:
     def __init__(self, router: Router) -> None:
-        _skip_hex_dumps_of_received_data()
+        skip_hex_dumps_of_received_data()
         self._health = _Health()
         self._ext_proc = _ExtProc(router)
         self._server = Server([self._ext_proc, self._health])

@@ -16,13 +16,6 @@ from tests.support.http import get_json, metric_sum, request
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
-# TEMPORARY until the simulator's P/D modes (epp sim --role/--kv-connector) are merged.
-if (
-    "--role"
-    not in __import__("epp.sim.cli", fromlist=["x"]).__doc__
-    + open(__import__("epp.sim.cli", fromlist=["x"]).__file__).read()
-):
-    pytest.skip("simulator P/D modes not merged yet", allow_module_level=True)
 MODEL = "sim-model"
 LONG = "Background for the question that follows. " * 60  # ~650 tokens: disaggregated
 SHORT = "Hi there"  # far below nonCachedTokens: decode only
