@@ -18,9 +18,11 @@ from aiohttp import web
 from epp import argtypes
 from epp.cli import add_log_level
 from epp.readyfile import write_ready
-from epp.sim.config import SimConfig
+from epp.sim.config import KvConnector, SimConfig, address
+from epp.sim.kv_routes import make_bootstrap_app
 from epp.sim.orca import OrcaServer
 from epp.sim.server import SIM_SERVER, make_app
+from epp.types import Role
 
 log = logging.getLogger("epp.sim")
 
@@ -41,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-file",
         default=None,
         metavar="PATH",
-        help="write {host, port, url, instance[, orca_port]} here once bound",
+        help="write {host, port, url, instance[, orca_port][, bootstrap_port]} here once bound",
     )
     add("--model", default=d.model, help="the served model name")
     add("--instance-id", default=None, help="name in x-sim-instance (default: host:port)")
@@ -110,12 +112,73 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve ORCA OpenRcaService/StreamCoreMetrics (gRPC) on this port "
         "(0 = pick a free one; not given = off)",
     )
+    _add_disaggregation_arguments(parser, d)
     add_log_level(parser)
 
 
-def address(host: str, port: int) -> str:
-    """``host:port``, IPv6 hosts bracketed."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _role(text: str) -> Role:
+    try:
+        return Role.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_disaggregation_arguments(parser: argparse.ArgumentParser, d: SimConfig) -> None:
+    group = parser.add_argument_group(
+        "prefill/decode disaggregation", "how this instance takes part in a P/D split"
+    )
+    add = group.add_argument
+    add(
+        "--role",
+        type=_role,
+        default=d.role,
+        metavar="{prefill,decode,prefill-decode}",
+        help="the instance's P/D role ('both' = prefill-decode); it decides which side of "
+        "an sglang/mooncake rendezvous it takes and whether it writes or reads a KV pool",
+    )
+    add(
+        "--kv-connector",
+        type=str.lower,
+        choices=[c.value for c in KvConnector],
+        default=d.kv_connector.value,
+        help="how KV moves between instances: nixl (vLLM: the decode pulls the blocks named "
+        "in kv_transfer_params), sglang or mooncake (bootstrap rendezvous, both legs at "
+        "once), pool (a KV pool shared through --kv-pool-dir)",
+    )
+    add(
+        "--kv-hold-seconds",
+        type=argtypes.non_negative_float,
+        default=d.kv_hold_seconds,
+        help="nixl: how long a prefill keeps its blocks for a decode to pull (wall time)",
+    )
+    add(
+        "--kv-transfer-ms-per-token",
+        type=argtypes.non_negative_float,
+        default=d.kv_transfer_ms_per_token,
+        help="decode cost per prompt token whose KV is received instead of computed",
+    )
+    add(
+        "--bootstrap-timeout-seconds",
+        type=argtypes.non_negative_float,
+        default=d.bootstrap_timeout_seconds,
+        help="sglang/mooncake: how long either side waits in a bootstrap room; nixl: the "
+        "pull's timeout (wall time)",
+    )
+    add(
+        "--bootstrap-port",
+        type=argtypes.port,
+        default=None,
+        metavar="PORT",
+        help="sglang/mooncake prefill: also serve the rendezvous on this port (0 = pick a "
+        "free one; default: the HTTP port only)",
+    )
+    add(
+        "--kv-pool-dir",
+        default=None,
+        metavar="DIR",
+        help="pool: the directory every instance of the deployment shares as its KV pool "
+        "(created on first write; required with --kv-connector pool)",
+    )
 
 
 def config_from_args(args: argparse.Namespace, port: int) -> SimConfig:
@@ -135,6 +198,13 @@ def config_from_args(args: argparse.Namespace, port: int) -> SimConfig:
         default_max_tokens=args.default_max_tokens,
         time_scale=args.time_scale,
         orca_format=args.orca_format,
+        role=args.role,
+        kv_connector=KvConnector(args.kv_connector),
+        kv_hold_seconds=args.kv_hold_seconds,
+        bootstrap_timeout_seconds=args.bootstrap_timeout_seconds,
+        kv_transfer_ms_per_token=args.kv_transfer_ms_per_token,
+        kv_pool_dir=args.kv_pool_dir,
+        bootstrap_port=args.bootstrap_port,
     )
 
 
@@ -151,6 +221,14 @@ def _bind(host: str, port: int) -> socket.socket:
         raise
     sock.setblocking(False)
     return sock
+
+
+async def _start_site(runner: web.AppRunner, host: str, port: int) -> int:
+    """Serve ``runner`` on host:port; the port actually bound."""
+    sock = _bind(host, port)
+    await web.SockSite(runner, sock).start()
+    bound: int = sock.getsockname()[1]
+    return bound
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -179,6 +257,7 @@ async def _serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     orca_server: OrcaServer | None = None
+    bootstrap_runner: web.AppRunner | None = None
     try:
         await web.SockSite(runner, sock).start()
         url = f"http://{address(config.host, config.port)}"
@@ -195,6 +274,21 @@ async def _serve(args: argparse.Namespace) -> int:
             except OSError as exc:
                 log.error("%s", exc)
                 return 1
+        if config.bootstrap_port is not None:  # the rendezvous on a port of its own
+            bootstrap_runner = web.AppRunner(
+                make_bootstrap_app(runner.app[SIM_SERVER].handoff),
+                handler_cancellation=True,
+                access_log=access_log,
+                shutdown_timeout=SHUTDOWN_GRACE_S,
+            )
+            await bootstrap_runner.setup()
+            try:
+                ready["bootstrap_port"] = await _start_site(
+                    bootstrap_runner, config.host, config.bootstrap_port
+                )
+            except OSError as exc:
+                log.error("cannot serve the bootstrap rendezvous: %s", exc)
+                return 1
         write_ready(args.ready_file, ready)
         log.info("simulating %r as %s on %s: %s", config.model, config.instance_id, url, config)
         await stop.wait()
@@ -202,6 +296,8 @@ async def _serve(args: argparse.Namespace) -> int:
     finally:
         if orca_server is not None:
             await orca_server.stop()
+        if bootstrap_runner is not None:
+            await bootstrap_runner.cleanup()
         await runner.cleanup()
     return 0
 

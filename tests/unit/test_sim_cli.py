@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from epp.sim.cli import add_arguments, address, config_from_args
+from epp.sim.cli import add_arguments, config_from_args
+from epp.sim.config import address
 
 
 def parse(*argv: str) -> argparse.Namespace:
