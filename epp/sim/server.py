@@ -219,6 +219,7 @@ class SimServer:
                 # bootstrap_failures
                 **dataclasses.asdict(self.handoff.counters),
                 "kv_blocks_held": self.handoff.holds.blocks_held,
+                "bootstrap_rooms": len(self.handoff.rooms),
             }
         )
 
