@@ -97,6 +97,8 @@ class PrefillSide:
 
     async def wait_for_decode(self, within: float) -> None:
         """Return once a decode instance joined; SimError 504 after ``within`` seconds."""
+        if self._room.joined.is_set():
+            return
         try:
             await asyncio.wait_for(self._room.joined.wait(), within)
         except TimeoutError:

@@ -95,7 +95,9 @@ class SimConfig:
     def _check_disaggregation(self) -> None:
         pool = self.kv_connector is KvConnector.POOL
         if pool and not self.kv_pool_dir:
-            raise ValueError("kv_connector pool needs a kv_pool_dir shared by all instances")
+            raise ValueError(
+                "kv_connector pool needs a kv_pool_dir (--kv-pool-dir) shared by all instances"
+            )
         if self.kv_pool_dir and not pool:
             raise ValueError(
                 f"kv_pool_dir only applies to kv_connector pool, not {self.kv_connector}"
@@ -103,7 +105,8 @@ class SimConfig:
         if self.bootstrap_port is not None:
             if not self.kv_connector.rendezvous:
                 raise ValueError(
-                    f"bootstrap_port only applies to kv_connector sglang or mooncake, "
+                    f"bootstrap_port (--bootstrap-port) only applies to kv_connector sglang "
+                    f"or mooncake, "
                     f"not {self.kv_connector}"
                 )
             if not 0 <= self.bootstrap_port <= 65535:
