@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from epp.sim.cli import add_arguments, config_from_args
 from epp.sim.config import KvConnector, address
+from epp.sim.flags import add_arguments, config_from_args
 from epp.types import Role
 
 
