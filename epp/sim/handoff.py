@@ -149,7 +149,7 @@ class Handoff:
             return plan
         if leg.source is None:
             return self._recompute(req, f"unusable kv_transfer_params: {leg.problem}")
-        pulled = await self._pull(leg.source)
+        pulled = await self._pull_from(leg.source)
         if isinstance(pulled, str):
             return self._recompute(req, pulled)
         self.counters.kv_transfers += 1
@@ -160,7 +160,7 @@ class Handoff:
         self.counters.recomputed_prefills += 1
         return Plan(req)
 
-    async def _pull(self, source: kv_params.RemotePrefill) -> int | str:
+    async def _pull_from(self, source: kv_params.RemotePrefill) -> int | str:
         """Pull the blocks: their prompt tokens, or why the pull failed."""
         doc = {"engine_id": source.engine_id, "block_ids": list(source.block_ids)}
         timeout = aiohttp.ClientTimeout(total=self.config.bootstrap_timeout_seconds)
@@ -177,7 +177,7 @@ class Handoff:
             return f"pull from {source.address}: no token count in {body[:200]!r}"
         return tokens
 
-    def pull(self, engine_id: str, block_ids: list[int]) -> int:
+    def hand_out(self, engine_id: str, block_ids: list[int]) -> int:
         """The prefill side of a pull: hand over held blocks (SimError 404/410 if not)."""
         if engine_id != self.engine_id:
             raise SimError(404, f"unknown engine id {engine_id!r} (this is {self.engine_id})")

@@ -52,7 +52,7 @@ class KvRoutes:
                 raise bad_request("`block_ids` must be a non-empty list of integers")
             if not all(is_int(b) for b in block_ids):
                 raise bad_request("`block_ids` must be a non-empty list of integers")
-            tokens = self.handoff.pull(engine_id, block_ids)
+            tokens = self.handoff.hand_out(engine_id, block_ids)
         except SimError as exc:
             return error_response(exc)
         return json_response({"engine_id": engine_id, "block_ids": block_ids, "tokens": tokens})
