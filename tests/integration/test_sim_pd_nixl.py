@@ -1,6 +1,7 @@
-"""vLLM's NIXL pull flow between two real ``epp sim`` processes: the prefill leg holds
-its blocks and names them in ``kv_transfer_params``; the decode leg pulls them over HTTP
-or, when it cannot, recomputes the prefill and counts it."""
+"""vLLM's NIXL pull flow between two real ``epp sim`` processes: the prefill leg (built
+by the EPP's own ``nixl_prefill``) holds its blocks and names them in
+``kv_transfer_params``; the decode leg pulls them over HTTP or, when it cannot,
+recomputes the prefill and counts it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+from epp.disagg.bodies import nixl_prefill
 from tests.support.http import request
 from tests.support.sim import SimProc, chat, completion, sims, sse_events
 from tests.support.wait import wait_for
@@ -37,24 +39,9 @@ def prompt(tokens: int = 200) -> str:
     return head + "x" * (tokens * 4 - len(head))
 
 
-def prefill_leg(doc: dict[str, Any]) -> dict[str, Any]:
-    """The prefill leg the EPP (or a sidecar) sends for ``doc``."""
-    out = {k: v for k, v in doc.items() if k != "stream_options"}
-    out.update(stream=False, max_tokens=1)
-    out["kv_transfer_params"] = {
-        "do_remote_decode": True,
-        "do_remote_prefill": False,
-        "remote_engine_id": None,
-        "remote_block_ids": None,
-        "remote_host": None,
-        "remote_port": None,
-    }
-    return out
-
-
 def run_prefill(prefill: SimProc, path: str, doc: dict[str, Any], rid: str) -> dict[str, Any]:
     """Post the prefill leg; the kv_transfer_params it returned."""
-    status, body = prefill.post(path, prefill_leg(doc), rid)
+    status, body = prefill.post(path, nixl_prefill(doc), rid)
     assert status == 200, body
     params: dict[str, Any] = orjson.loads(body)["kv_transfer_params"]
     return params
@@ -69,7 +56,7 @@ def deltas(sim: SimProc, before: dict[str, Any]) -> dict[str, int]:
 def test_prefill_leg_holds_its_blocks_and_names_them(pair: tuple[SimProc, SimProc]) -> None:
     prefill, _ = pair
     before = prefill.stats()
-    status, body = prefill.post("/v1/completions", prefill_leg(completion(prompt(200))))
+    status, body = prefill.post("/v1/completions", nixl_prefill(completion(prompt(200))))
     assert status == 200, body
     doc = orjson.loads(body)
     assert doc["usage"]["completion_tokens"] == 1 and len(doc["choices"][0]["text"]) == 4
