@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import ExitStack, aclosing
 from typing import Any
 
@@ -129,16 +129,14 @@ class SimServer:
         )
         return response
 
-    async def _tokens(self, plan: Plan, arrival: float) -> AsyncGenerator[int, None]:
+    def _tokens(self, plan: Plan, arrival: float) -> AsyncGenerator[int, None]:
         """The engine's token indexes for ``plan``, running its after-prefill step."""
         tokens = self.engine.generate(
             plan.req, received_tokens=plan.received_tokens, arrival=arrival
         )
-        async with aclosing(tokens):
-            async for index in tokens:
-                if index == 0 and plan.after_prefill is not None:
-                    await plan.after_prefill()
-                yield index
+        if plan.after_prefill is None:  # most requests: no extra generator per token
+            return tokens
+        return _after_first(tokens, plan.after_prefill)
 
     async def _complete(self, plan: Plan, arrival: float) -> web.Response:
         req = plan.req
@@ -240,6 +238,17 @@ class SimServer:
         if self.last_request is None:
             return error_response(SimError(404, "No request to /v1/* has been received yet"))
         return json_response(self.last_request.to_json())
+
+
+async def _after_first(
+    tokens: AsyncGenerator[int, None], step: Callable[[], Awaitable[None]]
+) -> AsyncGenerator[int, None]:
+    """``tokens``, awaiting ``step`` once the first one (the prefill) is done."""
+    async with aclosing(tokens):
+        async for index in tokens:
+            if index == 0:
+                await step()
+            yield index
 
 
 SIM_SERVER = web.AppKey("sim_server", SimServer)
