@@ -8,7 +8,11 @@ judged without GPUs.
 Layout: ``config`` (SimConfig), ``prefix_cache`` (pure hashing + LRU), ``protocol``
 (request parsing, pure), ``engine`` (admission queue and timing),
 ``responses`` (vLLM response bodies and SSE chunks, pure), ``metrics`` (Prometheus
-exposition), ``server`` (aiohttp app), ``cli`` (process entry point).
+exposition), ``server`` (aiohttp app), ``flags`` (the CLI flags), ``cli`` (process
+entry point). Prefill/decode handoffs: ``kv_params`` (P/D request fields, pure),
+``handoff`` (the KV connector: what each request does), ``kv_holds`` (NIXL blocks
+awaiting a pull), ``bootstrap`` (SGLang rendezvous rooms), ``kv_pool`` (the shared
+directory pool), ``kv_routes`` (the pull and join routes prefill instances serve).
 """
 
 from epp.sim.config import SimConfig

@@ -15,127 +15,21 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from epp import argtypes
-from epp.cli import add_log_level
 from epp.readyfile import write_ready
-from epp.sim.config import SimConfig
+from epp.sim.config import address
+from epp.sim.flags import add_arguments, config_from_args
+from epp.sim.kv_routes import make_bootstrap_app
 from epp.sim.orca import OrcaServer
 from epp.sim.server import SIM_SERVER, make_app
+
+# the subcommand contract of epp.cli
+__all__ = ["add_arguments", "run"]
 
 log = logging.getLogger("epp.sim")
 
 # After SIGTERM, in-flight requests get this long to finish, then as long again to
 # unwind once cancelled (aiohttp applies the timeout to both phases).
 SHUTDOWN_GRACE_S = 0.5
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``epp sim`` (process-level settings only; all have defaults)."""
-    d = SimConfig()
-    add = parser.add_argument
-    add("--host", default=d.host, help="address to listen on")
-    add(
-        "--port", type=argtypes.port, default=d.port, help="port to listen on (0 = pick a free one)"
-    )
-    add(
-        "--ready-file",
-        default=None,
-        metavar="PATH",
-        help="write {host, port, url, instance[, orca_port]} here once bound",
-    )
-    add("--model", default=d.model, help="the served model name")
-    add("--instance-id", default=None, help="name in x-sim-instance (default: host:port)")
-    add(
-        "--max-num-seqs",
-        type=argtypes.positive_int,
-        default=d.max_num_seqs,
-        help="sequences running at once; the rest wait FIFO",
-    )
-    add(
-        "--kv-blocks", type=argtypes.positive_int, default=d.kv_blocks, help="KV capacity in blocks"
-    )
-    add(
-        "--block-size", type=argtypes.positive_int, default=d.block_size, help="tokens per KV block"
-    )
-    add(
-        "--prefill-overhead-ms",
-        type=argtypes.non_negative_float,
-        default=d.prefill_overhead_ms,
-        help="fixed prefill cost per request",
-    )
-    add(
-        "--prefill-ms-per-token",
-        type=argtypes.non_negative_float,
-        default=d.prefill_ms_per_token,
-        help="prefill cost per uncached prompt token",
-    )
-    add(
-        "--decode-ms-per-token",
-        type=argtypes.non_negative_float,
-        default=d.decode_ms_per_token,
-        help="base inter-token latency",
-    )
-    add(
-        "--itl-ms-per-running-seq",
-        type=argtypes.non_negative_float,
-        default=d.itl_ms_per_running_seq,
-        help="inter-token latency added per running sequence",
-    )
-    add(
-        "--default-max-tokens",
-        type=argtypes.positive_int,
-        default=d.default_max_tokens,
-        help="tokens generated when the request sets no max_tokens",
-    )
-    add(
-        "--time-scale",
-        type=argtypes.non_negative_float,
-        default=d.time_scale,
-        help="multiplies every simulated latency (0 = answer instantly)",
-    )
-    # ORCA load reports (epp.sim.orca)
-    add(
-        "--orca-format",
-        type=str.lower,
-        choices=["none", "text", "json", "bin"],
-        default=d.orca_format,
-        help="add an endpoint-load-metrics header in this format to every non-streaming "
-        "response (a request's endpoint-load-metrics-format header overrides it)",
-    )
-    add(
-        "--orca-port",
-        type=argtypes.port,
-        default=None,
-        metavar="PORT",
-        help="serve ORCA OpenRcaService/StreamCoreMetrics (gRPC) on this port "
-        "(0 = pick a free one; not given = off)",
-    )
-    add_log_level(parser)
-
-
-def address(host: str, port: int) -> str:
-    """``host:port``, IPv6 hosts bracketed."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def config_from_args(args: argparse.Namespace, port: int) -> SimConfig:
-    """The SimConfig for parsed flags, given the port actually bound."""
-    return SimConfig(
-        model=args.model,
-        instance_id=args.instance_id or address(args.host, port),
-        host=args.host,
-        port=port,
-        max_num_seqs=args.max_num_seqs,
-        kv_blocks=args.kv_blocks,
-        block_size=args.block_size,
-        prefill_overhead_ms=args.prefill_overhead_ms,
-        prefill_ms_per_token=args.prefill_ms_per_token,
-        decode_ms_per_token=args.decode_ms_per_token,
-        itl_ms_per_running_seq=args.itl_ms_per_running_seq,
-        default_max_tokens=args.default_max_tokens,
-        time_scale=args.time_scale,
-        orca_format=args.orca_format,
-    )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -153,6 +47,27 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+async def _runner(app: web.Application, access_log: logging.Logger | None) -> web.AppRunner:
+    """A set-up runner: a client that disconnects while its request waits or prefills
+    frees its place at once (handler cancellation)."""
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=access_log,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+    )
+    await runner.setup()
+    return runner
+
+
+async def _start_site(runner: web.AppRunner, host: str, port: int) -> int:
+    """Serve ``runner`` on host:port; the port actually bound."""
+    sock = _bind(host, port)
+    await web.SockSite(runner, sock).start()
+    bound: int = sock.getsockname()[1]
+    return bound
+
+
 async def _serve(args: argparse.Namespace) -> int:
     try:
         sock = _bind(args.host, args.port)
@@ -167,18 +82,13 @@ async def _serve(args: argparse.Namespace) -> int:
         return 2
     # Access logs cost more than a simulated request at benchmark rates: debug only.
     access_log = logging.getLogger("aiohttp.access") if args.log_level == "debug" else None
-    runner = web.AppRunner(
-        make_app(config),
-        handler_cancellation=True,
-        access_log=access_log,
-        shutdown_timeout=SHUTDOWN_GRACE_S,
-    )
-    await runner.setup()
+    runner = await _runner(make_app(config), access_log)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     orca_server: OrcaServer | None = None
+    bootstrap_runner: web.AppRunner | None = None
     try:
         await web.SockSite(runner, sock).start()
         url = f"http://{address(config.host, config.port)}"
@@ -195,6 +105,16 @@ async def _serve(args: argparse.Namespace) -> int:
             except OSError as exc:
                 log.error("%s", exc)
                 return 1
+        if config.bootstrap_port is not None:  # the rendezvous on a port of its own
+            bootstrap_app = make_bootstrap_app(runner.app[SIM_SERVER].handoff)
+            bootstrap_runner = await _runner(bootstrap_app, access_log)
+            try:
+                ready["bootstrap_port"] = await _start_site(
+                    bootstrap_runner, config.host, config.bootstrap_port
+                )
+            except OSError as exc:
+                log.error("cannot serve the bootstrap rendezvous: %s", exc)
+                return 1
         write_ready(args.ready_file, ready)
         log.info("simulating %r as %s on %s: %s", config.model, config.instance_id, url, config)
         await stop.wait()
@@ -202,6 +122,8 @@ async def _serve(args: argparse.Namespace) -> int:
     finally:
         if orca_server is not None:
             await orca_server.stop()
+        if bootstrap_runner is not None:
+            await bootstrap_runner.cleanup()
         await runner.cleanup()
     return 0
 

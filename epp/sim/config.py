@@ -3,9 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+from epp.types import Role
 
 # The simulator's one tokenizer rule: a token is about 4 characters of text.
 CHARS_PER_TOKEN = 4
+
+
+def address(host: str, port: int) -> str:
+    """``host:port``, IPv6 hosts bracketed."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class KvConnector(StrEnum):
+    """How a prefill instance hands its KV to a decode instance (epp.sim.handoff)."""
+
+    NIXL = "nixl"  # vLLM NixlConnector: the decode pulls blocks named in kv_transfer_params
+    SGLANG = "sglang"  # SGLang bootstrap rendezvous: both legs run at once
+    MOONCAKE = "mooncake"  # SGLang's Mooncake transfer backend: the same rendezvous
+    POOL = "pool"  # a KV pool shared by all instances (Mooncake store, LMCache)
+
+    @property
+    def rendezvous(self) -> bool:
+        return self in (KvConnector.SGLANG, KvConnector.MOONCAKE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +53,15 @@ class SimConfig:
     time_scale: float = 1.0
     # ORCA response header on non-streaming responses: none | text | json | bin
     orca_format: str = "none"
+    # Prefill/decode disaggregation (epp.sim.handoff). The three times below are wall
+    # time: ``time_scale`` does not apply, as they model protocol timeouts, not compute.
+    role: Role = Role.BOTH
+    kv_connector: KvConnector = KvConnector.NIXL
+    kv_hold_seconds: float = 30.0  # how long a NIXL prefill keeps blocks for pickup
+    bootstrap_timeout_seconds: float = 10.0  # rendezvous wait, and the NIXL pull's timeout
+    kv_transfer_ms_per_token: float = 0.005  # decode-side cost of KV received, scaled
+    kv_pool_dir: str | None = None  # the shared pool (kv_connector pool only)
+    bootstrap_port: int | None = None  # a separate rendezvous port (sglang/mooncake)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -42,6 +72,7 @@ class SimConfig:
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, got {self.port}")
+        self._check_disaggregation()
         for name in ("max_num_seqs", "kv_blocks", "block_size", "default_max_tokens"):
             value = getattr(self, name)
             if value < 1:
@@ -52,11 +83,34 @@ class SimConfig:
             "decode_ms_per_token",
             "itl_ms_per_running_seq",
             "time_scale",
+            "kv_hold_seconds",
+            "bootstrap_timeout_seconds",
+            "kv_transfer_ms_per_token",
         ):
             value = getattr(self, name)
             # `not value >= 0` also rejects NaN.
             if not value >= 0 or value == float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+
+    def _check_disaggregation(self) -> None:
+        pool = self.kv_connector is KvConnector.POOL
+        if pool and not self.kv_pool_dir:
+            raise ValueError(
+                "kv_connector pool needs a kv_pool_dir (--kv-pool-dir) shared by all instances"
+            )
+        if self.kv_pool_dir and not pool:
+            raise ValueError(
+                f"kv_pool_dir only applies to kv_connector pool, not {self.kv_connector}"
+            )
+        if self.bootstrap_port is not None:
+            if not self.kv_connector.rendezvous:
+                raise ValueError(
+                    f"bootstrap_port (--bootstrap-port) only applies to kv_connector sglang "
+                    f"or mooncake, "
+                    f"not {self.kv_connector}"
+                )
+            if not 0 <= self.bootstrap_port <= 65535:
+                raise ValueError(f"bootstrap_port must be 0-65535, got {self.bootstrap_port}")
 
     @property
     def block_chars(self) -> int:

@@ -36,6 +36,27 @@ def prefill_seconds(config: SimConfig, uncached_tokens: int) -> float:
     return ms * config.time_scale / 1000.0
 
 
+def transfer_seconds(config: SimConfig, tokens: int) -> float:
+    """Time to receive ``tokens`` tokens of KV computed by another instance."""
+    return config.kv_transfer_ms_per_token * tokens * config.time_scale / 1000.0
+
+
+def first_token_seconds(config: SimConfig, prompt_tokens: int, cached: int, received: int) -> float:
+    """Time from admission to the first token.
+
+    ``cached`` leading prompt tokens are in the local prefix cache, ``received`` leading
+    ones arrive from another instance (capped at the prompt by the caller). Received KV
+    costs a transfer only for what the local cache lacks; whatever neither covers is
+    prefilled here, with the fixed overhead that a fully received prompt skips.
+    """
+    transferred = max(0, received - cached)
+    computed = max(0, prompt_tokens - max(cached, received))
+    seconds = transfer_seconds(config, transferred)
+    if received == 0 or computed > 0:
+        seconds += prefill_seconds(config, computed)
+    return seconds
+
+
 def itl_seconds(config: SimConfig, running: int) -> float:
     """Inter-token latency: a base cost that grows with the number of running sequences."""
     ms = config.decode_ms_per_token + config.itl_ms_per_running_seq * running
@@ -90,6 +111,10 @@ class Engine:
         self._blocks_used = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
+    def now(self) -> float:
+        """The engine's clock (arrival times passed to ``generate`` come from it)."""
+        return self._clock()
+
     @property
     def running(self) -> int:
         return self._running
@@ -106,27 +131,48 @@ class Engine:
     def kv_cache_usage(self) -> float:
         return kv_usage(self._blocks_used, self.config.kv_blocks)
 
+    def hold_blocks(self, blocks: int) -> None:
+        """Keep ``blocks`` KV blocks allocated outside any running sequence (a prefill's
+        KV waiting for a decode to pull it); undo with ``release_blocks``."""
+        self._blocks_used += blocks
+        self.prefix_cache.trim(self._cache_capacity())
+
+    def release_blocks(self, blocks: int) -> None:
+        self._blocks_used -= blocks
+
     def _cache_capacity(self) -> int:
         return self.config.kv_blocks - self._blocks_used
 
-    def _hashes(self, req: GenerationRequest) -> list[BlockHash]:
+    def block_hashes(self, req: GenerationRequest) -> list[BlockHash]:
+        """The chained hashes of the prompt's full KV blocks."""
         if req.prompt_token_ids is not None:
             return token_block_hashes(req.prompt_token_ids, self.config.block_size)
         return text_block_hashes(req.prompt_text, self.config.block_chars)
 
-    async def generate(self, req: GenerationRequest) -> AsyncGenerator[int, None]:
+    async def generate(
+        self, req: GenerationRequest, *, received_tokens: int = 0, arrival: float | None = None
+    ) -> AsyncGenerator[int, None]:
         """Yield the indexes of ``req.max_tokens`` tokens, each at its simulated time.
 
-        Waits for a running slot first. Close the generator (``contextlib.aclosing``)
-        when abandoning it early, e.g. on client disconnect: that frees the slot and the
+        Waits for a running slot first. ``received_tokens`` leading prompt tokens have KV
+        computed elsewhere (P/D handoff): they cost a transfer instead of a prefill.
+        ``arrival`` (from ``now()``) starts the TTFT clock earlier than this call, e.g.
+        before a KV handoff. Close the generator (``contextlib.aclosing``) when
+        abandoning it early, e.g. on client disconnect: that frees the slot and the
         sequence's KV blocks at once instead of whenever it is garbage-collected.
         """
-        seq = _Sequence(req.prompt_tokens, self._hashes(req), self._clock())
+        start = self._clock() if arrival is None else arrival
+        seq = _Sequence(req.prompt_tokens, self.block_hashes(req), start)
         self.counters.requests_total += 1
         await self._admit()
         try:
             self._schedule(seq)
-            delay = prefill_seconds(self.config, seq.prompt_tokens - seq.cached_tokens)
+            delay = first_token_seconds(
+                self.config,
+                seq.prompt_tokens,
+                seq.cached_tokens,
+                min(received_tokens, seq.prompt_tokens),
+            )
             if delay > 0:
                 await self._sleep(delay)
             self.counters.prompt_tokens_total += seq.prompt_tokens

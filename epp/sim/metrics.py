@@ -2,7 +2,9 @@
 
 Gauges and counters are read from the engine when scraped, so they always show the
 live state and cost nothing per request; only the TTFT histogram is observed as
-requests run. Every series carries ``model_name``, as vLLM's do.
+requests run. Every series carries ``model_name``, as vLLM's do. The P/D handoff
+counters and ``sim:instance_info`` (role, KV connector) are the simulator's own
+(``sim:`` prefix): real servers have no such series, tests and benchmarks read them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from epp.sim.engine import Engine
+from epp.sim.handoff import Handoff
 
 # vLLM's buckets for vllm:time_to_first_token_seconds.
 TTFT_BUCKETS = (
@@ -24,12 +27,28 @@ TTFT_BUCKETS = (
 
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+# sim:<name>_total, read from the HandoffCounters field <name> (also in /sim/stats)
+HANDOFF_COUNTERS = (
+    ("kv_transfers", "Requests whose prompt KV came from another instance."),
+    ("recomputed_prefills", "Requests handed KV they could not get, so prefilled here."),
+    ("local_prefills", "Requests with no KV handoff, prefilled here."),
+    ("prefill_legs", "Requests served as the prefill leg of a P/D pair."),
+    ("bootstrap_failures", "Bootstrap rendezvous that timed out or failed, either side."),
+)
+
+
+def _counter(name: str, doc: str, model: list[str], value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=["model_name"])
+    family.add_metric(model, value)
+    return family
+
 
 class _EngineCollector(Collector):
     """Reads the engine's live state and counters at scrape time."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, handoff: Handoff) -> None:
         self._engine = engine
+        self._handoff = handoff
 
     def collect(self) -> Iterable[Metric]:
         engine, config = self._engine, self._engine.config
@@ -42,9 +61,7 @@ class _EngineCollector(Collector):
             return family
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, doc, labels=["model_name"])
-            family.add_metric(model, value)
-            return family
+            return _counter(name, doc, model, value)
 
         yield gauge("vllm:num_requests_running", "Requests in model execution.", engine.running)
         yield gauge("vllm:num_requests_waiting", "Requests waiting to run.", engine.waiting)
@@ -85,6 +102,23 @@ class _EngineCollector(Collector):
             "Prefix-cache hits, in cached tokens.",
             counters.prefix_cache_hits_tokens,
         )
+        yield from self._handoff_metrics()
+
+    def _handoff_metrics(self) -> Iterable[Metric]:
+        config, handoffs = self._engine.config, self._handoff.counters
+        model = [config.model]
+        info = GaugeMetricFamily(
+            "sim:instance_info",
+            "The simulator's P/D role and KV connector.",
+            labels=["model_name", "role", "kv_connector", "engine_id"],
+        )
+        info.add_metric(
+            [config.model, config.role.value, config.kv_connector.value, self._handoff.engine_id],
+            1.0,
+        )
+        yield info
+        for name, doc in HANDOFF_COUNTERS:
+            yield _counter(f"sim:{name}", doc, model, getattr(handoffs, name))
 
 
 class SimMetrics:
@@ -104,9 +138,9 @@ class SimMetrics:
     def observe_ttft(self, seconds: float) -> None:
         self._ttft.observe(seconds)
 
-    def attach(self, engine: Engine) -> None:
-        """Expose ``engine``'s gauges and counters (call once)."""
-        self.registry.register(_EngineCollector(engine))
+    def attach(self, engine: Engine, handoff: Handoff) -> None:
+        """Expose ``engine``'s and ``handoff``'s gauges and counters (call once)."""
+        self.registry.register(_EngineCollector(engine, handoff))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of everything registered."""

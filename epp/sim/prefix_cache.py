@@ -88,6 +88,15 @@ class PrefixCache:
             matched += 1
         return matched
 
+    def peek(self, hashes: Sequence[BlockHash]) -> int:
+        """Number of leading blocks of ``hashes`` that are cached, leaving recency as is."""
+        matched = 0
+        for h in hashes:
+            if h not in self._blocks:
+                break
+            matched += 1
+        return matched
+
     def insert(self, hashes: Sequence[BlockHash], capacity: int) -> None:
         """Cache a prompt's blocks as most recently used, keeping at most ``capacity``.
 

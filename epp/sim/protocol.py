@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from enum import StrEnum
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -80,7 +80,8 @@ def text_tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN)
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
+    """A JSON integer (booleans are ints in Python, not in JSON)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -93,9 +94,9 @@ def _completion_prompt(prompt: object) -> tuple[str, tuple[int, ...] | None]:
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             return "".join(prompt), None
-        if all(_is_int(p) for p in prompt):
+        if all(is_int(p) for p in prompt):
             return "", tuple(prompt)
-        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+        if all(isinstance(p, list) and p and all(is_int(t) for t in p) for p in prompt):
             return "", tuple(t for p in prompt for t in p)
     raise bad_request(
         "`prompt` must be a non-empty string, list of strings, list of token ids "
@@ -133,7 +134,7 @@ def _max_tokens(body: dict[str, Any], default: int) -> int:
         value = body.get(name)
         if value is None:
             continue
-        if not _is_int(value) or not 1 <= value <= MAX_TOKENS_LIMIT:
+        if not is_int(value) or not 1 <= value <= MAX_TOKENS_LIMIT:
             raise bad_request(f"`{name}` must be an integer between 1 and {MAX_TOKENS_LIMIT}")
         return int(value)
     return default

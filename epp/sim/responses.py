@@ -1,4 +1,5 @@
-"""Build vLLM's OpenAI-compatible response bodies and SSE chunks (pure, no I/O).
+"""Build vLLM's OpenAI-compatible response bodies and SSE chunks (pure, no I/O), and
+the aiohttp JSON responses that carry them.
 
 Shapes follow vLLM's ``/v1/completions`` and ``/v1/chat/completions``: ids ``cmpl-*`` /
 ``chatcmpl-*``, ``logprobs: null``, ``finish_reason`` plus ``stop_reason: null``, and
@@ -13,8 +14,9 @@ import time
 from typing import Any
 
 import orjson
+from aiohttp import web
 
-from epp.sim.protocol import ApiKind, GenerationRequest
+from epp.sim.protocol import ApiKind, GenerationRequest, SimError
 
 # Each word is exactly 4 characters: the simulator's tokenizer rule (chars / 4).
 WORDS = ("the ", "sim ", "tok ", "and ", "kv. ", "gpu ", "for ", "one ")
@@ -132,3 +134,12 @@ def models_list(model: str, created: int, max_model_len: int) -> dict[str, Any]:
         "max_model_len": max_model_len,
     }
     return {"object": "list", "data": [card]}
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+
+
+def error_response(exc: SimError) -> web.Response:
+    """vLLM's error body with the error's status."""
+    return json_response(exc.body(), status=exc.status)

@@ -1,20 +1,22 @@
 """The simulator's HTTP surface: an aiohttp app serving vLLM's API plus test hooks.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics``, and for tests ``GET /sim/stats`` and
-``GET /sim/last-request``. Every response carries ``x-sim-instance: <instance id>``.
+``GET /health``, ``GET /metrics``, for tests ``GET /sim/stats``,
+``GET /sim/last-request`` and ``POST /sim/faults``, and for P/D handoffs between
+instances ``POST /sim/kv/pull`` and ``POST /sim/bootstrap/join`` (epp.sim.kv_routes).
+Every response carries ``x-sim-instance: <instance id>``.
 
 Both generation routes go through ``SimServer.generate``: the one place where a request
-is read, recorded, parsed and run, and where future features (P/D roles, KV-transfer
-params, ORCA load headers) hook in.
+is read, recorded, parsed, planned (the KV handoff, epp.sim.handoff) and run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
-from contextlib import aclosing
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import ExitStack, aclosing
 from typing import Any
 
 import orjson
@@ -24,8 +26,11 @@ from multidict import CIMultiDictProxy
 from epp.sim import orca, responses
 from epp.sim.config import SimConfig
 from epp.sim.engine import Engine
+from epp.sim.handoff import Handoff, Plan
+from epp.sim.kv_routes import KvRoutes
 from epp.sim.metrics import METRICS_CONTENT_TYPE, SimMetrics
-from epp.sim.protocol import MAX_TOKENS_LIMIT, ApiKind, GenerationRequest, SimError, parse_request
+from epp.sim.protocol import MAX_TOKENS_LIMIT, ApiKind, SimError, parse_request
+from epp.sim.responses import error_response, json_response
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +39,14 @@ INSTANCE_HEADER = "x-sim-instance"
 MAX_BODY_BYTES = 256 * 1024 * 1024
 
 
-@dataclass(slots=True)
+@dataclasses.dataclass(slots=True)
 class LastRequest:
-    """The most recent POST to /v1/*, kept as received; digest and dict built on demand."""
+    """The most recent POST to /v1/*, kept as received; digest and JSON built on demand."""
 
     path: str
     headers: CIMultiDictProxy[str]
     body: bytes
-    _sha256: str | None = field(default=None, init=False)
+    _sha256: str | None = dataclasses.field(default=None, init=False)
 
     def to_json(self) -> dict[str, Any]:
         if self._sha256 is None:
@@ -51,20 +56,17 @@ class LastRequest:
         for name, value in self.headers.items():
             key = name.lower()
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        try:
+            body: Any = orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            body = None
         return {
             "path": self.path,
             "headers": headers,
+            "body": body,  # the parsed JSON body; null when it is not JSON
             "body_bytes": len(self.body),
             "body_sha256": self._sha256,
         }
-
-
-def json_response(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
-
-
-def error_response(exc: SimError) -> web.Response:
-    return json_response(exc.body(), status=exc.status)
 
 
 class SimServer:
@@ -74,10 +76,14 @@ class SimServer:
         self.config = config
         self.metrics = SimMetrics(config.model)
         self.engine = Engine(config, on_first_token=self.metrics.observe_ttft)
-        self.metrics.attach(self.engine)
+        self.handoff = Handoff(config, self.engine)
+        self.metrics.attach(self.engine, self.handoff)
         self.last_request: LastRequest | None = None
         # fault injection for tests: /metrics answers 503 while set (see /sim/faults)
         self.metrics_down = False
+
+    async def close(self, app: web.Application) -> None:
+        await self.handoff.close()
 
     async def tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[INSTANCE_HEADER] = self.config.instance_id
@@ -107,24 +113,44 @@ class SimServer:
             )
         except SimError as exc:
             return error_response(exc)
-        if req.stream:
-            return await self._stream(request, req)
-        response = await self._complete(req)
+        # TTFT counts from here: a KV handoff's wait is part of it.
+        arrival = self.engine.now()
+        with ExitStack() as stack:
+            try:
+                plan = await self.handoff.prepare(req, stack)
+            except SimError as exc:
+                return error_response(exc)
+            if plan.req.stream:
+                return await self._stream(request, plan, arrival)
+            response = await self._complete(plan, arrival)
         # ORCA load header (vLLM: non-streaming responses only)
         orca.add_load_header(
             response.headers, request.headers, self.config.orca_format, self.engine
         )
         return response
 
-    async def _complete(self, req: GenerationRequest) -> web.Response:
+    def _tokens(self, plan: Plan, arrival: float) -> AsyncGenerator[int, None]:
+        """The engine's token indexes for ``plan``, running its after-prefill step."""
+        tokens = self.engine.generate(
+            plan.req, received_tokens=plan.received_tokens, arrival=arrival
+        )
+        if plan.after_prefill is None:  # most requests: no extra generator per token
+            return tokens
+        return _after_first(tokens, plan.after_prefill)
+
+    async def _complete(self, plan: Plan, arrival: float) -> web.Response:
+        req = plan.req
         rid, created = responses.response_id(req), responses.now_created()
         generated = 0
-        async with aclosing(self.engine.generate(req)) as tokens:
+        async with aclosing(self._tokens(plan, arrival)) as tokens:
             async for _ in tokens:
                 generated += 1
-        return json_response(responses.full_response(req, rid, created, generated))
+        body = responses.full_response(req, rid, created, generated)
+        body.update(plan.response_fields)
+        return json_response(body)
 
-    async def _stream(self, request: web.Request, req: GenerationRequest) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, plan: Plan, arrival: float) -> web.StreamResponse:
+        req = plan.req
         rid, created = responses.response_id(req), responses.now_created()
         resp = web.StreamResponse(
             headers={
@@ -137,7 +163,7 @@ class SimServer:
         generated = 0
         try:
             # aclosing: a disconnect must free the running slot now, not at GC time.
-            async with aclosing(self.engine.generate(req)) as tokens:
+            async with aclosing(self._tokens(plan, arrival)) as tokens:
                 async for index in tokens:
                     if index == 0 and req.kind is ApiKind.CHAT:
                         # vLLM sends the role delta once the first output exists.
@@ -170,11 +196,14 @@ class SimServer:
         )
 
     async def stats(self, request: web.Request) -> web.Response:
-        engine, counters = self.engine, self.engine.counters
+        engine, counters, config = self.engine, self.engine.counters, self.config
         return json_response(
             {
-                "instance": self.config.instance_id,
-                "model": self.config.model,
+                "instance": config.instance_id,
+                "model": config.model,
+                "role": config.role.value,
+                "kv_connector": config.kv_connector.value,
+                "engine_id": self.handoff.engine_id,
                 "requests_total": counters.requests_total,
                 "running": engine.running,
                 "waiting": engine.waiting,
@@ -184,6 +213,11 @@ class SimServer:
                 "prefix_cache_hits_tokens": counters.prefix_cache_hits_tokens,
                 "prompt_tokens_total": counters.prompt_tokens_total,
                 "generation_tokens_total": counters.generation_tokens_total,
+                # kv_transfers, recomputed_prefills, local_prefills, prefill_legs,
+                # bootstrap_failures
+                **dataclasses.asdict(self.handoff.counters),
+                "kv_blocks_held": self.handoff.holds.blocks_held,
+                "bootstrap_rooms": len(self.handoff.rooms),
             }
         )
 
@@ -204,6 +238,17 @@ class SimServer:
         if self.last_request is None:
             return error_response(SimError(404, "No request to /v1/* has been received yet"))
         return json_response(self.last_request.to_json())
+
+
+async def _after_first(
+    tokens: AsyncGenerator[int, None], step: Callable[[], Awaitable[None]]
+) -> AsyncGenerator[int, None]:
+    """``tokens``, awaiting ``step`` once the first one (the prefill) is done."""
+    async with aclosing(tokens):
+        async for index in tokens:
+            if index == 0:
+                await step()
+            yield index
 
 
 SIM_SERVER = web.AppKey("sim_server", SimServer)
@@ -227,4 +272,6 @@ def make_app(config: SimConfig) -> web.Application:
     app.router.add_get("/sim/stats", server.stats)
     app.router.add_get("/sim/last-request", server.last_request_info)
     app.router.add_post("/sim/faults", server.faults)
+    KvRoutes(server.handoff).add_to(app)
+    app.on_cleanup.append(server.close)
     return app

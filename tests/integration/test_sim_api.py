@@ -297,6 +297,14 @@ def test_last_request_records_the_exact_bytes(sim: Sim, prompt_chars: int) -> No
     assert last["body_sha256"] == hashlib.sha256(body).hexdigest()
     assert last["headers"]["x-trace"] == "t1"
     assert last["headers"]["content-type"] == "application/json"
+    assert last["body"] == {"max_tokens": 1, "prompt": "z" * prompt_chars, "model": MODEL}
+
+
+def test_last_request_body_is_null_when_not_json(sim: Sim) -> None:
+    status, _, _ = http(f"{sim.url}/v1/completions", b"{not json", {"X-Trace": "t2"})
+    assert status == 400
+    last = get_json(f"{sim.url}/sim/last-request")
+    assert last["body"] is None and last["body_bytes"] == 9 and last["headers"]["x-trace"] == "t2"
 
 
 def test_every_response_names_its_instance(sim: Sim) -> None:

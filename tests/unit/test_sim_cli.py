@@ -6,7 +6,9 @@ import argparse
 
 import pytest
 
-from epp.sim.cli import add_arguments, address, config_from_args
+from epp.sim.config import KvConnector, address
+from epp.sim.flags import add_arguments, config_from_args
+from epp.types import Role
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -36,6 +38,43 @@ def test_config_from_args_uses_the_bound_port_for_the_instance_id() -> None:
     assert (named.instance_id, named.model) == ("pod-a", "m")
 
 
+def test_disaggregation_flags() -> None:
+    args = parse()
+    assert (args.role, args.kv_connector, args.kv_pool_dir, args.bootstrap_port) == (
+        Role.BOTH,
+        "nixl",
+        None,
+        None,
+    )
+    assert (args.kv_hold_seconds, args.bootstrap_timeout_seconds) == (30.0, 10.0)
+    assert args.kv_transfer_ms_per_token == 0.005
+    config = config_from_args(
+        parse(
+            "--role", "Prefill", "--kv-connector", "MOONCAKE", "--bootstrap-port", "0",
+            "--kv-hold-seconds", "2", "--bootstrap-timeout-seconds", "0.5",
+            "--kv-transfer-ms-per-token", "0.01",
+        ),
+        9000,
+    )  # fmt: skip
+    assert (config.role, config.kv_connector, config.bootstrap_port) == (
+        Role.PREFILL,
+        KvConnector.MOONCAKE,
+        0,
+    )
+    assert (config.kv_hold_seconds, config.bootstrap_timeout_seconds) == (2.0, 0.5)
+    assert config.kv_transfer_ms_per_token == 0.01
+    assert parse("--role", "both").role is Role.BOTH  # llm-d's older spelling
+    pool = config_from_args(parse("--kv-connector", "pool", "--kv-pool-dir", "/tmp/p"), 1)
+    assert (pool.kv_connector, pool.kv_pool_dir) == (KvConnector.POOL, "/tmp/p")
+
+
+def test_flag_combinations_that_make_no_sense_are_rejected() -> None:
+    with pytest.raises(ValueError, match="--kv-pool-dir"):
+        config_from_args(parse("--kv-connector", "pool"), 1)
+    with pytest.raises(ValueError, match="--bootstrap-port"):
+        config_from_args(parse("--bootstrap-port", "9"), 1)
+
+
 def test_ipv6_addresses_are_bracketed() -> None:
     assert address("::1", 80) == "[::1]:80"
     assert address("10.0.0.1", 80) == "10.0.0.1:80"
@@ -55,6 +94,12 @@ def test_ipv6_addresses_are_bracketed() -> None:
         ("--decode-ms-per-token", "nan"),
         ("--itl-ms-per-running-seq", "inf"),
         ("--time-scale", "-2"),
+        ("--role", "router"),
+        ("--kv-connector", "rdma"),
+        ("--kv-hold-seconds", "-1"),
+        ("--bootstrap-timeout-seconds", "inf"),
+        ("--kv-transfer-ms-per-token", "x"),
+        ("--bootstrap-port", "70000"),
     ],
 )
 def test_invalid_values_are_argparse_errors(

@@ -14,6 +14,7 @@ from epp.sim.engine import (
     Engine,
     blocks_for,
     cached_tokens,
+    first_token_seconds,
     itl_seconds,
     kv_usage,
     prefill_seconds,
@@ -61,6 +62,22 @@ def test_timing_formulas() -> None:
     assert itl_seconds(half, 10) == pytest.approx(0.0065)
     instant = replace(CONFIG, time_scale=0)
     assert prefill_seconds(instant, 10**6) == 0 and itl_seconds(instant, 100) == 0
+
+
+def test_first_token_formula_for_received_kv() -> None:
+    transfer = 0.005 / 1000  # kv_transfer_ms_per_token default, in seconds per token
+    # nothing received: the plain prefill of the uncached part
+    assert first_token_seconds(CONFIG, 1000, 200, 0) == pytest.approx(prefill_seconds(CONFIG, 800))
+    # all received: a transfer per token, no prefill overhead
+    assert first_token_seconds(CONFIG, 1000, 0, 1000) == pytest.approx(1000 * transfer)
+    # what the local cache holds is not transferred again
+    assert first_token_seconds(CONFIG, 1000, 600, 1000) == pytest.approx(400 * transfer)
+    assert first_token_seconds(CONFIG, 1000, 1000, 1000) == 0
+    # part received: transfer it, prefill the rest
+    assert first_token_seconds(CONFIG, 1000, 0, 700) == pytest.approx(
+        700 * transfer + prefill_seconds(CONFIG, 300)
+    )
+    assert first_token_seconds(replace(CONFIG, time_scale=0), 1000, 0, 1000) == 0
 
 
 def test_block_and_usage_formulas() -> None:
@@ -180,3 +197,36 @@ async def test_cancelled_waiter_leaves_the_queue() -> None:
     await holder.aclose()
     assert engine.running == 0
     assert await run(engine, request("next", 1)) == [0]
+
+
+async def test_received_kv_replaces_the_prefill_and_ttft_counts_from_arrival() -> None:
+    fake, ttfts = FakeTime(), list[float]()
+    engine = Engine(CONFIG, clock=fake.clock, sleep=fake.sleep, on_first_token=ttfts.append)
+    arrival = engine.now()
+    fake.now += 0.25  # the handoff took this long before the engine saw the request
+    req = request("r" * 4000, 1)  # 1000 tokens
+    assert await run_received(engine, req, 1000, arrival) == [0]
+    assert fake.sleeps == [pytest.approx(1000 * 0.005 / 1000)]
+    assert ttfts == [pytest.approx(0.25 + 0.005)]
+    # the received prompt is now cached here
+    assert engine.counters.prefix_cache_hits_tokens == 0
+    await run(engine, request("r" * 4000, 1))
+    assert engine.counters.prefix_cache_hits_tokens == 62 * 16
+
+
+async def run_received(
+    engine: Engine, req: GenerationRequest, received: int, arrival: float
+) -> list[int]:
+    async with aclosing(engine.generate(req, received_tokens=received, arrival=arrival)) as tokens:
+        return [i async for i in tokens]
+
+
+async def test_held_blocks_count_as_used_and_squeeze_the_cache() -> None:
+    engine = Engine(replace(CONFIG, time_scale=0, kv_blocks=20))
+    await run(engine, request("h" * 64 * 6, 1))
+    assert len(engine.prefix_cache) == 6
+    engine.hold_blocks(17)
+    assert engine.kv_blocks_used == 17 and engine.kv_cache_usage == pytest.approx(0.85)
+    assert len(engine.prefix_cache) == 3
+    engine.release_blocks(17)
+    assert engine.kv_blocks_used == 0

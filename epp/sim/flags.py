@@ -1,0 +1,187 @@
+"""The flags of ``epp sim`` and the SimConfig they build (no I/O)."""
+
+from __future__ import annotations
+
+import argparse
+
+from epp import argtypes
+from epp.cli import add_log_level
+from epp.sim.config import KvConnector, SimConfig, address
+from epp.types import Role
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``epp sim`` (process-level settings only; all have defaults)."""
+    d = SimConfig()
+    add = parser.add_argument
+    add("--host", default=d.host, help="address to listen on")
+    add(
+        "--port", type=argtypes.port, default=d.port, help="port to listen on (0 = pick a free one)"
+    )
+    add(
+        "--ready-file",
+        default=None,
+        metavar="PATH",
+        help="write {host, port, url, instance[, orca_port][, bootstrap_port]} here once bound",
+    )
+    add("--model", default=d.model, help="the served model name")
+    add("--instance-id", default=None, help="name in x-sim-instance (default: host:port)")
+    add(
+        "--max-num-seqs",
+        type=argtypes.positive_int,
+        default=d.max_num_seqs,
+        help="sequences running at once; the rest wait FIFO",
+    )
+    add(
+        "--kv-blocks", type=argtypes.positive_int, default=d.kv_blocks, help="KV capacity in blocks"
+    )
+    add(
+        "--block-size", type=argtypes.positive_int, default=d.block_size, help="tokens per KV block"
+    )
+    add(
+        "--prefill-overhead-ms",
+        type=argtypes.non_negative_float,
+        default=d.prefill_overhead_ms,
+        help="fixed prefill cost per request",
+    )
+    add(
+        "--prefill-ms-per-token",
+        type=argtypes.non_negative_float,
+        default=d.prefill_ms_per_token,
+        help="prefill cost per uncached prompt token",
+    )
+    add(
+        "--decode-ms-per-token",
+        type=argtypes.non_negative_float,
+        default=d.decode_ms_per_token,
+        help="base inter-token latency",
+    )
+    add(
+        "--itl-ms-per-running-seq",
+        type=argtypes.non_negative_float,
+        default=d.itl_ms_per_running_seq,
+        help="inter-token latency added per running sequence",
+    )
+    add(
+        "--default-max-tokens",
+        type=argtypes.positive_int,
+        default=d.default_max_tokens,
+        help="tokens generated when the request sets no max_tokens",
+    )
+    add(
+        "--time-scale",
+        type=argtypes.non_negative_float,
+        default=d.time_scale,
+        help="multiplies every simulated latency (0 = answer instantly)",
+    )
+    # ORCA load reports (epp.sim.orca)
+    add(
+        "--orca-format",
+        type=str.lower,
+        choices=["none", "text", "json", "bin"],
+        default=d.orca_format,
+        help="add an endpoint-load-metrics header in this format to every non-streaming "
+        "response (a request's endpoint-load-metrics-format header overrides it)",
+    )
+    add(
+        "--orca-port",
+        type=argtypes.port,
+        default=None,
+        metavar="PORT",
+        help="serve ORCA OpenRcaService/StreamCoreMetrics (gRPC) on this port "
+        "(0 = pick a free one; not given = off)",
+    )
+    _add_disaggregation_arguments(parser, d)
+    add_log_level(parser)
+
+
+def _role(text: str) -> Role:
+    try:
+        return Role.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_disaggregation_arguments(parser: argparse.ArgumentParser, d: SimConfig) -> None:
+    group = parser.add_argument_group(
+        "prefill/decode disaggregation", "how this instance takes part in a P/D split"
+    )
+    add = group.add_argument
+    add(
+        "--role",
+        type=_role,
+        default=d.role,
+        metavar="{prefill,decode,prefill-decode}",
+        help="the instance's P/D role ('both' = prefill-decode); it decides which side of "
+        "an sglang/mooncake rendezvous it takes and whether it writes or reads a KV pool",
+    )
+    add(
+        "--kv-connector",
+        type=str.lower,
+        choices=[c.value for c in KvConnector],
+        default=d.kv_connector.value,
+        help="how KV moves between instances: nixl (vLLM: the decode pulls the blocks named "
+        "in kv_transfer_params), sglang or mooncake (bootstrap rendezvous, both legs at "
+        "once), pool (a KV pool shared through --kv-pool-dir)",
+    )
+    add(
+        "--kv-hold-seconds",
+        type=argtypes.non_negative_float,
+        default=d.kv_hold_seconds,
+        help="nixl: how long a prefill keeps its blocks for a decode to pull (wall time)",
+    )
+    add(
+        "--kv-transfer-ms-per-token",
+        type=argtypes.non_negative_float,
+        default=d.kv_transfer_ms_per_token,
+        help="decode cost per prompt token whose KV is received instead of computed",
+    )
+    add(
+        "--bootstrap-timeout-seconds",
+        type=argtypes.non_negative_float,
+        default=d.bootstrap_timeout_seconds,
+        help="sglang/mooncake: how long either side waits in a bootstrap room; nixl: the "
+        "pull's timeout (wall time)",
+    )
+    add(
+        "--bootstrap-port",
+        type=argtypes.port,
+        default=None,
+        metavar="PORT",
+        help="sglang/mooncake prefill: also serve the rendezvous on this port (0 = pick a "
+        "free one; not given: the HTTP port only)",
+    )
+    add(
+        "--kv-pool-dir",
+        default=None,
+        metavar="DIR",
+        help="pool: the directory every instance of the deployment shares as its KV pool "
+        "(created on first write; required with --kv-connector pool)",
+    )
+
+
+def config_from_args(args: argparse.Namespace, port: int) -> SimConfig:
+    """The SimConfig for parsed flags, given the port actually bound."""
+    return SimConfig(
+        model=args.model,
+        instance_id=args.instance_id or address(args.host, port),
+        host=args.host,
+        port=port,
+        max_num_seqs=args.max_num_seqs,
+        kv_blocks=args.kv_blocks,
+        block_size=args.block_size,
+        prefill_overhead_ms=args.prefill_overhead_ms,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        decode_ms_per_token=args.decode_ms_per_token,
+        itl_ms_per_running_seq=args.itl_ms_per_running_seq,
+        default_max_tokens=args.default_max_tokens,
+        time_scale=args.time_scale,
+        orca_format=args.orca_format,
+        role=args.role,
+        kv_connector=KvConnector(args.kv_connector),
+        kv_hold_seconds=args.kv_hold_seconds,
+        bootstrap_timeout_seconds=args.bootstrap_timeout_seconds,
+        kv_transfer_ms_per_token=args.kv_transfer_ms_per_token,
+        kv_pool_dir=args.kv_pool_dir,
+        bootstrap_port=args.bootstrap_port,
+    )
