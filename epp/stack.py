@@ -340,7 +340,7 @@ epp stack is up.
   EPP ext_proc gRPC           {HOST}:{stack.grpc_port}
   EPP metrics                 {stack.epp_http_url}/metrics
   Envoy admin                 {stack.envoy.admin_url}
-  model servers (model {model})  coordinator {stack.opts.coordinator}
+  model servers               model {model}, coordinator {stack.opts.coordinator}
 {servers}
   logs and configs            {stack.workdir}
 
