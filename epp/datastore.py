@@ -1,19 +1,64 @@
-"""The endpoint registry: membership, per-endpoint state and the EPP's in-flight counts.
+"""The endpoint registry: membership, each member's lifecycle, and in-flight counts.
 
-Writers (discovery, admin API, the Envoy adapter) call its methods on the event loop;
-the scheduler only ever sees :class:`Snapshot`s.
+Lifecycle of a member (``Status``)::
+
+    waiting ──▶ healthy ◀──▶ ejected
+                  │            │
+                  └──▶ draining ◀┘ ──▶ gone
+
+* ``waiting``: announced (admin API) but not answering yet; never picked.
+* ``healthy`` (ACTIVE): the only status the scheduler sees (``Snapshot.endpoints``).
+* ``ejected``: failing; out of picking until its health module reinstates it.
+* ``draining``: removed while requests were in flight: no new picks; it goes when its
+  last request ends or its drain deadline passes (:meth:`Datastore.expire_drains`).
+
+Every source (static flags, Kubernetes discovery, the admin API) calls :meth:`add` and
+:meth:`remove`; ``remove`` drains, so no source can cut requests short. One address is
+one member whoever added it: the last ``add`` decides its role and labels, and a
+``remove`` from any source removes it (documented in docs/architecture.md).
+
+Writers call these methods on the event loop; the scheduler only reads snapshots.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from enum import StrEnum
 from types import MappingProxyType
 
 from epp.types import Endpoint, EndpointMetrics, EndpointState, Snapshot
 
 log = logging.getLogger(__name__)
+
+DEFAULT_DRAIN_TIMEOUT_S = 600.0
+
+
+class Status(StrEnum):
+    WAITING = "waiting"
+    ACTIVE = "healthy"
+    EJECTED = "ejected"
+    DRAINING = "draining"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One address the datastore knows, whatever its status (a copy: read-only)."""
+
+    state: EndpointState
+    status: Status
+    since: float  # monotonic time of the last status change
+    until: float = 0.0  # draining: the deadline; 0 otherwise
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self.state.endpoint
+
+    @property
+    def address(self) -> str:
+        return self.state.address
 
 
 class InFlightTicket:
@@ -35,7 +80,16 @@ class InFlightTicket:
 
 
 class Datastore:
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.drain_timeout_s = drain_timeout_s
+        self._clock = clock
+        self._members: dict[str, Member] = {}
+        # the active members' states: what snapshots hold (kept in step with _members)
         self._states: dict[str, EndpointState] = {}
         self._states_view = MappingProxyType(self._states)
         self._in_flight: dict[str, int] = {}
@@ -47,49 +101,120 @@ class Datastore:
         self._listeners: list[Callable[[], None]] = []
 
     # -- membership ---------------------------------------------------------------
-    def add(self, endpoint: Endpoint) -> bool:
-        """Add or replace an endpoint; returns False if it was already present unchanged."""
-        current = self._states.get(endpoint.address)
-        if current is not None and current.endpoint == endpoint:
+    def add(self, endpoint: Endpoint, *, waiting: bool = False) -> bool:
+        """Add (``waiting``: announce) an endpoint, or update a member's role/labels.
+
+        A draining member is taken back (someone wants it again); an ejected one stays
+        ejected (a discovery resync must not undo a health decision); a waiting one
+        becomes active unless ``waiting``. Returns False if nothing changed.
+        """
+        current = self._members.get(endpoint.address)
+        metrics = current.state.metrics if current is not None else None
+        if current is None:
+            status = Status.WAITING if waiting else Status.ACTIVE
+        elif current.status is Status.EJECTED:
+            status = Status.EJECTED
+        elif current.status is Status.WAITING and waiting:
+            status = Status.WAITING
+        else:
+            status = Status.ACTIVE
+        if current is not None and current.endpoint == endpoint and current.status is status:
             return False
         # a changed endpoint (e.g. new role) keeps the load it last reported
-        self._states[endpoint.address] = EndpointState(
-            endpoint, current.metrics if current is not None else None
-        )
+        self._set(EndpointState(endpoint, metrics), status)
         self._in_flight.setdefault(endpoint.address, 0)
         self._in_flight_tokens.setdefault(endpoint.address, 0)
         self._changed()
-        log.info("endpoint %s added (role=%s)", endpoint.address, endpoint.role.value)
+        log.info(
+            "endpoint %s %s (role=%s)",
+            endpoint.address,
+            "is waiting to start" if status is Status.WAITING else f"is {status.value}",
+            endpoint.role.value,
+        )
         return True
 
     def remove(self, address: str) -> bool:
-        if self._states.pop(address, None) is None:
+        """Take ``address`` out of picking at once; it goes when its in-flight requests
+        end (or its drain deadline passes). False if it was not a member."""
+        member = self._members.get(address)
+        if member is None:
             return False
-        if self._in_flight.get(address, 0) == 0:
-            self._in_flight.pop(address, None)
-            self._in_flight_tokens.pop(address, None)
-        self._changed()
-        log.info("endpoint %s removed", address)
+        if self._in_flight.get(address, 0) > 0 and member.status is not Status.WAITING:
+            if member.status is not Status.DRAINING:
+                until = self._clock() + self.drain_timeout_s
+                self._set(member.state, Status.DRAINING, until=until)
+                self._changed()
+                log.info(
+                    "endpoint %s draining: %d request(s) in flight (deadline %gs)",
+                    address,
+                    self._in_flight[address],
+                    self.drain_timeout_s,
+                )
+            return True
+        self._drop(address, "removed")
         return True
 
-    def update_metrics(self, address: str, metrics: EndpointMetrics) -> bool:
-        """Replace an endpoint's reported load; False if the endpoint is not (any longer)
-        in the pool, so late scrapes of removed endpoints are dropped."""
-        state = self._states.get(address)
-        if state is None:
+    def eject(self, address: str) -> bool:
+        """Take an active member out of picking (it stays known, for reinstatement)."""
+        member = self._members.get(address)
+        if member is None or member.status is not Status.ACTIVE:
             return False
-        self._states[address] = replace(state, metrics=metrics)
-        self._snapshot = None  # membership unchanged: no version bump, no listeners
+        self._set(member.state, Status.EJECTED)
+        self._changed()
+        return True
+
+    def reinstate(self, address: str) -> bool:
+        """Put an ejected member back into picking."""
+        member = self._members.get(address)
+        if member is None or member.status is not Status.EJECTED:
+            return False
+        self._set(member.state, Status.ACTIVE)
+        self._changed()
+        return True
+
+    def expire_drains(self) -> list[str]:
+        """Drop draining members whose deadline has passed (their remaining requests
+        are no longer waited for); returns their addresses."""
+        now = self._clock()
+        expired = [
+            m.address
+            for m in self._members.values()
+            if m.status is Status.DRAINING and m.until <= now
+        ]
+        for address in expired:
+            self._drop(address, "drain deadline passed with requests still in flight; removed")
+        return expired
+
+    def update_metrics(self, address: str, metrics: EndpointMetrics) -> bool:
+        """Replace a member's reported load; False if the endpoint is not (any longer)
+        a member, so late scrapes of removed endpoints are dropped."""
+        member = self._members.get(address)
+        if member is None:
+            return False
+        state = replace(member.state, metrics=metrics)
+        self._members[address] = replace(member, state=state)
+        if address in self._states:
+            self._states[address] = state
+            self._snapshot = None  # membership unchanged: no version bump, no listeners
         return True
 
     def get(self, address: str) -> EndpointState | None:
-        return self._states.get(address)
+        """A member's state, whatever its status."""
+        member = self._members.get(address)
+        return member.state if member is not None else None
+
+    def member(self, address: str) -> Member | None:
+        return self._members.get(address)
+
+    def members(self) -> list[Member]:
+        """Every member, whatever its status, in the order they joined."""
+        return list(self._members.values())
 
     def __len__(self) -> int:
-        return len(self._states)
+        return len(self._members)
 
     def on_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` after every membership or state change."""
+        """Call ``listener`` after every membership or status change."""
         self._listeners.append(listener)
 
     # -- load accounting ------------------------------------------------------------
@@ -101,14 +226,21 @@ class Datastore:
         return InFlightTicket(self, address, tokens)
 
     def _release(self, address: str, tokens: int) -> None:
-        count = self._in_flight.get(address, 0) - 1
-        if count > 0 or address in self._states:
-            self._in_flight[address] = max(count, 0)
+        count = max(self._in_flight.get(address, 0) - 1, 0)
+        member = self._members.get(address)
+        if member is not None:
+            self._in_flight[address] = count
+            self._in_flight_tokens[address] = max(
+                self._in_flight_tokens.get(address, 0) - tokens, 0
+            )
+            if count == 0 and member.status is Status.DRAINING:
+                self._drop(address, "drained; removed")
+        elif count > 0:
+            self._in_flight[address] = count
             self._in_flight_tokens[address] = max(
                 self._in_flight_tokens.get(address, 0) - tokens, 0
             )
         else:
-            # a removed endpoint's counters go once its last request is done
             self._in_flight.pop(address, None)
             self._in_flight_tokens.pop(address, None)
 
@@ -120,6 +252,7 @@ class Datastore:
 
     # -- the scheduler's view ---------------------------------------------------------
     def snapshot(self) -> Snapshot:
+        """The active members (cached until membership or status changes)."""
         if self._snapshot is None:
             self._snapshot = Snapshot(
                 endpoints=tuple(self._states.values()),
@@ -129,6 +262,32 @@ class Datastore:
                 by_address=self._states_view,
             )
         return self._snapshot
+
+    @property
+    def version(self) -> int:
+        """Bumped on every membership or status change."""
+        return self._version
+
+    # -- internals ----------------------------------------------------------------------
+    def _set(self, state: EndpointState, status: Status, until: float = 0.0) -> None:
+        address = state.address
+        current = self._members.get(address)
+        since = current.since if current is not None and current.status is status else None
+        self._members[address] = Member(
+            state, status, since if since is not None else self._clock(), until
+        )
+        if status is Status.ACTIVE:
+            self._states[address] = state
+        else:
+            self._states.pop(address, None)
+
+    def _drop(self, address: str, why: str) -> None:
+        self._members.pop(address, None)
+        self._states.pop(address, None)
+        self._in_flight.pop(address, None)
+        self._in_flight_tokens.pop(address, None)
+        self._changed()
+        log.info("endpoint %s %s", address, why)
 
     def _changed(self) -> None:
         self._version += 1

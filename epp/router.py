@@ -8,7 +8,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from epp.admin.metrics import EppMetrics
 from epp.datalayer.orca import (
@@ -44,6 +44,14 @@ class Routed:
             self.prefill_ticket.release()
 
 
+class EndpointOutcomes(Protocol):
+    """Told how each routed request went on its endpoint (failure ejection)."""
+
+    def failure(self, address: str, reason: str) -> None: ...
+
+    def success(self, address: str) -> None: ...
+
+
 class Router:
     def __init__(
         self,
@@ -56,6 +64,7 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
         request_headers: Iterable[tuple[str, str]] = (),
         coordinator: Coordinator | None = None,
+        outcomes: EndpointOutcomes | None = None,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -67,6 +76,7 @@ class Router:
         self.request_headers = tuple(request_headers)
         # carries out disaggregated requests; without one they simply decode
         self.coordinator = coordinator
+        self.outcomes = outcomes
         self._routed = metrics.requests.labels("routed")
         self._orca_ok = metrics.orca_reports.labels("header", "ok")
         self._orca_malformed = metrics.orca_reports.labels("header", "malformed")
@@ -113,8 +123,21 @@ class Router:
             self.datastore.update_metrics(address, merge_orca(state.metrics, report, self.clock()))
             self._orca_ok.inc()
 
-    def response_seen(self, address: str, status: int) -> None:
-        self.metrics.responses.labels(address, f"{status // 100}xx").inc()
+    def response_seen(self, address: str, status: int, served: str | None = None) -> None:
+        """The response status for a request routed to ``address``. ``served`` is the
+        endpoint that answered when Envoy says so: if it is another one, Envoy failed
+        over (the primary could not be reached) and that counts against the primary."""
+        self.metrics.responses.labels(served or address, f"{status // 100}xx").inc()
+        outcomes = self.outcomes
+        if outcomes is None:
+            return
+        if served and served != address:
+            outcomes.failure(address, f"Envoy failed over to {served}")
+            address = served
+        if status >= 500:
+            outcomes.failure(address, f"HTTP {status} on the response path")
+        elif served or status:
+            outcomes.success(address)
 
     def usage_seen(self, usage: Usage) -> None:
         self.metrics.tokens.labels("prompt").inc(usage.prompt_tokens)

@@ -5,7 +5,10 @@ it with the endpoint's engine (:mod:`epp.datalayer.prometheus`) and replaces the
 endpoint's metrics (keeping its last ORCA values, which come from another source).
 A failed scrape (connect error, timeout, non-200, unparsable page, unknown engine)
 counts in ``epp_scrape_failures_total{endpoint}`` and leaves the metrics alone, so their
-``updated_at`` stops advancing and the scheduler's staleness bound takes over.
+``updated_at`` stops advancing and the scheduler's staleness bound takes over. When the
+server cannot be reached at all (connect error, timeout) ``on_unreachable`` is also told,
+which is how failure ejection (:mod:`epp.datalayer.ejection`) hears of dead servers
+that get no traffic.
 
 Logging stays quiet at 20 scrapes a second: a warning when an endpoint starts failing,
 debug while it keeps failing, info when it recovers.
@@ -54,6 +57,7 @@ class MetricsScraper:
         jitter: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        on_unreachable: Callable[[str, str], None] | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -63,6 +67,8 @@ class MetricsScraper:
             raise ValueError(f"jitter must be in [0, 1), got {jitter}")
         self._datastore = datastore
         self._failures = eppmetrics.scrape_failures
+        # told (address, reason) when a server cannot be reached at all (failure ejection)
+        self._on_unreachable = on_unreachable
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._jitter = jitter
@@ -123,9 +129,12 @@ class MetricsScraper:
         except asyncio.CancelledError:
             raise
         except TimeoutError:
-            self._failed(address, f"no answer within {self._timeout_s:g}s")
+            self._failed(address, f"no answer within {self._timeout_s:g}s", unreachable=True)
             return False
-        except (aiohttp.ClientError, OSError, ScrapeError, ValueError) as exc:
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            self._failed(address, _reason(exc), unreachable=True)
+            return False
+        except (aiohttp.ClientError, ScrapeError, ValueError) as exc:
             # ValueError: MetricsParseError or an unknown engine
             self._failed(address, _reason(exc))
             return False
@@ -154,8 +163,16 @@ class MetricsScraper:
         except UnicodeDecodeError as exc:
             raise ScrapeError(f"body is not UTF-8: {exc}") from None
 
-    def _failed(self, address: str, reason: str, exc_info: BaseException | None = None) -> None:
+    def _failed(
+        self,
+        address: str,
+        reason: str,
+        exc_info: BaseException | None = None,
+        unreachable: bool = False,
+    ) -> None:
         self._failures.labels(address).inc()
+        if unreachable and self._on_unreachable is not None:
+            self._on_unreachable(address, f"scrape: {reason}")
         if address in self._failing:
             log.debug("scraping %s%s failed again: %s", address, METRICS_PATH, reason)
             return

@@ -1,0 +1,1 @@
+"""Endpoint sources beyond static flags: the runtime admin API and its readiness wait."""
