@@ -51,6 +51,8 @@ plugins:
     maxPrefixBlocksToMatch: 256
     lruCapacityPerServer: 31250
 - type: max-score-picker
+  parameters:
+    maxTargets: 3
 schedulingProfiles:
 - name: decode
   plugins:

@@ -27,9 +27,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from epp.extproc.messages import DESTINATION_HEADER, LB_NAMESPACE
+from epp.extproc.stream import UPSTREAM_ADDRESS
+from epp.extproc.transport import MAX_DESTINATIONS_METADATA
+from epp.xds.eds import MODEL_CLUSTER
 
 Processing = Literal["full", "lean", "buffered"]
 PROCESSING_MODES: tuple[Processing, ...] = ("full", "lean", "buffered")
+# How Envoy finds the model servers: "eds" (the EPP serves the cluster's endpoints over
+# EDS; the override_host policy reads the EPP's ordered fallback list and a retry moves
+# to the next one on connect failure or reset) or "original-dst" (Envoy connects to the
+# one address in the header; no failover, nothing to serve).
+ClusterKind = Literal["eds", "original-dst"]
+CLUSTER_KINDS: tuple[ClusterKind, ...] = ("eds", "original-dst")
 
 _HCM = (
     "type.googleapis.com/"
@@ -37,6 +46,12 @@ _HCM = (
 )
 _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+_OVERRIDE_HOST = (
+    "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost"
+)
+_LEAST_REQUEST = (
+    "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"
+)
 _HTTP_OPTS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 BUFFER_LIMIT_BYTES = 32 * 1024 * 1024
@@ -57,6 +72,10 @@ class EnvoyOptions:
     # Fail closed: with ORIGINAL_DST there is no destination without the EPP.
     failure_mode_allow: bool = False
     route_timeout_s: float = 600.0
+    cluster: ClusterKind = "eds"
+    # eds: endpoints per request (primary + fallbacks); retries try each of them once
+    destinations: int = 3
+    connect_timeout_s: float = 1.0
 
 
 def _address(host: str, port: int) -> dict[str, Any]:
@@ -170,33 +189,121 @@ def _bootstrap(
 
 
 def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
-    """Envoy routed by the EPP: ext_proc filter + ORIGINAL_DST cluster reading the
-    destination header (one ``ip:port``)."""
+    """Envoy routed by the EPP: the ext_proc filter, and a model-server cluster that
+    either gets its endpoints from the EPP over EDS and follows the EPP's ordered list
+    with retries (``eds``), or connects to the one ``ip:port`` in the destination header
+    (``original-dst``)."""
+    grpc_service: dict[str, Any] = {"envoy_grpc": {"cluster_name": "epp"}}
+    if opts.cluster == "eds":
+        # tells the EPP this config can use a fallback list (ORIGINAL_DST cannot)
+        grpc_service["initial_metadata"] = [
+            {"key": MAX_DESTINATIONS_METADATA, "value": str(opts.destinations)}
+        ]
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": _EXT_PROC,
-            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}},
+            "grpc_service": grpc_service,
             "failure_mode_allow": opts.failure_mode_allow,
             "message_timeout": f"{opts.message_timeout_s:g}s",
             "processing_mode": _processing_mode(opts.processing),
+            # which endpoint answered: tells the EPP when Envoy failed over
+            "response_attributes": [UPSTREAM_ADDRESS],
             # Without this Envoy silently drops the envoy.lb metadata we send.
             "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
         },
     }
-    model_servers = {
-        "name": "model_servers",
-        "type": "ORIGINAL_DST",
-        "lb_policy": "CLUSTER_PROVIDED",
-        "connect_timeout": "2s",
+    if opts.cluster == "eds":
+        model_servers = _eds_cluster(opts)
+    else:
+        model_servers = {
+            "name": MODEL_CLUSTER,
+            "type": "ORIGINAL_DST",
+            "lb_policy": "CLUSTER_PROVIDED",
+            "connect_timeout": f"{opts.connect_timeout_s:g}s",
+            "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+            "original_dst_lb_config": {
+                "use_http_header": True,
+                "http_header_name": DESTINATION_HEADER,
+            },
+        }
+    epp = _static_cluster("epp", [(opts.epp_host, opts.epp_port)], http2=True)
+    config = _bootstrap(opts, [ext_proc], [model_servers, epp])
+    if opts.cluster == "eds":
+        # xDS requires the proxy to name itself
+        config = {"node": {"id": "envoy", "cluster": "inference"}, **config}
+        route = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        vhost = route["typed_config"]["route_config"]["virtual_hosts"][0]
+        vhost["routes"][0]["route"]["retry_policy"] = {
+            # before the response starts only: a dead or dying server costs a retry,
+            # never a client error
+            "retry_on": "connect-failure,reset,refused-stream",
+            "num_retries": opts.destinations,
+        }
+    return config
+
+
+def _eds_cluster(opts: EnvoyOptions) -> dict[str, Any]:
+    """The model servers as the EPP serves them over EDS, picked by the EPP's list."""
+    return {
+        "name": MODEL_CLUSTER,
+        "type": "EDS",
+        "connect_timeout": f"{opts.connect_timeout_s:g}s",
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
-        "original_dst_lb_config": {
-            "use_http_header": True,
-            "http_header_name": DESTINATION_HEADER,
+        "eds_cluster_config": {
+            "service_name": MODEL_CLUSTER,
+            "eds_config": {
+                "resource_api_version": "V3",
+                "api_config_source": {
+                    "api_type": "GRPC",
+                    "transport_api_version": "V3",
+                    "grpc_services": [{"envoy_grpc": {"cluster_name": "epp"}}],
+                },
+            },
+        },
+        "load_balancing_policy": {
+            "policies": [
+                {
+                    "typed_extension_config": {
+                        "name": "envoy.load_balancing_policies.override_host",
+                        "typed_config": {
+                            "@type": _OVERRIDE_HOST,
+                            "override_host_sources": [
+                                {"header": DESTINATION_HEADER},
+                                {
+                                    "metadata": {
+                                        "key": LB_NAMESPACE,
+                                        "path": [{"key": DESTINATION_HEADER}],
+                                    }
+                                },
+                            ],
+                            # used only when none of the listed endpoints is usable
+                            "fallback_policy": {
+                                "policies": [
+                                    {
+                                        "typed_extension_config": {
+                                            "name": "envoy.load_balancing_policies.least_request",
+                                            "typed_config": {"@type": _LEAST_REQUEST},
+                                        }
+                                    }
+                                ]
+                            },
+                        },
+                    }
+                }
+            ]
+        },
+        # Envoy's own view, a second line behind the EPP's ejection: hosts that refuse
+        # connections are skipped by the fallback policy at once.
+        "outlier_detection": {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 2,
+            "consecutive_5xx": 5,
+            "interval": "1s",
+            "base_ejection_time": "2s",
+            "max_ejection_percent": 100,
         },
     }
-    epp = _static_cluster("epp", [(opts.epp_host, opts.epp_port)], http2=True)
-    return _bootstrap(opts, [ext_proc], [model_servers, epp])
 
 
 def baseline_config(opts: EnvoyOptions, servers: list[tuple[str, int]]) -> dict[str, Any]:

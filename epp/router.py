@@ -7,7 +7,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from epp.admin.metrics import EppMetrics
@@ -81,10 +81,14 @@ class Router:
         self._orca_ok = metrics.orca_reports.labels("header", "ok")
         self._orca_malformed = metrics.orca_reports.labels("header", "malformed")
 
-    def route(self, request: InferenceRequest) -> Routed:
+    def route(self, request: InferenceRequest, max_destinations: int = 1) -> Routed:
+        """Schedule ``request``; the result names at most ``max_destinations`` targets
+        (primary first), as many as the Envoy config can use."""
         start = time.perf_counter()
         snapshot = self.datastore.snapshot()
         result = self.scheduler.schedule(request, snapshot, self.rng)
+        if len(result.targets) > max_destinations:
+            result = replace(result, targets=result.targets[:max_destinations])
         self.scheduler.on_routed(request, result, snapshot)
         self.metrics.scheduling_seconds.observe(time.perf_counter() - start)
         self._routed.inc()

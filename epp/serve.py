@@ -35,6 +35,7 @@ from epp.router import Router
 from epp.scheduling.base import Scheduler
 from epp.scheduling.params import ConfigError
 from epp.types import Endpoint, Role, parse_host_port
+from epp.xds.eds import EdsServer
 
 log = logging.getLogger("epp.serve")
 
@@ -303,7 +304,8 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     ejector.start()
     background += [*_start_data_layer(datastore, metrics, dl, ejector), probe]
     try:
-        transport = make_transport(opts.transport, router)
+        eds = EdsServer(datastore)
+        transport = make_transport(opts.transport, router, eds)
         grpc_port = await transport.start(opts.listen_host, opts.grpc_port)
 
         app = make_admin_app(datastore, metrics)
@@ -358,6 +360,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
         await stop.wait()
         log.info("shutting down")
         await transport.set_serving(False)
+        eds.close()  # Envoy keeps the endpoints it has; open requests may finish
         await transport.stop(grace=opts.shutdown_grace_s)
         await runner.cleanup()
     finally:

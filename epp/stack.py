@@ -19,7 +19,9 @@ from typing import Self
 from epp import argtypes
 from epp.cli import add_log_level
 from epp.envoyconfig import (
+    CLUSTER_KINDS,
     PROCESSING_MODES,
+    ClusterKind,
     EnvoyOptions,
     Processing,
     baseline_config,
@@ -47,6 +49,7 @@ class StackOptions:
     grpc_port: int = 9002
     http_port: int = 9090
     processing: Processing = "full"
+    cluster: ClusterKind = "eds"
     sim_args: list[str] = field(default_factory=list)
     epp_args: list[str] = field(default_factory=list)
     log_level: str = "info"
@@ -105,7 +108,10 @@ class LocalStack:
             self.sim_urls.append(info["url"])
         self._start_sidecars(plan)
         envoy_opts = EnvoyOptions(
-            listen_port=o.envoy_port, admin_port=o.envoy_admin_port, processing=o.processing
+            listen_port=o.envoy_port,
+            admin_port=o.envoy_admin_port,
+            processing=o.processing,
+            cluster=o.cluster,
         )
         if not o.epp:
             servers = [(str(i["host"]), int(i["port"])) for i in (p.info for p in self.sims)]
@@ -253,6 +259,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "only) or buffered (lean, and the request body in one message, not echoed)",
     )
     parser.add_argument(
+        "--cluster",
+        choices=CLUSTER_KINDS,
+        default="eds",
+        help="how Envoy reaches the model servers: eds (endpoints served by the EPP, "
+        "fallback list + retries: no client error when a server dies) or original-dst "
+        "(the one address in the header; simpler, no failover)",
+    )
+    parser.add_argument(
         "--transport",
         choices=sorted(TRANSPORTS),
         default=DEFAULT_TRANSPORT,
@@ -288,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         http_port=args.http_port,
         processing=args.processing,
+        cluster=args.cluster,
         sim_args=["--time-scale", str(args.time_scale)],
         epp_args=["--transport", args.transport],
         log_level=args.log_level,

@@ -120,23 +120,23 @@ def _member_doc(m: Member, datastore: Datastore, failures: FailureState) -> dict
     return doc
 
 
-_VERBS = {
-    Outcome.ADDED: "added",
-    Outcome.UPDATED: "changed the type of",
-    Outcome.EXISTS: "already present:",
-    Outcome.WAITING: "waiting to start:",
-    Outcome.REMOVED: "removed",
-    Outcome.DRAINING: "draining (removed once their requests finish)",
-    Outcome.NOT_FOUND: "not in the list of",
+_MESSAGES = {
+    Outcome.ADDED: "added {role} instances: {items}",
+    Outcome.UPDATED: "changed to {role}: {items}",
+    Outcome.EXISTS: "{role} instances already present: {items}",
+    Outcome.WAITING: "{role} instances waiting to start: {items}",
+    Outcome.REMOVED: "removed {role} instances: {items}",
+    Outcome.DRAINING: "draining {role} instances (they go when their requests finish): {items}",
+    Outcome.NOT_FOUND: "not in the {role} instances: {items}",
 }
 
 
 def _message(role: Role, results: dict[str, Outcome]) -> str:
     parts = []
-    for outcome, verb in _VERBS.items():
-        addresses = [a for a, o in results.items() if o is outcome]
-        if addresses:
-            parts.append(f"{verb} {role.value} instances: {addresses}")
+    for outcome, text in _MESSAGES.items():
+        items = [a for a, o in results.items() if o is outcome]
+        if items:
+            parts.append(text.format(role=role.value, items=items))
     return "; ".join(parts) + "."
 
 

@@ -7,13 +7,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
+from envoy.service.endpoint.v3 import eds_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epp.extproc.stream import ExtProcStream
-from epp.extproc.transport import HEALTH_SERVICES, MAX_MESSAGE_BYTES
+from epp.extproc.transport import HEALTH_SERVICES, MAX_MESSAGE_BYTES, max_destinations
 from epp.router import Router
+from epp.xds.eds import EdsServer
 
 
 class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -23,7 +26,8 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
     async def Process(
         self, request_iterator: AsyncIterator[ProcessingRequest], context: Any
     ) -> AsyncIterator[ProcessingResponse]:
-        stream = ExtProcStream(self._router)
+        metadata = context.invocation_metadata() or ()
+        stream = ExtProcStream(self._router, max_destinations=max_destinations(metadata))
         try:
             async for msg in request_iterator:
                 replies = stream.on_message(msg)
@@ -36,8 +40,19 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
             stream.close()
 
 
+class EdsServicer(eds_pb2_grpc.EndpointDiscoveryServiceServicer):  # type: ignore[misc]
+    def __init__(self, eds: EdsServer) -> None:
+        self._eds = eds
+
+    async def StreamEndpoints(
+        self, request_iterator: AsyncIterator[DiscoveryRequest], context: Any
+    ) -> AsyncIterator[DiscoveryResponse]:
+        async for response in self._eds.stream(request_iterator):
+            yield response
+
+
 class GrpcioTransport:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, eds: EdsServer | None = None) -> None:
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -47,6 +62,10 @@ class GrpcioTransport:
         external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
             ExtProcServicer(router), self._server
         )
+        if eds is not None:
+            eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(
+                EdsServicer(eds), self._server
+            )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
 
@@ -71,5 +90,5 @@ class GrpcioTransport:
         await self._server.stop(grace)
 
 
-def make(router: Router) -> GrpcioTransport:
-    return GrpcioTransport(router)
+def make(router: Router, eds: EdsServer | None = None) -> GrpcioTransport:
+    return GrpcioTransport(router, eds)

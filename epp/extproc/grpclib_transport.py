@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
@@ -15,8 +17,9 @@ from grpclib.server import Server, Stream
 
 from epp.extproc.h2frames import skip_hex_dumps_of_received_data
 from epp.extproc.stream import ExtProcStream
-from epp.extproc.transport import EXT_PROC_SERVICE, HEALTH_SERVICES
+from epp.extproc.transport import EXT_PROC_SERVICE, HEALTH_SERVICES, max_destinations
 from epp.router import Router
+from epp.xds.eds import EDS_SERVICE, EdsServer
 
 
 class _ExtProc:
@@ -34,7 +37,9 @@ class _ExtProc:
         }
 
     async def _process(self, stream: Stream[ProcessingRequest, ProcessingResponse]) -> None:
-        ext = ExtProcStream(self._router)
+        ext = ExtProcStream(
+            self._router, max_destinations=max_destinations((stream.metadata or {}).items())
+        )
         self.active += 1
         self.idle.clear()
         try:
@@ -49,6 +54,29 @@ class _ExtProc:
             if not self.active:
                 self.idle.set()
             ext.close()  # EOF, reset or cancel
+
+
+class _Eds:
+    def __init__(self, eds: EdsServer) -> None:
+        self._eds = eds
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            f"/{EDS_SERVICE}/StreamEndpoints": Handler(
+                self._stream, Cardinality.STREAM_STREAM, DiscoveryRequest, DiscoveryResponse
+            )
+        }
+
+    async def _stream(self, stream: Stream[DiscoveryRequest, DiscoveryResponse]) -> None:
+        async for response in self._eds.stream(_received(stream)):
+            await stream.send_message(response)
+
+
+async def _received(
+    stream: Stream[DiscoveryRequest, DiscoveryResponse],
+) -> AsyncIterator[DiscoveryRequest]:
+    async for request in stream:
+        yield request
 
 
 class _Health:
@@ -74,11 +102,14 @@ class _Health:
 
 
 class GrpclibTransport:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, eds: EdsServer | None = None) -> None:
         skip_hex_dumps_of_received_data()
         self._health = _Health()
         self._ext_proc = _ExtProc(router)
-        self._server = Server([self._ext_proc, self._health])
+        handlers: list[Any] = [self._ext_proc, self._health]
+        if eds is not None:
+            handlers.append(_Eds(eds))
+        self._server = Server(handlers)
 
     async def start(self, host: str, port: int) -> int:
         try:
@@ -107,5 +138,5 @@ class GrpclibTransport:
         await self._server.wait_closed()
 
 
-def make(router: Router) -> GrpclibTransport:
-    return GrpclibTransport(router)
+def make(router: Router, eds: EdsServer | None = None) -> GrpclibTransport:
+    return GrpclibTransport(router, eds)

@@ -36,6 +36,8 @@ _STRIPPED_PREFIX = "x-gateway-destination-endpoint"
 _STRIPPED_EXACT = frozenset({"x-prefiller-host-port"})
 _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BUFFERED
+_EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+UPSTREAM_ADDRESS = "upstream.address"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -73,12 +75,15 @@ class _Request:
     subset: frozenset[str] | None = None
     routed: Routed | None = None
     status: int = 0
+    served: str = ""  # the endpoint that answered, when Envoy says (upstream.address)
     tail: bytes = b""
 
 
 class ExtProcStream:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, max_destinations: int = 1) -> None:
         self._router = router
+        # how many ip:port the Envoy config behind this stream can use (transport.py)
+        self._max_destinations = max_destinations
         self._envoy = _Envoy()
         self._req = _Request()
         self._subset_hint: frozenset[str] | None = None
@@ -94,6 +99,8 @@ class ExtProcStream:
         if msg.HasField("protocol_config"):
             self._envoy.request_body_mode = msg.protocol_config.request_body_mode
             self._envoy.response_body_mode = msg.protocol_config.response_body_mode
+        if msg.attributes:
+            self._req.served = _upstream_address(msg) or self._req.served
         if msg.HasField("metadata_context"):
             self._subset_hint = _subset_hint(msg)
         try:
@@ -176,7 +183,7 @@ class ExtProcStream:
         may take a prefill leg's time (then the replies are awaited)."""
         req = self._req
         request, doc = parse_request(req.request_id, req.headers, body, req.subset)
-        routed = self._router.route(request)
+        routed = self._router.route(request, self._max_destinations)
         req.routed = routed
         self._envoy.phase = Phase.UPSTREAM
         leg = self._router.hand_off(routed, request, doc) if doc is not None else None
@@ -272,7 +279,9 @@ class ExtProcStream:
         if routed is not None and not routed.ticket.released:
             routed.release()
             if self._req.status:
-                self._router.response_seen(routed.ticket.address, self._req.status)
+                self._router.response_seen(
+                    routed.ticket.address, self._req.status, self._req.served
+                )
         self._envoy.phase = Phase.DONE
 
 
@@ -286,6 +295,15 @@ def _subset_hint(msg: ProcessingRequest) -> frozenset[str] | None:
         return frozenset(v.string_value for v in value.list_value.values if v.string_value)
     # tolerate a single string, possibly comma-separated
     return frozenset(a.strip() for a in value.string_value.split(",") if a.strip())
+
+
+def _upstream_address(msg: ProcessingRequest) -> str:
+    """The endpoint that answered, if the Envoy config asks for the ``upstream.address``
+    response attribute (it differs from our primary when Envoy failed over)."""
+    attrs = msg.attributes.get(_EXT_PROC_FILTER)
+    if attrs is None or UPSTREAM_ADDRESS not in attrs.fields:
+        return ""
+    return str(attrs.fields[UPSTREAM_ADDRESS].string_value)
 
 
 def _body_ends(body: object) -> bool:

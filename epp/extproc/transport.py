@@ -12,9 +12,11 @@ the two cannot share a process.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from typing import Protocol
 
 from epp.router import Router
+from epp.xds.eds import EdsServer
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 # Health service names Envoy / Kubernetes probes ask for ("" = the whole server).
@@ -24,6 +26,8 @@ TRANSPORTS = {
     "grpcio": "epp.extproc.grpcio_transport",
     "grpclib": "epp.extproc.grpclib_transport",
 }
+# gRPC metadata by which an Envoy config says how long a destination list it can use
+MAX_DESTINATIONS_METADATA = "x-epp-max-destinations"
 # Largest gRPC message accepted either way; Envoy's body chunks are far smaller.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -43,7 +47,19 @@ class Transport(Protocol):
         ...
 
 
-def make_transport(name: str, router: Router) -> Transport:
+def make_transport(name: str, router: Router, eds: EdsServer | None = None) -> Transport:
+    """The named transport serving ext_proc, gRPC health and, when given, EDS."""
     module = importlib.import_module(TRANSPORTS[name])
-    transport: Transport = module.make(router)
+    transport: Transport = module.make(router, eds)
     return transport
+
+
+def max_destinations(metadata: Iterable[tuple[str, str | bytes]]) -> int:
+    """How many ``ip:port`` the Envoy config on this stream can use, from the gRPC
+    metadata it sends (``x-epp-max-destinations``, set by configs whose cluster reads
+    fallback lists). Without it, one: ``ORIGINAL_DST`` cannot parse a list."""
+    for key, value in metadata:
+        if key == MAX_DESTINATIONS_METADATA:
+            text = value.decode() if isinstance(value, bytes) else value
+            return int(text) if text.isdigit() and int(text) > 0 else 1
+    return 1

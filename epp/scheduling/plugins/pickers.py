@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 
@@ -24,9 +25,11 @@ class MaxScorePicker:
             best = max(score for _, score in scored)
             top = [s for s, score in scored if score == best]
             return [top[0] if len(top) == 1 else ctx.rng.choice(top)]
-        keyed = [(score, ctx.rng.random(), s) for s, score in scored]
-        keyed.sort(key=lambda k: (k[0], k[1]), reverse=True)
-        return [s for _, _, s in keyed[: self.max_targets]]
+        rand = ctx.rng.random
+        keyed = heapq.nlargest(
+            self.max_targets, ((score, rand(), s) for s, score in scored), key=_score_then_tie
+        )
+        return [s for _, _, s in keyed]
 
 
 class RandomPicker:
@@ -61,6 +64,10 @@ class WeightedRandomPicker:
             keyed.append((math.log(u) / score if score > 0 else -math.inf, s))
         keyed.sort(key=lambda k: k[0], reverse=True)
         return [s for _, s in keyed[: self.max_targets]]
+
+
+def _score_then_tie(k: tuple[float, float, EndpointState]) -> tuple[float, float]:
+    return k[0], k[1]
 
 
 def _targets(p: Params) -> int:

@@ -1,0 +1,1 @@
+"""xDS served by the EPP to Envoy (EDS for the model-server cluster)."""

@@ -1,0 +1,136 @@
+"""EDS: the model-server cluster's endpoints, served to Envoy from the datastore.
+
+``envoy.service.endpoint.v3.EndpointDiscoveryService/StreamEndpoints``, state of the
+world: every change of membership or status (add, remove, drain, eject, reinstate)
+pushes the whole ``ClusterLoadAssignment`` again, versioned by the datastore's version.
+Healthy members are ``HEALTHY``, ejected ones ``UNHEALTHY`` (Envoy's fallback policy
+skips them), draining ones ``DRAINING`` (no new requests, open ones finish); waiting
+members are not listed, as Envoy must not route to them.
+
+Transport-agnostic: both gRPC transports feed :meth:`EdsServer.stream` the requests
+of one call and send what it yields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable
+
+from envoy.config.core.v3.address_pb2 import Address, SocketAddress
+from envoy.config.core.v3.health_check_pb2 import HealthStatus
+from envoy.config.endpoint.v3.endpoint_components_pb2 import (
+    Endpoint,
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
+
+from epp.datastore import Datastore, Member, Status
+
+log = logging.getLogger(__name__)
+
+EDS_SERVICE = "envoy.service.endpoint.v3.EndpointDiscoveryService"
+EDS_TYPE_URL = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+MODEL_CLUSTER = "model_servers"
+
+_HEALTH = {
+    Status.ACTIVE: HealthStatus.HEALTHY,
+    Status.EJECTED: HealthStatus.UNHEALTHY,
+    Status.DRAINING: HealthStatus.DRAINING,
+}
+
+
+def load_assignment(cluster: str, members: Iterable[Member]) -> ClusterLoadAssignment:
+    """The cluster's endpoints as Envoy should know them (pure)."""
+    lb_endpoints = [
+        LbEndpoint(
+            endpoint=Endpoint(
+                address=Address(
+                    socket_address=SocketAddress(
+                        address=m.endpoint.host, port_value=m.endpoint.port
+                    )
+                )
+            ),
+            health_status=_HEALTH[m.status],
+        )
+        for m in members
+        if m.status in _HEALTH
+    ]
+    return ClusterLoadAssignment(
+        cluster_name=cluster, endpoints=[LocalityLbEndpoints(lb_endpoints=lb_endpoints)]
+    )
+
+
+class EdsServer:
+    def __init__(self, datastore: Datastore, cluster: str = MODEL_CLUSTER) -> None:
+        self._datastore = datastore
+        self.cluster = cluster
+        self._wakes: set[asyncio.Event] = set()
+        self._closed = False
+        datastore.on_change(self._wake_all)
+
+    def close(self) -> None:
+        """End every open stream (and refuse new ones): for a quick shutdown, as Envoy
+        keeps the last endpoints it was told."""
+        self._closed = True
+        self._wake_all()
+
+    async def stream(
+        self, requests: AsyncIterator[DiscoveryRequest]
+    ) -> AsyncIterator[DiscoveryResponse]:
+        wake = asyncio.Event()
+        subscribed = asyncio.Event()
+        ended = False
+        nonce = 0
+
+        async def read() -> None:
+            nonlocal ended
+            try:
+                async for request in requests:
+                    if request.type_url and request.type_url != EDS_TYPE_URL:
+                        log.warning("EDS: ignoring a request for type %s", request.type_url)
+                        continue
+                    if request.HasField("error_detail"):
+                        log.error(
+                            "Envoy rejected EDS version %s: %s",
+                            request.version_info,
+                            request.error_detail.message,
+                        )
+                    names = set(request.resource_names)
+                    if not names or self.cluster in names:
+                        subscribed.set()
+                    wake.set()
+            finally:
+                ended = True
+                wake.set()
+
+        reader = asyncio.get_running_loop().create_task(read(), name="eds-read")
+        self._wakes.add(wake)
+        sent: int | None = None
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                if ended or self._closed:
+                    return
+                version = self._datastore.version
+                if not subscribed.is_set() or version == sent:
+                    continue
+                nonce += 1
+                assignment = load_assignment(self.cluster, self._datastore.members())
+                response = DiscoveryResponse(
+                    version_info=str(version), type_url=EDS_TYPE_URL, nonce=str(nonce)
+                )
+                response.resources.add().Pack(assignment)
+                sent = version
+                yield response
+        finally:
+            self._wakes.discard(wake)
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    def _wake_all(self) -> None:
+        for wake in self._wakes:
+            wake.set()
