@@ -316,6 +316,7 @@ EXAMPLES: dict[str, EnvoyOptions] = {
     "local.yaml": EnvoyOptions(),
     "local-lean.yaml": EnvoyOptions(processing="lean"),
     "local-buffered.yaml": EnvoyOptions(processing="buffered"),
+    "local-original-dst.yaml": EnvoyOptions(cluster="original-dst"),
     "compose.yaml": EnvoyOptions(listen_host="0.0.0.0", admin_host="0.0.0.0", epp_host="epp"),
 }
 EXAMPLE_HEADER = (

@@ -167,10 +167,10 @@ def _add_membership_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--eject-after",
-        type=argtypes.positive_int,
+        type=argtypes.non_negative_int,
         default=EjectionPolicy.eject_after,
         help="consecutive failures (connect errors, 5xx, unreachable scrapes) that take an "
-        "endpoint out of picking",
+        "endpoint out of picking (0 = never eject)",
     )
     g.add_argument(
         "--eject-backoff-seconds",

@@ -13,7 +13,7 @@ from epp.procs import ManagedProcess, start_epp
 @pytest.fixture(params=["grpcio", "grpclib"])
 def epp_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ManagedProcess]:
     """A real ``epp serve`` (each gRPC transport) on ephemeral ports routing to two
-    (unused) addresses."""
+    (unused) addresses; failure ejection is off, so the dead addresses stay routable."""
     proc = start_epp(
         tmp_path,
         "epp",
@@ -28,6 +28,8 @@ def epp_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Manag
         "127.0.0.1:18002",
         "--max-body-bytes",
         "4096",
+        "--eject-after",
+        "0",
         "--transport",
         request.param,
     )

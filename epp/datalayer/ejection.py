@@ -34,7 +34,7 @@ Probe = Callable[[str], Awaitable[str | None]]
 
 @dataclass(frozen=True)
 class EjectionPolicy:
-    eject_after: int = 3
+    eject_after: int = 3  # 0 = never eject
     backoff_s: float = 1.0
     max_backoff_s: float = 30.0
     max_failures: int = 10  # 0 = never remove
@@ -76,8 +76,8 @@ class Ejector:
     # -- signals (synchronous: called from the request path and the scraper) -------------
     def failure(self, address: str, reason: str) -> None:
         member = self._datastore.member(address)
-        if member is None or member.status is not Status.ACTIVE:
-            return  # ejected ones are judged by their probes only
+        if not self.policy.eject_after or member is None or member.status is not Status.ACTIVE:
+            return  # off; or ejected ones are judged by their probes only
         record = self._records.setdefault(address, _Record())
         record.failures += 1
         if record.failures >= self.policy.eject_after:
