@@ -1,0 +1,191 @@
+"""Datastore lifecycle (waiting → healthy → ejected / draining → gone) and failure
+ejection with backoff, on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from epp.datalayer.ejection import EjectionPolicy, Ejector
+from epp.datastore import Datastore, Status
+from epp.types import Endpoint
+from tests.support.wait import until
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+A, B = Endpoint("10.0.0.1", 1), Endpoint("10.0.0.2", 2)
+
+
+def active(ds: Datastore) -> list[str]:
+    return [s.address for s in ds.snapshot().endpoints]
+
+
+def test_only_healthy_members_are_pickable() -> None:
+    ds = Datastore()
+    ds.add(A, waiting=True)
+    ds.add(B)
+    assert active(ds) == [B.address]
+    assert ds.member(A.address).status is Status.WAITING  # type: ignore[union-attr]
+    assert ds.add(A)  # ready now
+    assert sorted(active(ds)) == sorted([A.address, B.address])
+    assert ds.eject(A.address) and active(ds) == [B.address]
+    assert ds.add(A) is False  # a resync does not undo an ejection
+    assert ds.member(A.address).status is Status.EJECTED  # type: ignore[union-attr]
+    assert ds.reinstate(A.address) and A.address in active(ds)
+
+
+def test_remove_drains_until_the_last_request_ends() -> None:
+    ds = Datastore()
+    ds.add(A)
+    ticket = ds.acquire(A.address)
+    version = ds.version
+    assert ds.remove(A.address)
+    assert ds.member(A.address).status is Status.DRAINING  # type: ignore[union-attr]
+    assert active(ds) == [] and ds.version > version
+    ticket.release()
+    assert ds.member(A.address) is None and len(ds) == 0
+
+
+def test_draining_member_taken_back_by_add() -> None:
+    ds = Datastore()
+    ds.add(A)
+    ticket = ds.acquire(A.address)
+    ds.remove(A.address)
+    ds.add(A)
+    assert active(ds) == [A.address]
+    ticket.release()
+    assert ds.member(A.address) is not None  # no longer draining: it stays
+
+
+def test_drain_deadline_drops_the_member() -> None:
+    clock = Clock()
+    ds = Datastore(drain_timeout_s=5, clock=clock)
+    ds.add(A)
+    ticket = ds.acquire(A.address)
+    ds.remove(A.address)
+    clock.now += 4.9
+    assert ds.expire_drains() == []
+    clock.now += 0.2
+    assert ds.expire_drains() == [A.address] and ds.member(A.address) is None
+    ticket.release()  # the late release of a dropped member is harmless
+    assert ds.in_flight(A.address) == 0
+
+
+def test_remove_of_idle_or_waiting_member_is_immediate() -> None:
+    ds = Datastore()
+    ds.add(A)
+    ds.add(B, waiting=True)
+    assert ds.remove(A.address) and ds.remove(B.address)
+    assert len(ds) == 0 and not ds.remove(A.address)
+
+
+def test_snapshot_stays_cached_and_cheap_with_many_endpoints() -> None:
+    ds = Datastore()
+    for i in range(1000):
+        ds.add(Endpoint("10.1.0.1", 1000 + i))
+    ds.eject("10.1.0.1:1000")
+    snap = ds.snapshot()
+    assert len(snap.endpoints) == 999 and ds.snapshot() is snap
+    assert "10.1.0.1:1000" not in snap.by_address
+
+
+async def _probe_result(results: dict[str, str | None], address: str) -> str | None:
+    return results.get(address)
+
+
+def ejector(
+    policy: EjectionPolicy, probes: dict[str, str | None]
+) -> tuple[Ejector, Datastore, Clock]:
+    clock = Clock()
+    ds = Datastore(clock=clock)
+    ds.add(A)
+    ds.add(B)
+    ej = Ejector(ds, policy, lambda a: _probe_result(probes, a), clock=clock, tick_s=0.001)
+    return ej, ds, clock
+
+
+def test_consecutive_failures_eject_and_a_success_resets_the_count() -> None:
+    ej, ds, _ = ejector(EjectionPolicy(eject_after=3), {})
+    ej.failure(A.address, "x")
+    ej.failure(A.address, "x")
+    ej.success(A.address)
+    ej.failure(A.address, "x")
+    ej.failure(A.address, "x")
+    assert ds.member(A.address).status is Status.ACTIVE  # type: ignore[union-attr]
+    assert A.address in active(ds)
+    ej.failure(A.address, "x")
+    assert active(ds) == [B.address]
+    assert ej.state(A.address)[1] == pytest.approx(1.0)  # first backoff
+
+
+def test_eject_after_zero_never_ejects() -> None:
+    ej, ds, _ = ejector(EjectionPolicy(eject_after=0), {})
+    for _ in range(50):
+        ej.failure(A.address, "x")
+    assert A.address in active(ds)
+
+
+async def test_backoff_doubles_then_a_passing_probe_reinstates() -> None:
+    probes: dict[str, str | None] = {A.address: "cannot connect"}
+    ej, ds, clock = ejector(EjectionPolicy(eject_after=1, backoff_s=1, max_backoff_s=3), probes)
+    ej.failure(A.address, "x")
+    ej.start()
+    try:
+        backoffs = []
+        for _ in range(3):
+            _, wait = ej.state(A.address)
+            backoffs.append(wait)
+            clock.now += wait or 0
+            failures = ej.state(A.address)[0]
+            await until(lambda f=failures: ej.state(A.address)[0] > f, "probe to fail")  # type: ignore[misc]
+        assert backoffs == [1.0, 2.0, 3.0]  # doubling, capped
+        probes[A.address] = None
+        clock.now += 3
+        await until(lambda: A.address in active(ds), "reinstatement")
+        assert ej.state(A.address) == (0, None)
+    finally:
+        await ej.stop()
+
+
+@pytest.mark.parametrize("keep", [False, True])
+async def test_removed_after_max_failures_unless_kept(keep: bool) -> None:
+    probes: dict[str, str | None] = {A.address: "down"}
+    policy = EjectionPolicy(eject_after=2, backoff_s=1, max_failures=3, keep_ejected=keep)
+    ej, ds, clock = ejector(policy, probes)
+    ej.failure(A.address, "x")
+    ej.failure(A.address, "x")
+    ej.start()
+    try:
+        clock.now += 1
+        if keep:
+            await until(lambda: ej.state(A.address)[0] >= 3, "third failure")
+            clock.now += 2
+            await until(lambda: ej.state(A.address)[0] >= 4, "fourth failure")
+            assert ds.member(A.address).status is Status.EJECTED  # type: ignore[union-attr]
+        else:
+            await until(lambda: ds.member(A.address) is None, "removal")
+    finally:
+        await ej.stop()
+
+
+async def test_ejection_loop_expires_drains() -> None:
+    ej, ds, clock = ejector(EjectionPolicy(), {})
+    ds.drain_timeout_s = 1
+    ds.acquire(A.address)
+    ds.remove(A.address)
+    ej.start()
+    try:
+        await asyncio.sleep(0)
+        assert ds.member(A.address) is not None
+        clock.now += 2
+        await until(lambda: ds.member(A.address) is None, "drain deadline")
+    finally:
+        await ej.stop()
