@@ -223,3 +223,12 @@ def test_envoy_eds_view_matches_the_datastore(stack: LocalStack) -> None:
         ),
         what="Envoy's hosts to equal the EPP's members",
     )
+
+
+def test_original_dst_config_gets_exactly_one_address() -> None:
+    with LocalStack(ephemeral(servers=2, cluster="original-dst")) as plain:
+        status, headers, _ = request(f"{plain.envoy_url}/v1/completions", BODY)
+        assert status == 200
+        served = headers["x-sim-instance"]
+        _, _, raw = request(f"http://{served}/sim/last-request")
+        assert json.loads(raw)["headers"]["x-gateway-destination-endpoint"] == served
