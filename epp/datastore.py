@@ -155,22 +155,12 @@ class Datastore:
         return True
 
     def eject(self, address: str) -> bool:
-        """Take an active member out of picking (it stays known, for reinstatement)."""
-        member = self._members.get(address)
-        if member is None or member.status is not Status.ACTIVE:
-            return False
-        self._set(member.state, Status.EJECTED)
-        self._changed()
-        return True
+        """Take a healthy member out of picking (it stays known, for reinstatement)."""
+        return self._move(address, Status.ACTIVE, Status.EJECTED)
 
     def reinstate(self, address: str) -> bool:
         """Put an ejected member back into picking."""
-        member = self._members.get(address)
-        if member is None or member.status is not Status.EJECTED:
-            return False
-        self._set(member.state, Status.ACTIVE)
-        self._changed()
-        return True
+        return self._move(address, Status.EJECTED, Status.ACTIVE)
 
     def expire_drains(self) -> list[str]:
         """Drop draining members whose deadline has passed (their remaining requests
@@ -228,21 +218,14 @@ class Datastore:
     def _release(self, address: str, tokens: int) -> None:
         count = max(self._in_flight.get(address, 0) - 1, 0)
         member = self._members.get(address)
-        if member is not None:
-            self._in_flight[address] = count
-            self._in_flight_tokens[address] = max(
-                self._in_flight_tokens.get(address, 0) - tokens, 0
-            )
-            if count == 0 and member.status is Status.DRAINING:
-                self._drop(address, "drained; removed")
-        elif count > 0:
-            self._in_flight[address] = count
-            self._in_flight_tokens[address] = max(
-                self._in_flight_tokens.get(address, 0) - tokens, 0
-            )
-        else:
+        if member is None and count == 0:  # a dropped member's last request
             self._in_flight.pop(address, None)
             self._in_flight_tokens.pop(address, None)
+            return
+        self._in_flight[address] = count
+        self._in_flight_tokens[address] = max(self._in_flight_tokens.get(address, 0) - tokens, 0)
+        if count == 0 and member is not None and member.status is Status.DRAINING:
+            self._drop(address, "drained; removed")
 
     def in_flight(self, address: str) -> int:
         return self._in_flight.get(address, 0)
@@ -280,6 +263,14 @@ class Datastore:
             self._states[address] = state
         else:
             self._states.pop(address, None)
+
+    def _move(self, address: str, current: Status, to: Status) -> bool:
+        member = self._members.get(address)
+        if member is None or member.status is not current:
+            return False
+        self._set(member.state, to)
+        self._changed()
+        return True
 
     def _drop(self, address: str, why: str) -> None:
         self._members.pop(address, None)

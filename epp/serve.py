@@ -15,20 +15,22 @@ from typing import Protocol
 from aiohttp import web
 
 from epp import argtypes, config
-from epp.admin.auth import API_KEY_ENV, ApiKeyAuth, load_key
+from epp.admin.auth import API_KEY_ENV, ApiKeyAuth
 from epp.admin.http import make_admin_app
 from epp.admin.instances import add_routes
 from epp.admin.metrics import EppMetrics
 from epp.cli import add_log_level
-from epp.datalayer.ejection import EjectionPolicy, Ejector
+from epp.datalayer.ejection import Ejector
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datalayer.scraper import MetricsScraper
-from epp.datastore import DEFAULT_DRAIN_TIMEOUT_S, Datastore
+from epp.datastore import Datastore
 from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
 from epp.disagg.legs import LegClient
+from epp.discovery import flags as membership_flags
+from epp.discovery.flags import MembershipOptions
 from epp.discovery.readiness import ReadinessProbe
-from epp.discovery.runtime import RuntimeMembership, WaitPolicy
+from epp.discovery.runtime import RuntimeMembership
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.readyfile import write_ready
 from epp.router import Router
@@ -53,12 +55,7 @@ class ServeOptions:
     transport: str = DEFAULT_TRANSPORT
     shutdown_grace_s: float = 10.0
     config_path: Path | None = None
-    admin_api_key: str | None = None
-    model: str | None = None
-    wait: WaitPolicy = field(default_factory=WaitPolicy)
-    ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
-    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
-    state_file: Path | None = None
+    membership: MembershipOptions = field(default_factory=MembershipOptions)
 
 
 def _endpoint_of(role: Role) -> Callable[[str], Endpoint]:
@@ -134,80 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM, how long open requests may take to finish before they are cut",
     )
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
-    _add_membership_arguments(parser)
+    membership_flags.add_arguments(parser)
     add_log_level(parser)
-
-
-def _add_membership_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("elastic membership (see README: Scaling at runtime)")
-    g.add_argument(
-        "--admin-api-key-file",
-        type=Path,
-        metavar="FILE",
-        help=f"key that /instances/add and /instances/remove require in X-Api-Key (default: "
-        f"${API_KEY_ENV}; with neither, those calls are refused)",
-    )
-    g.add_argument(
-        "--model",
-        help="model an added instance must list in /v1/models before it joins "
-        "(default: /health is enough)",
-    )
-    g.add_argument(
-        "--waiting-retry-interval",
-        type=argtypes.non_negative_float,
-        default=WaitPolicy.retry_interval_s,
-        metavar="SECONDS",
-        help="how often an added instance that is not ready yet is checked again",
-    )
-    g.add_argument(
-        "--max-waiting-retries",
-        type=argtypes.non_negative_int,
-        default=WaitPolicy.max_retries,
-        help="checks of a waiting instance before it is dropped",
-    )
-    g.add_argument(
-        "--eject-after",
-        type=argtypes.non_negative_int,
-        default=EjectionPolicy.eject_after,
-        help="consecutive failures (connect errors, 5xx, unreachable scrapes) that take an "
-        "endpoint out of picking (0 = never eject)",
-    )
-    g.add_argument(
-        "--eject-backoff-seconds",
-        type=argtypes.non_negative_float,
-        default=EjectionPolicy.backoff_s,
-        help="first ejection's length; each further one in a row doubles it",
-    )
-    g.add_argument(
-        "--max-eject-backoff-seconds",
-        type=argtypes.non_negative_float,
-        default=EjectionPolicy.max_backoff_s,
-        help="longest ejection",
-    )
-    g.add_argument(
-        "--max-failures",
-        type=argtypes.non_negative_int,
-        default=EjectionPolicy.max_failures,
-        help="consecutive failures (including failed re-checks while ejected) after which "
-        "an endpoint is removed from the pool (0 = never)",
-    )
-    g.add_argument(
-        "--keep-ejected",
-        action="store_true",
-        help="never remove failing endpoints: keep them ejected and keep re-checking",
-    )
-    g.add_argument(
-        "--drain-timeout-seconds",
-        type=argtypes.non_negative_float,
-        default=DEFAULT_DRAIN_TIMEOUT_S,
-        help="a removed endpoint's in-flight requests are waited for this long",
-    )
-    g.add_argument(
-        "--state-file",
-        type=Path,
-        metavar="PATH",
-        help="keep runtime-added instances here and re-add them on start",
-    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -221,20 +146,9 @@ def run(args: argparse.Namespace) -> int:
         transport=args.transport,
         shutdown_grace_s=args.shutdown_grace_seconds,
         config_path=args.config,
-        model=args.model,
-        wait=WaitPolicy(args.waiting_retry_interval, args.max_waiting_retries),
-        ejection=EjectionPolicy(
-            eject_after=args.eject_after,
-            backoff_s=args.eject_backoff_seconds,
-            max_backoff_s=max(args.max_eject_backoff_seconds, args.eject_backoff_seconds),
-            max_failures=args.max_failures,
-            keep_ejected=args.keep_ejected,
-        ),
-        drain_timeout_s=args.drain_timeout_seconds,
-        state_file=args.state_file,
     )
     try:
-        opts = replace(opts, admin_api_key=load_key(args.admin_api_key_file))
+        opts = replace(opts, membership=membership_flags.options(args))
     except (OSError, ValueError) as exc:
         log.error("admin API key: %s", exc)
         return 2
@@ -265,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler) -> None:
     log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
-    datastore = Datastore(drain_timeout_s=opts.drain_timeout_s)
+    datastore = Datastore(drain_timeout_s=opts.membership.drain_timeout_s)
     for endpoint in cfg.endpoints:
         datastore.add(endpoint)
     for endpoint in opts.endpoints:  # flags name no engine: the config's applies
@@ -281,13 +195,13 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     coordinator = COORDINATORS[pd.coordinator](
         CoordinatorEnv(datastore, metrics, legs, rng, pd.bootstrap_port)
     )
-    probe = ReadinessProbe(model=opts.model)
-    ejector = Ejector(datastore, opts.ejection, probe.check)
+    probe = ReadinessProbe(model=opts.membership.model)
+    ejector = Ejector(datastore, opts.membership.ejection, probe.check)
     membership = RuntimeMembership(
         datastore,
         probe.check,
-        opts.wait,
-        state_file=opts.state_file,
+        opts.membership.wait,
+        state_file=opts.membership.state_file,
         engine=cfg.data_layer.engine,
     )
     router = Router(
@@ -313,7 +227,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
             app,
             datastore,
             membership,
-            ApiKeyAuth(opts.admin_api_key),
+            ApiKeyAuth(opts.membership.admin_api_key),
             ejector.state,
             cfg.data_layer.engine,
         )
@@ -344,7 +258,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
             )
             or "none",
         )
-        if opts.admin_api_key is None:
+        if opts.membership.admin_api_key is None:
             log.info(
                 "admin API: /instances/add and /remove are disabled (set %s or "
                 "--admin-api-key-file to enable them)",
