@@ -48,13 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--admin-api-key-file",
         type=Path,
         metavar="FILE",
-        help=f"key that /instances/add and /instances/remove require in X-Api-Key (default: "
+        help=f"key that /instances/add and /instances/remove require in X-Api-Key (else "
         f"${API_KEY_ENV}; with neither, those calls are refused)",
     )
     g.add_argument(
         "--model",
         help="model an added instance must list in /v1/models before it joins "
-        "(default: /health is enough)",
+        "(without it, GET /health answering 200 is enough)",
     )
     g.add_argument(
         "--waiting-retry-interval",
