@@ -140,7 +140,7 @@ class Router:
             address = served
         if status >= 500:
             outcomes.failure(address, f"HTTP {status} on the response path")
-        elif served or status:
+        else:
             outcomes.success(address)
 
     def usage_seen(self, usage: Usage) -> None:
