@@ -7,9 +7,12 @@ import asyncio
 
 import pytest
 
+from epp.admin.metrics import EppMetrics
+from epp.config import builtin_registry, instantiate, load
 from epp.datalayer.ejection import EjectionPolicy, Ejector
 from epp.datastore import Datastore, Status
-from epp.types import Endpoint
+from epp.router import Router
+from epp.types import Endpoint, InferenceRequest
 from tests.support.wait import until
 
 
@@ -189,3 +192,42 @@ async def test_ejection_loop_expires_drains() -> None:
         await until(lambda: ds.member(A.address) is None, "drain deadline")
     finally:
         await ej.stop()
+
+
+class Outcomes:
+    """Records what the router reports (a fake of the EndpointOutcomes protocol)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def failure(self, address: str, reason: str) -> None:
+        self.events.append(("failure", address))
+
+    def success(self, address: str) -> None:
+        self.events.append(("success", address))
+
+
+def test_router_counts_a_failover_against_the_primary_and_caps_the_list() -> None:
+    ds = Datastore()
+    for port in (1, 2, 3, 4):
+        ds.add(Endpoint("10.0.0.1", port))
+    outcomes = Outcomes()
+    router = Router(
+        ds,
+        instantiate(load(None), builtin_registry()),
+        EppMetrics(ds),
+        max_body_bytes=1000,
+        outcomes=outcomes,
+    )
+    request = InferenceRequest(request_id="r", model="m", path="/v1/completions")
+    assert len(router.route(request).result.targets) == 1  # no signal: one address
+    assert len(router.route(request, max_destinations=3).result.targets) == 3
+    router.response_seen("10.0.0.1:1", 200, "10.0.0.1:2")
+    router.response_seen("10.0.0.1:3", 503, "10.0.0.1:3")
+    router.response_seen("10.0.0.1:4", 200)
+    assert outcomes.events == [
+        ("failure", "10.0.0.1:1"),
+        ("success", "10.0.0.1:2"),
+        ("failure", "10.0.0.1:3"),
+        ("success", "10.0.0.1:4"),
+    ]
