@@ -94,7 +94,7 @@ dataLayer:
     reportIntervalSeconds: 1.0
 disaggregation:
   coordinator: nixl
-  prefillTimeoutSeconds: 60
+  prefillTimeoutSeconds: 25
   connectTimeoutSeconds: 1.0
   bootstrapPort: null
 endpoints: []
@@ -149,7 +149,9 @@ class DisaggConfig:
     """How prefill and decode legs meet (``disaggregation`` section; see epp.disagg)."""
 
     coordinator: str = "nixl"
-    prefill_timeout_s: float = 60.0  # the whole prefill leg
+    # the whole prefill leg; keep it below Envoy's ext_proc message_timeout (30 s in the
+    # shipped configs), or Envoy fails the request before the EPP can decode alone
+    prefill_timeout_s: float = 25.0
     connect_timeout_s: float = 1.0  # reaching the prefill server; then decode-only
     bootstrap_port: int | None = None  # SGLang bootstrap port; None: the prefill's own port
 
@@ -374,7 +376,7 @@ def _disaggregation(raw: Any, source: str) -> DisaggConfig:
         )
     cfg = DisaggConfig(
         coordinator=p.string("coordinator", "nixl", choices=tuple(COORDINATORS)),
-        prefill_timeout_s=p.number("prefillTimeoutSeconds", 60.0, minimum=0.001),
+        prefill_timeout_s=p.number("prefillTimeoutSeconds", 25.0, minimum=0.001),
         connect_timeout_s=p.number("connectTimeoutSeconds", 1.0, minimum=0.001),
         bootstrap_port=bootstrap,
     )

@@ -19,6 +19,7 @@ from epp.datalayer.orca import (
     parse_orca,
 )
 from epp.datastore import Datastore, InFlightTicket
+from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
 from epp.errors import EppError
 from epp.scheduling.base import Scheduler
@@ -100,12 +101,15 @@ class Router:
     def hand_off(
         self, routed: Routed, request: InferenceRequest, doc: Mapping[str, Any]
     ) -> DecodeLeg | Awaitable[DecodeLeg] | None:
-        """Let the coordinator join the prefill leg to the decode leg (None: the request
-        is not disaggregated)."""
+        """The decode leg: from the coordinator when the request is disaggregated, else
+        None (the body goes as sent), unless the client sent P/D fields of its own,
+        which are dropped."""
+        clean = without_pd_fields(doc)
         prefill = routed.result.prefill
         if prefill is None or self.coordinator is None:
-            return None
-        return self.coordinator.hand_off(Handoff(request, doc, prefill, routed.result.primary))
+            return None if clean is None else DecodeLeg(doc=clean)
+        handoff = Handoff(request, doc if clean is None else clean, prefill, routed.result.primary)
+        return self.coordinator.hand_off(handoff)
 
     def rejected(self, error: EppError) -> None:
         self.metrics.requests.labels(str(error.status)).inc()

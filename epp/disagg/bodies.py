@@ -13,7 +13,17 @@ from collections.abc import Mapping
 from typing import Any
 
 KV_TRANSFER_PARAMS = "kv_transfer_params"
-_LIMIT_KEYS = ("max_tokens", "max_completion_tokens")
+# Body fields that steer KV transfers: only the EPP may set them (a client could
+# otherwise make a decode server pull KV from any host).
+PD_FIELDS = frozenset({KV_TRANSFER_PARAMS, "bootstrap_host", "bootstrap_port", "bootstrap_room"})
+
+
+def without_pd_fields(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The body without client-sent P/D fields, or None when it has none (the common
+    case: nothing to rewrite)."""
+    if not any(key in doc for key in PD_FIELDS):
+        return None
+    return {k: v for k, v in doc.items() if k not in PD_FIELDS}
 
 
 def one_token(doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from epp.types import Endpoint, InferenceRequest
 log = logging.getLogger(__name__)
 
 PREFILLER_HEADER = "x-prefiller-host-port"
+BOOTSTRAP_PORT_LABEL = "bootstrap-port"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +87,10 @@ class PrefillLegs:
     ) -> LegResult | None:
         """The prefill's answer, or None when the decode endpoint must prefill alone."""
         ticket = self.env.datastore.acquire(h.prefill.address, h.request.prompt_tokens)
+        # the id Envoy's client sent, or the one the EPP generated for both legs
+        headers = {**h.request.headers, "x-request-id": h.request.request_id}
         try:
-            result = await self.env.client.post(
-                h.prefill, h.request.path, doc, h.request.headers, connected
-            )
+            result = await self.env.client.post(h.prefill, h.request.path, doc, headers, connected)
         except LegFailed as exc:
             self.count("failed")
             log.warning(
@@ -200,14 +201,20 @@ class ConcurrentCoordinator:
     async def hand_off(self, handoff: Handoff) -> DecodeLeg:
         p = handoff.prefill
         room = bodies.new_bootstrap_room(self.env.rng)
-        doc = bodies.with_bootstrap(handoff.doc, p.host, self.env.bootstrap_port or p.port, room)
+        port = _bootstrap_port(p, self.env.bootstrap_port)
+        doc = bodies.with_bootstrap(handoff.doc, p.host, port, room)
         connected = asyncio.Event()
         task = asyncio.create_task(self._prefill(handoff, doc, connected))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         waiter = asyncio.create_task(connected.wait())
-        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
+        try:
+            await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # Envoy gave up before the decode leg was routed
+            task.cancel()
+            raise
+        finally:
+            waiter.cancel()
         return DecodeLeg(doc=doc) if connected.is_set() else DecodeLeg()
 
     async def _prefill(self, h: Handoff, doc: Mapping[str, Any], connected: asyncio.Event) -> None:
@@ -215,12 +222,25 @@ class ConcurrentCoordinator:
             await self.legs.run(h, doc, connected)
         except PrefillRejectedError as exc:  # the decode leg, same body, answers the client
             log.info("request %s: %s", h.request.request_id, exc.message)
+        except Exception:  # a background task: nobody else would see it
+            log.exception("request %s: prefill leg crashed", h.request.request_id)
 
     async def close(self) -> None:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=5)
-        for task in self._tasks:
+        for task in list(self._tasks):
             task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _bootstrap_port(prefill: Endpoint, configured: int | None) -> int:
+    """Where the prefill server's bootstrap rendezvous listens: the endpoint's
+    ``bootstrap-port`` label, else ``disaggregation.bootstrapPort``, else the endpoint's
+    own port (our simulator; real SGLang listens on --disaggregation-bootstrap-port)."""
+    label = prefill.labels.get(BOOTSTRAP_PORT_LABEL)
+    if label is not None and label.isdigit():
+        return int(label)
+    return configured or prefill.port
 
 
 COORDINATORS: dict[str, Callable[[CoordinatorEnv], Coordinator]] = {

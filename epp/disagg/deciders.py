@@ -12,10 +12,10 @@ from epp.types import EndpointState
 
 
 class CachedTokens(Protocol):
-    """Something that estimates how many of the prompt's tokens an endpoint caches (the
-    prefix-cache scorer)."""
+    """Something that estimates which share of the prompt an endpoint caches (the
+    prefix-cache scorer: matched blocks / hashed blocks, 0..1)."""
 
-    def cached_tokens(self, ctx: CycleContext, address: str) -> int: ...
+    def cached_fraction(self, ctx: CycleContext, address: str) -> float: ...
 
 
 class Decider(Protocol):
@@ -66,8 +66,12 @@ class PrefixBasedDecider:
         total = ctx.request.prompt_tokens
         if total < self.non_cached_tokens:  # cannot reach the threshold: skip hashing
             return False
-        cached = 0 if self._estimate is None else self._estimate.cached_tokens(ctx, decode.address)
-        return total - cached >= self.non_cached_tokens
+        # a share, not a count: the index hashes at most maxPrefixBlocksToMatch blocks,
+        # so a long prompt cached in full must not look partly uncached
+        share = (
+            0.0 if self._estimate is None else self._estimate.cached_fraction(ctx, decode.address)
+        )
+        return total * (1.0 - share) >= self.non_cached_tokens
 
 
 def make_decider(p: Params) -> Decider:

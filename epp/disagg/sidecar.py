@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from epp import argtypes
 from epp.cli import add_log_level
@@ -32,9 +33,14 @@ from epp.types import Endpoint, parse_host_port
 
 log = logging.getLogger("epp.sidecar")
 
+# RFC 9110 §7.6.1 connection-specific fields, plus what aiohttp sets itself
 _HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
-)
+    {
+        "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+        "proxy-authorization", "proxy-authenticate", "proxy-connection",
+        "content-length", "host",
+    }
+)  # fmt: skip
 _P_D_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
@@ -44,6 +50,8 @@ class Sidecar:
         self.legs = legs
         self.session: aiohttp.ClientSession | None = None
         self.stats = {"proxied": 0, "prefill_legs": 0, "fallbacks": 0, "rejected": 0}
+        # prefill_legs: answered 2xx with kv_transfer_params; fallbacks: decoded alone
+        # (prefill unreachable, failed or answered without params); rejected: 400-451
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(
@@ -85,13 +93,12 @@ class Sidecar:
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             result = await self.legs.post(
-                Endpoint(host, port), request.path, bodies.nixl_prefill(doc), headers
+                Endpoint(host, port), request.path_qs, bodies.nixl_prefill(doc), headers
             )
         except LegFailed as exc:
             self.stats["fallbacks"] += 1
             log.warning("request %s: prefill leg failed (%s); decoding alone", rid, exc)
             return body
-        self.stats["prefill_legs"] += 1
         if 400 <= result.status <= 451:
             self.stats["rejected"] += 1
             return web.Response(
@@ -100,22 +107,19 @@ class Sidecar:
         params = bodies.returned_kv_params(result.json()) if result.status < 300 else None
         if params is None:
             self.stats["fallbacks"] += 1
+            why = "without kv_transfer_params" if result.status < 300 else "an error"
             log.warning(
-                "request %s: prefill on %s answered %d without kv_transfer_params; decoding alone",
-                rid,
-                prefiller,
-                result.status,
-            )
+                "request %s: prefill on %s answered %d (%s); decoding alone",
+                rid, prefiller, result.status, why,
+            )  # fmt: skip
             return body
+        self.stats["prefill_legs"] += 1
         return orjson.dumps(bodies.nixl_decode(doc, params))
 
     async def _to_decode(self, request: web.Request, body: bytes) -> web.StreamResponse:
         assert self.session is not None
-        headers = {
-            k: v
-            for k, v in request.headers.items()
-            if k.lower() not in _HOP_BY_HOP and k.lower() != PREFILLER_HEADER
-        }
+        drop = _HOP_BY_HOP | {PREFILLER_HEADER} | _connection_tokens(request.headers)
+        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in drop)
         url = f"http://{self.decode.address}{request.path_qs}"
         try:
             upstream = await self.session.request(
@@ -125,14 +129,32 @@ class Sidecar:
             return _error(502, f"decode server {self.decode.address} unreachable: {exc}")
         async with upstream:
             response = web.StreamResponse(status=upstream.status)
+            drop = _HOP_BY_HOP | _connection_tokens(upstream.headers)
             for k, v in upstream.headers.items():
-                if k.lower() not in _HOP_BY_HOP:
+                if k.lower() not in drop:
                     response.headers.add(k, v)
             await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # headers are out: all we can do is cut the stream short, visibly
+                log.warning("decode server %s failed mid-response: %s", self.decode.address, exc)
+                if request.transport is not None:
+                    request.transport.close()
+                return response
             await response.write_eof()
             return response
+
+
+def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
+    """Header names a ``Connection`` field lists: hop-by-hop for this message."""
+    return {
+        token.strip().lower()
+        for value in headers.getall("connection", [])
+        for token in value.split(",")
+        if token.strip()
+    }
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -190,7 +212,8 @@ async def _serve(args: argparse.Namespace) -> int:
         args.decode, LegClient(args.connect_timeout_seconds, args.prefill_timeout_seconds)
     )
     await sidecar.start()
-    runner = web.AppRunner(make_app(sidecar), access_log=None)
+    # a client that goes away cancels its handler: no decode leg for nobody
+    runner = web.AppRunner(make_app(sidecar), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     try:

@@ -196,6 +196,11 @@ class ExtProcStream:
     ) -> list[ProcessingResponse]:
         try:
             leg = await pending
+            if self._envoy.phase is not Phase.UPSTREAM:  # the stream ended meanwhile
+                if leg.prefill_ticket is not None:
+                    leg.prefill_ticket.release()
+                return []
+            return self._forward(body, end_of_stream, leg)
         except EppError as error:
             return [self._reject(error)]
         except Exception:
@@ -203,11 +208,6 @@ class ExtProcStream:
                 "request %s: internal error preparing the decode leg", self._req.request_id
             )
             return [self._reject(EppError("internal error in the endpoint picker"))]
-        if self._envoy.phase is not Phase.UPSTREAM:  # the stream ended meanwhile
-            if leg.prefill_ticket is not None:
-                leg.prefill_ticket.release()
-            return []
-        return self._forward(body, end_of_stream, leg)
 
     def _forward(
         self, body: bytes | None, end_of_stream: bool, leg: DecodeLeg | None

@@ -107,31 +107,62 @@ def test_short_prompt_goes_decode_only(pd: LocalStack) -> None:
     assert metric_sum(text, 'epp_pd_decisions_total{decision="disaggregated"}') >= 1
 
 
+def epp_metric(stack: LocalStack, name: str) -> float:
+    _, _, text = request(f"{stack.epp_http_url}/metrics")
+    return metric_sum(text.decode(), name)
+
+
 def test_client_error_from_the_prefill_server_reaches_the_client(pd: LocalStack) -> None:
-    status, body = post(pd, "/v1/completions", {"model": "no-such-model", "prompt": LONG}, "bad")
+    coordinator = pd.opts.coordinator
+    decode_before = sim_stats(pd, "decode-0")["requests_total"]
+    doc = {"model": "no-such-model", "prompt": "4xx: " + LONG}
+    status, body = post(pd, "/v1/completions", doc, "bad")
     assert status == 404, body[:300]
     assert "no-such-model" in orjson.loads(body)["error"]["message"]
+    if coordinator in ("nixl", "kv-pool"):  # the EPP's prefill leg got the 404
+        rejected = f'epp_prefill_legs_total{{coordinator="{coordinator}",outcome="rejected"}}'
+        assert epp_metric(pd, rejected) == 1
+    if coordinator != "concurrent":  # (concurrent: decode gets the same body at once)
+        assert sim_stats(pd, "decode-0")["requests_total"] == decode_before
+
+
+def test_both_legs_carry_the_same_request_id_and_credentials(pd: LocalStack) -> None:
+    doc = {"model": MODEL, "prompt": "ids: " + LONG, "max_tokens": 2}
+    status, _, body = request(  # no x-request-id from the client: Envoy's or ours is used
+        f"{pd.envoy_url}/v1/completions", orjson.dumps(doc), {"authorization": "Bearer k1"}
+    )
+    assert status == 200, body[:300]
+    prefill_seen = wait_for(
+        lambda: (r := last_request(pd, "prefill-0"))["body"]["prompt"] == doc["prompt"] and r,
+        what="the prefill leg",
+    )
+    decode_seen = last_request(pd, "decode-0")
+    rid = decode_seen["headers"].get("x-request-id")
+    assert rid and prefill_seen["headers"].get("x-request-id") == rid
+    assert prefill_seen["headers"].get("authorization") == "Bearer k1"
 
 
 def test_dead_prefill_server_falls_back_to_decode_alone(pd: LocalStack) -> None:
     """Runs last in this module: it stops the prefill simulator."""
+    coordinator = pd.opts.coordinator
     pd.sims[0].stop()
     assert pd.sims[0].name == "prefill-0"
     before = sim_stats(pd, "decode-0")
     for i in range(3):
-        status, body = post(
-            pd,
-            "/v1/completions",
-            {"model": MODEL, "prompt": LONG + str(i), "max_tokens": 3},
-            f"dead-{i}",
-        )
+        prompt = f"never seen before {i}: " + LONG  # so the decider disaggregates
+        doc = {"model": MODEL, "prompt": prompt, "max_tokens": 3}
+        status, body = post(pd, "/v1/completions", doc, f"dead-{i}")
         assert status == 200, body[:300]
+        assert "bootstrap_room" not in last_request(pd, "decode-0")["body"]
     after = sim_stats(pd, "decode-0")
     prefilled_here = (after["local_prefills"] + after["recomputed_prefills"]) - (
         before["local_prefills"] + before["recomputed_prefills"]
     )
     assert prefilled_here == 3
     assert after["kv_transfers"] == before["kv_transfers"]
+    if coordinator != "sidecar":  # the EPP tried each prefill leg and gave up on it
+        failed = f'epp_prefill_legs_total{{coordinator="{coordinator}",outcome="failed"}}'
+        assert epp_metric(pd, failed) == 3
 
 
 def test_buffered_processing_replaces_the_body_for_the_decode_leg() -> None:

@@ -44,7 +44,7 @@ def test_partial_file_keeps_defaults_for_the_rest() -> None:
     assert cfg.data_layer.orca_request_format == "TEXT"
     assert cfg.data_layer.stale_after_s == 2.0
     assert len(cfg.profiles[0].plugins) == 6  # default profiles untouched
-    assert cfg.disaggregation.prefill_timeout_s == 60
+    assert cfg.disaggregation.prefill_timeout_s == 25
 
 
 def test_plugins_without_profiles_form_one_default_profile() -> None:

@@ -149,16 +149,35 @@ async def test_prefill_client_error_is_the_clients_answer() -> None:
     assert stream.phase is Phase.DONE
 
 
-async def test_stream_closed_during_the_prefill_leg_releases_and_sends_nothing() -> None:
+async def test_envoy_reset_during_the_prefill_leg_releases_every_claim() -> None:
+    """What the transports do when Envoy resets the stream: the awaited replies are
+    cancelled, then the stream is closed."""
     coord = FakeCoordinator(DecodeLeg(), wait=True)
     r = router(coord)
     stream = ExtProcStream(r)
     pending = asyncio.ensure_future(replies_for(stream, body()))
     await asyncio.sleep(0)
-    stream.close()  # Envoy gave up (client left)
+    assert r.datastore.in_flight(DECODE.address) == 1
+    pending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await pending
+    stream.close()
     assert r.datastore.in_flight(DECODE.address) == 0
-    coord.release.set()
-    assert await pending == []
+
+
+async def test_client_sent_pd_fields_never_reach_a_server() -> None:
+    """kv_transfer_params / bootstrap_* steer KV transfers: only the EPP sets them."""
+    coord = FakeCoordinator(DecodeLeg(), wait=False)
+    forged = body(prompt="hi", kv_transfer_params={"remote_host": "evil"}, bootstrap_room=1)
+    replies = await replies_for(ExtProcStream(router(coord)), forged)
+    assert coord.handoffs == []  # short: decode only, but the body is still cleaned
+    doc = decoded(replies)
+    assert "kv_transfer_params" not in doc and "bootstrap_room" not in doc
+    assert doc["prompt"] == "hi"
+    coord = FakeCoordinator(DecodeLeg(), wait=False)
+    await replies_for(ExtProcStream(router(coord)), body(kv_transfer_params={"x": 1}))
+    [h] = coord.handoffs  # disaggregated: the coordinator starts from the cleaned body
+    assert "kv_transfer_params" not in h.doc
 
 
 async def test_short_prompt_never_reaches_the_coordinator() -> None:

@@ -139,3 +139,29 @@ def test_targets_always_decode_and_prefill_always_prefills(
         assert result.prefill in members and result.prefill.role in (Role.PREFILL, Role.BOTH)
         assert result.prefill != result.primary
         assert result.decision == "disaggregated"
+
+
+def test_only_generation_paths_are_disaggregated() -> None:
+    req = InferenceRequest("r", "m", "/v1/embeddings", prompt=LONG)
+    result = scheduler().schedule(req, pool(Role.PREFILL, Role.DECODE), random.Random(0))
+    assert (result.decision, result.prefill) == ("decode-only", None)
+
+
+def test_long_prompt_cached_in_full_is_not_disaggregated_again() -> None:
+    """Longer than the index hashes (256 blocks = 4,096 tokens): the cached *share*
+    decides, so a repeat stays on the decode endpoint that holds it."""
+    huge = "a very long shared document. " * 1400  # ~10,000 tokens
+    sched = scheduler()
+    snap = pool(Role.PREFILL, Role.DECODE)
+    first = sched.schedule(request(huge), snap, random.Random(1))
+    assert first.decision == "disaggregated"
+    sched.on_routed(request(huge), first, snap)
+    assert sched.schedule(request(huge), snap, random.Random(1)).decision == "decode-only"
+
+
+def test_prefill_is_never_the_chosen_decode_endpoint_in_a_mixed_pool() -> None:
+    snap = pool(Role.BOTH, Role.BOTH, Role.BOTH)
+    for seed in range(20):
+        result = scheduler().schedule(request(LONG), snap, random.Random(seed))
+        assert result.decision == "disaggregated"
+        assert result.prefill is not None and result.prefill != result.primary

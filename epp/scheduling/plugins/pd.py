@@ -17,12 +17,15 @@ DECODE_ONLY = "decode-only"
 NO_PREFILL_ENDPOINT = "no-prefill-endpoint"
 DECISIONS = (DISAGGREGATED, DECODE_ONLY, NO_PREFILL_ENDPOINT)
 DEFAULT_PREFIX_PLUGIN = "prefix-cache-scorer"
+# Only these generate from a prompt; anything else (embeddings, tokenize, ...) decodes.
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 class PDProfileHandler:
     """Runs ``decodeProfile`` (its picks are the targets, fallbacks included), then, if
-    the decider wants it, ``prefillProfile``. A request still decodes when no prefill
-    endpoint is eligible, or when the only choice is the decode endpoint itself."""
+    the request generates (completions, chat) and the decider wants it,
+    ``prefillProfile`` over the other endpoints. A request still decodes when no other
+    endpoint can prefill."""
 
     def __init__(
         self, where: str, decode: str, prefill: str, decider: Decider, prefix_plugin: str | None
@@ -42,7 +45,7 @@ class PDProfileHandler:
                 )
         name = self.prefix_plugin or DEFAULT_PREFIX_PLUGIN
         plugin = plugins.get(name)
-        if plugin is not None and not callable(getattr(plugin, "cached_tokens", None)):
+        if plugin is not None and not callable(getattr(plugin, "cached_fraction", None)):
             plugin = None
         if plugin is None and self.prefix_plugin is not None:
             raise ConfigError(
@@ -60,13 +63,17 @@ class PDProfileHandler:
         by_name = {p.name: p for p in profiles}
         decode = by_name[self.decode].run(ctx, candidates)  # raises when none can decode
         targets = tuple(s.endpoint for s in decode)
-        if not self.decider.wants_prefill(ctx, decode[0]):
+        if ctx.request.path not in GENERATION_PATHS or not self.decider.wants_prefill(
+            ctx, decode[0]
+        ):
             return SchedulingResult(targets, decision=DECODE_ONLY)
+        chosen = decode[0].address
+        others = [s for s in candidates if s.address != chosen]
         try:
-            prefill = by_name[self.prefill].run(ctx, candidates)
+            prefill = by_name[self.prefill].run(ctx, others) if others else []
         except NoEndpointError:  # no prefill server up: the decode endpoint prefills itself
             prefill = []
-        if not prefill or prefill[0].address == decode[0].address:
+        if not prefill:
             return SchedulingResult(targets, decision=NO_PREFILL_ENDPOINT)
         return SchedulingResult(targets, prefill=prefill[0].endpoint, decision=DISAGGREGATED)
 

@@ -65,9 +65,11 @@ class PrefixCacheScorer:
         result: dict[str, int] = cached
         return result
 
-    def cached_tokens(self, ctx: CycleContext, address: str) -> int:
-        """Estimated prompt tokens ``address`` already caches (the P/D decider asks)."""
-        return self.matches(ctx).get(address, 0) * self.block_tokens
+    def cached_fraction(self, ctx: CycleContext, address: str) -> float:
+        """Share of the prompt's hashed blocks ``address`` probably caches (the P/D
+        decider asks)."""
+        matched = self.matches(ctx).get(address, 0)
+        return matched / len(self.hashes(ctx)) if matched else 0.0
 
     def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
         matched = self.matches(ctx)
