@@ -206,3 +206,12 @@ async def test_buffered_mode_replaces_the_body_only_when_rewritten(rewrite: bool
     else:
         assert not common.HasField("body_mutation")
         assert "content-length" not in headers
+
+
+def test_bootstrap_port_label_then_config_then_own_port() -> None:
+    from epp.disagg.coordinators import _bootstrap_port
+
+    labelled = Endpoint("10.0.0.9", 8000, Role.PREFILL, {"bootstrap-port": "8998"})
+    assert _bootstrap_port(labelled, 9000) == 8998
+    assert _bootstrap_port(PREFILL, 9000) == 9000
+    assert _bootstrap_port(PREFILL, None) == PREFILL.port
