@@ -1,1 +1,2 @@
-"""Endpoint sources beyond static flags: the runtime admin API and its readiness wait."""
+"""Endpoint sources beyond static flags: the runtime admin API and its readiness wait,
+and Kubernetes InferencePool discovery."""
