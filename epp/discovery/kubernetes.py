@@ -1,0 +1,305 @@
+"""InferencePool discovery: keep the datastore equal to the ready pods of a pool, times their ports.
+
+Two reflectors run side by side: one watches the ``InferencePool`` itself (by
+``metadata.name`` field selector), one the pods its ``spec.selector`` matches. A changed
+selector restarts the pod reflector; the old pod set stays in place until the new list
+arrives, so a selector edit does not empty the pool for a moment. Which endpoints a pod
+makes is decided by :mod:`epp.discovery.pool_endpoints`; this module only applies the
+difference to the datastore, touching only the endpoints it added itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+
+from epp.datastore import Datastore
+from epp.discovery.pool_endpoints import (
+    POOL_GROUP,
+    POOL_PLURAL,
+    POOL_VERSION,
+    PodEndpoints,
+    PoolError,
+    PoolSpec,
+    parse_pool,
+    pod_endpoints,
+)
+from epp.discovery.reflector import Obj, Reflector, WatchTiming
+from epp.types import Endpoint
+
+log = logging.getLogger(__name__)
+
+IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+EVENT_REASON = "InvalidInferenceEndpoint"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRef:
+    """Which pool to follow and how to reach the API server (``epp serve`` flags)."""
+
+    name: str
+    namespace: str | None = None  # None: the pod's own namespace in a cluster, else default
+    kubeconfig: Path | None = None
+
+    def resolved_namespace(self) -> str:
+        if self.namespace:
+            return self.namespace
+        if IN_CLUSTER_NAMESPACE.exists():
+            return IN_CLUSTER_NAMESPACE.read_text().strip()
+        return "default"
+
+
+async def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
+    """A client from ``kubeconfig``, else the pod's service account when in a cluster,
+    else the usual kubeconfig ($KUBECONFIG, ~/.kube/config). Raises OSError saying why not."""
+    configuration = k8s.Configuration()
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            path = None if kubeconfig is None else str(kubeconfig)
+            await k8s_config.load_kube_config(
+                config_file=path, client_configuration=configuration, persist_config=False
+            )
+    except (k8s_config.ConfigException, OSError) as exc:
+        where = kubeconfig or "in-cluster or default kubeconfig"
+        raise OSError(f"Kubernetes client config ({where}): {exc}") from None
+    return k8s.ApiClient(configuration)
+
+
+class PoolDiscovery:
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        datastore: Datastore,
+        pool_name: str,
+        namespace: str,
+        *,
+        default_engine: str = "vllm",
+        timing: WatchTiming | None = None,
+        on_synced: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._api = api
+        self._core = k8s.CoreV1Api(api)
+        self._custom = k8s.CustomObjectsApi(api)
+        self._datastore = datastore
+        self.pool_name = pool_name
+        self.namespace = namespace
+        self._engine = default_engine
+        self._timing = timing or WatchTiming()
+        self._on_synced = on_synced
+        self.synced = asyncio.Event()  # set once the pool and its pods were first listed
+        self.pool: PoolSpec | None = None
+        self._pods: dict[str, Obj] = {}
+        self._by_pod: dict[str, PodEndpoints] = {}
+        self._ours: dict[str, Endpoint] = {}  # address -> endpoint this discovery added
+        self._pods_task: asyncio.Task[None] | None = None
+        self._pool_task: asyncio.Task[None] | None = None
+        self._side_tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        pools = Reflector(
+            f"InferencePool {self.namespace}/{self.pool_name}",
+            self._custom.list_namespaced_custom_object,
+            {
+                "group": POOL_GROUP,
+                "version": POOL_VERSION,
+                "namespace": self.namespace,
+                "plural": POOL_PLURAL,
+                "field_selector": f"metadata.name={self.pool_name}",
+            },
+            self._pools_listed,
+            self._pool_event,
+            self._timing,
+        )
+        self._pool_task = asyncio.create_task(pools.run(), name="inferencepool-watch")
+
+    async def stop(self) -> None:
+        """Stop watching and close the client; the endpoints stay (the process is ending)."""
+        tasks = [t for t in (self._pool_task, self._pods_task, *self._side_tasks) if t]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._api.close()
+
+    # -- the pool ------------------------------------------------------------------------
+    async def _pools_listed(self, items: list[Obj]) -> None:
+        await self._set_pool(items[0] if items else None)
+
+    async def _pool_event(self, kind: str, obj: Obj) -> None:
+        await self._set_pool(None if kind == "DELETED" else obj)
+
+    async def _set_pool(self, obj: Obj | None) -> None:
+        spec: PoolSpec | None = None
+        if obj is not None:
+            try:
+                spec = parse_pool(obj)
+            except PoolError as exc:
+                log.error("%s; treating the pool as absent until it is fixed", exc)
+        if spec is None:
+            if self.pool is not None or obj is None:
+                log.warning(
+                    "InferencePool %s/%s not found: no endpoints", self.namespace, self.pool_name
+                )
+            self.pool = None
+            await self._cancel_pods()
+            self._pods.clear()
+            self._recompute_all()
+            return
+        old, self.pool = self.pool, spec
+        if old is None or old.match_labels != spec.match_labels or self._pods_task is None:
+            log.info(
+                "InferencePool %s/%s: watching pods with labels %s, target ports %s",
+                self.namespace,
+                self.pool_name,
+                spec.label_selector,
+                list(spec.target_ports) or "none (port discovery only)",
+            )
+            await self._cancel_pods()
+            self._start_pods(spec)
+        if old != spec:
+            self._recompute_all()
+
+    # -- its pods ------------------------------------------------------------------------
+    def _start_pods(self, spec: PoolSpec) -> None:
+        pods = Reflector(
+            f"pods {self.namespace} {spec.label_selector}",
+            self._core.list_namespaced_pod,
+            {"namespace": self.namespace, "label_selector": spec.label_selector},
+            self._pods_listed,
+            self._pod_event,
+            self._timing,
+        )
+        self._pods_task = asyncio.create_task(pods.run(), name="pool-pods-watch")
+
+    async def _cancel_pods(self) -> None:
+        task, self._pods_task = self._pods_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _pods_listed(self, items: list[Obj]) -> None:
+        self._pods = {_name(p): p for p in items}
+        self._recompute_all()
+        if not self.synced.is_set():
+            self.synced.set()
+            log.info("InferencePool %s/%s: first sync done", self.namespace, self.pool_name)
+            if self._on_synced is not None:
+                await self._on_synced()
+
+    async def _pod_event(self, kind: str, obj: Obj) -> None:
+        name = _name(obj)
+        if kind == "DELETED":
+            self._pods.pop(name, None)
+        else:
+            self._pods[name] = obj
+        self._recompute(name)
+        self._apply()
+
+    # -- pods -> endpoints -> datastore ----------------------------------------------------
+    def _recompute_all(self) -> None:
+        for name in set(self._by_pod) | set(self._pods):
+            self._recompute(name)
+        self._apply()
+
+    def _recompute(self, name: str) -> None:
+        pod = self._pods.get(name)
+        if pod is None or self.pool is None:
+            self._by_pod.pop(name, None)
+            return
+        result = pod_endpoints(self.pool, pod, self._engine)
+        before = self._by_pod.get(name)
+        self._by_pod[name] = result
+        reported = set(before.problems) if before is not None else set()
+        for problem in result.problems:
+            if problem not in reported:
+                log.warning("%s", problem)
+                self._report(pod, problem)
+
+    def _apply(self) -> None:
+        wanted = {e.address: e for r in self._by_pod.values() for e in r.endpoints}
+        gone = [a for a in self._ours if a not in wanted]
+        for address in gone:
+            self._datastore.remove(address)
+        changed = [e for a, e in wanted.items() if self._ours.get(a) != e]
+        for endpoint in changed:
+            self._datastore.add(endpoint)
+        self._ours = wanted
+        if gone or changed:
+            log.info(
+                "InferencePool %s/%s: %d endpoint(s) (%d added or changed, %d removed)",
+                self.namespace,
+                self.pool_name,
+                len(wanted),
+                len(changed),
+                len(gone),
+            )
+
+    def _report(self, pod: Obj, problem: str) -> None:
+        """A Warning Event on the pod, so ``kubectl describe pod`` shows the problem."""
+        meta = pod["metadata"]
+        now = datetime.datetime.now(datetime.UTC)
+        event = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=self.namespace),
+            involved_object=k8s.V1ObjectReference(
+                api_version="v1",
+                kind="Pod",
+                name=meta["name"],
+                namespace=self.namespace,
+                uid=meta.get("uid"),
+            ),
+            reason=EVENT_REASON,
+            message=problem,
+            type="Warning",
+            source=k8s.V1EventSource(component="epp"),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        task = asyncio.create_task(self._post_event(event))
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _post_event(self, event: k8s.CoreV1Event) -> None:
+        try:
+            await self._core.create_namespaced_event(self.namespace, event)
+        except Exception as exc:  # an Event is a courtesy: the log line already said it
+            log.debug("could not create Event: %s", exc)
+
+
+def _name(pod: Obj) -> str:
+    return str(pod["metadata"]["name"])
+
+
+async def start_pool_discovery(
+    ref: PoolRef,
+    datastore: Datastore,
+    default_engine: str,
+    on_synced: Callable[[], Awaitable[None]],
+    timing: WatchTiming | None = None,
+) -> PoolDiscovery:
+    """Connect to the API server and start following ``ref``'s pool (inside the loop)."""
+    api = await api_client(ref.kubeconfig)
+    discovery = PoolDiscovery(
+        api,
+        datastore,
+        ref.name,
+        ref.resolved_namespace(),
+        default_engine=default_engine,
+        timing=timing,
+        on_synced=on_synced,
+    )
+    discovery.start()
+    return discovery

@@ -1,0 +1,385 @@
+"""A loopback fake of the Kubernetes API server for pods and InferencePools.
+
+It speaks the real list/watch HTTP protocol, so the real ``kubernetes-asyncio`` client
+drives it unchanged:
+
+* ``GET .../pods`` and ``GET .../inferencepools``: a JSON list whose
+  ``metadata.resourceVersion`` is the store's current version;
+* ``?watch=true``: a chunked stream of ``{"type", "object"}`` lines (ADDED, MODIFIED,
+  DELETED, BOOKMARK, ERROR) replayed from ``resourceVersion`` and then live, closed after
+  ``timeoutSeconds``; a version older than the compaction point gets an ERROR event
+  carrying a ``Status`` with code 410, as a real server answers an expired watch;
+* ``labelSelector`` (``k=v``, ``k==v``, ``k!=v``) and ``fieldSelector``
+  (``metadata.name``, ``metadata.namespace``); an object that stops (starts) matching a
+  watch's selector is sent as DELETED (ADDED), like the API server's watch cache does;
+* ``POST .../events`` is stored, so tests can read what the client reported.
+
+Every mutation bumps one global resourceVersion, like etcd's revision. Tests change
+state with :meth:`FakeKube.apply` / :meth:`delete` and break things with
+:meth:`compact`, :meth:`drop_watches` and :meth:`fail_next`. All methods run on the
+server's event loop; :class:`FakeKubeThread` runs it in a thread for tests that drive
+other processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from aiohttp import web
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+KINDS = {
+    "pods": ("v1", "Pod"),
+    "inferencepools": ("inference.networking.k8s.io/v1", "InferencePool"),
+}
+_DROP = object()  # queued to a watcher: cut its connection without a clean end
+
+
+@dataclass
+class _Change:
+    rv: int
+    resource: str
+    namespace: str
+    old: Obj | None
+    new: Obj | None
+
+
+@dataclass(eq=False)
+class _Watch:
+    resource: str
+    namespace: str
+    matches: Callable[[Obj], bool]
+    bookmarks: bool
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request the server answered, for assertions on how the client behaved."""
+
+    method: str
+    resource: str
+    query: dict[str, str]
+
+    @property
+    def watch(self) -> bool:
+        return parse_bool(self.query.get("watch", ""))
+
+
+def parse_bool(text: str) -> bool:
+    """Query booleans as the API server reads them (Go's strconv.ParseBool); the Python
+    client sends ``True``."""
+    return text in ("1", "t", "T", "TRUE", "true", "True")
+
+
+class SelectorError(ValueError):
+    pass
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.rv = 1
+        self.compacted_rv = 0  # watches from versions below this get 410 Gone
+        self.objects: dict[tuple[str, str, str], Obj] = {}
+        self.history: list[_Change] = []
+        self.requests: list[Seen] = []
+        self.events: list[Obj] = []  # core/v1 Events the client created
+        self._watches: set[_Watch] = set()
+        self._failures: list[int] = []
+
+    # -- test controls -----------------------------------------------------------------
+    def apply(self, resource: str, obj: Obj) -> Obj:
+        """Create or replace ``obj`` (a pod or pool dict); returns the stored copy."""
+        new = copy.deepcopy(obj)
+        meta = new["metadata"]
+        key = (resource, meta["namespace"], meta["name"])
+        old = self.objects.get(key)
+        self.rv += 1
+        meta["resourceVersion"] = str(self.rv)
+        meta.setdefault("uid", f"uid-{meta['name']}")
+        self.objects[key] = new
+        self._publish(_Change(self.rv, resource, meta["namespace"], old, new))
+        return new
+
+    def delete(self, resource: str, namespace: str, name: str) -> None:
+        old = self.objects.pop((resource, namespace, name))
+        self.rv += 1
+        self._publish(_Change(self.rv, resource, namespace, old, None))
+
+    def compact(self) -> None:
+        """Forget history up to now: watches resuming from an older version get 410."""
+        self.compacted_rv = self.rv
+        self.history.clear()
+
+    def bookmark(self) -> None:
+        """Send a BOOKMARK at the current version to every watch that asked for them."""
+        for w in self._watches:
+            if w.bookmarks:
+                api_version, kind = KINDS[w.resource]
+                meta = {"resourceVersion": str(self.rv)}
+                obj = {"apiVersion": api_version, "kind": kind, "metadata": meta}
+                w.queue.put_nowait({"type": "BOOKMARK", "object": obj})
+
+    def drop_watches(self) -> int:
+        """Cut every open watch connection mid-stream; returns how many there were."""
+        for w in self._watches:
+            w.queue.put_nowait(_DROP)
+        return len(self._watches)
+
+    def fail_next(self, *statuses: int) -> None:
+        """Answer the next GETs (list or watch) with these HTTP statuses, in order."""
+        self._failures.extend(statuses)
+
+    def open_watches(self, resource: str) -> int:
+        return sum(1 for w in self._watches if w.resource == resource)
+
+    def seen(self, resource: str) -> list[Seen]:
+        return [r for r in self.requests if r.resource == resource]
+
+    # -- HTTP --------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/{ns}/pods", self._get("pods"))
+        group = "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools"
+        app.router.add_get(group, self._get("inferencepools"))
+        app.router.add_post("/api/v1/namespaces/{ns}/events", self._post_event)
+        return app
+
+    def _get(self, resource: str) -> Callable[[web.Request], Any]:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            seen = Seen("GET", resource, dict(request.query))
+            self.requests.append(seen)
+            if self._failures:
+                code = self._failures.pop(0)
+                return _status(code, "InternalError", f"injected failure {code}")
+            try:
+                matches = _matcher(request.query)
+            except SelectorError as exc:
+                return _status(400, "BadRequest", str(exc))
+            ns = request.match_info["ns"]
+            if seen.watch:
+                return await self._watch(request, resource, ns, matches)
+            api_version, kind = KINDS[resource]
+            items = [
+                o for (r, n, _), o in sorted(self.objects.items()) if r == resource and n == ns
+            ]
+            return web.json_response(
+                {
+                    "apiVersion": api_version,
+                    "kind": f"{kind}List",
+                    "metadata": {"resourceVersion": str(self.rv)},
+                    "items": [o for o in items if matches(o)],
+                }
+            )
+
+        return handler
+
+    async def _watch(
+        self, request: web.Request, resource: str, ns: str, matches: Callable[[Obj], bool]
+    ) -> web.StreamResponse:
+        since = request.query.get("resourceVersion", "")
+        w = _Watch(resource, ns, matches, parse_bool(request.query.get("allowWatchBookmarks", "")))
+        # Decide the replay and register for live changes in one step (no await between),
+        # so no change falls in a gap.
+        if since in ("", "0"):
+            replay: list[Obj] = [
+                {"type": "ADDED", "object": o}
+                for (r, n, _), o in sorted(self.objects.items())
+                if r == resource and n == ns and matches(o)
+            ]
+        elif int(since) < self.compacted_rv:
+            replay = [_expired(since, self.compacted_rv)]
+        else:
+            replay = [e for c in self.history if c.rv > int(since) for e in _events(w, c)]
+        self._watches.add(w)
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        timeout = float(request.query.get("timeoutSeconds", "3600"))
+        try:
+            for event in replay:
+                await response.write(json.dumps(event).encode() + b"\n")
+            if replay and replay[0]["type"] == "ERROR":
+                return response
+            async with asyncio.timeout(timeout):
+                while True:
+                    event = await w.queue.get()
+                    if event is _DROP:
+                        if request.transport is not None:  # None: the client left already
+                            request.transport.abort()
+                        return response
+                    await response.write(json.dumps(event).encode() + b"\n")
+        except TimeoutError:
+            pass  # the server-side timeout ends the stream cleanly, as the real one does
+        finally:
+            self._watches.discard(w)
+        await response.write_eof()
+        return response
+
+    async def _post_event(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(Seen("POST", "events", dict(request.query)))
+        self.rv += 1
+        body.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+        self.events.append(body)
+        return web.json_response(body, status=201)
+
+    def _publish(self, change: _Change) -> None:
+        self.history.append(change)
+        for w in self._watches:
+            for event in _events(w, change):
+                w.queue.put_nowait(event)
+
+
+def _events(w: _Watch, c: _Change) -> list[Obj]:
+    """What one change looks like to one watch, given its selector."""
+    if c.resource != w.resource or c.namespace != w.namespace:
+        return []
+    was = c.old is not None and w.matches(c.old)
+    now = c.new is not None and w.matches(c.new)
+    if c.new is None:
+        if not was:
+            return []
+        assert c.old is not None
+        gone = copy.deepcopy(c.old)
+        gone["metadata"]["resourceVersion"] = str(c.rv)
+        return [{"type": "DELETED", "object": gone}]
+    if now:
+        return [{"type": "MODIFIED" if was else "ADDED", "object": c.new}]
+    return [{"type": "DELETED", "object": c.new}] if was else []
+
+
+def _expired(since: str, oldest: int) -> Obj:
+    message = f"too old resource version: {since} ({oldest})"
+    return {"type": "ERROR", "object": _status_body(410, "Expired", message)}
+
+
+def _status_body(code: int, reason: str, message: str) -> Obj:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    return web.json_response(_status_body(code, reason, message), status=code)
+
+
+def _matcher(query: Any) -> Callable[[Obj], bool]:
+    labels = _requirements(query.get("labelSelector", ""), "label")
+    fields = _requirements(query.get("fieldSelector", ""), "field")
+    for name, _, _ in fields:
+        if name not in ("metadata.name", "metadata.namespace"):
+            raise SelectorError(f'field label not supported: "{name}"')
+
+    def matches(obj: Obj) -> bool:
+        meta = obj.get("metadata", {})
+        have = meta.get("labels") or {}
+        got = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace")}
+        return all((have.get(k) == v) == eq for k, eq, v in labels) and all(
+            (got[k] == v) == eq for k, eq, v in fields
+        )
+
+    return matches
+
+
+def _requirements(text: str, what: str) -> list[tuple[str, bool, str]]:
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        for op, eq in (("!=", False), ("==", True), ("=", True)):
+            key, sep, value = part.partition(op)
+            if sep:
+                out.append((key.strip(), eq, value.strip()))
+                break
+        else:
+            raise SelectorError(f"unsupported {what} selector requirement {part!r}")
+    return out
+
+
+@asynccontextmanager
+async def serving(fake: FakeKube) -> AsyncIterator[str]:
+    """Serve ``fake`` on a loopback port of the running loop; yields its base URL."""
+    runner = web.AppRunner(fake.app(), access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        fake.drop_watches()
+        await runner.cleanup()
+
+
+def write_kubeconfig(path: Path, server: str, namespace: str = "default") -> Path:
+    """A kubeconfig whose current context points at ``server`` with a bearer token."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "epp", "user": {"token": "fake-token"}}],
+        "contexts": [
+            {"name": "fake", "context": {"cluster": "fake", "user": "epp", "namespace": namespace}}
+        ],
+        "current-context": "fake",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class FakeKubeThread:
+    """A :class:`FakeKube` served from its own event loop in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.fake = FakeKube()
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="fake-kube", daemon=True)
+        self._started = threading.Event()
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        async with serving(self.fake) as url:
+            self.url = url
+            self._started.set()
+            await self._stop.wait()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the server's loop (state is only touched there) and return its value."""
+
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=10)
+
+    @contextmanager
+    def running(self) -> Iterator[FakeKubeThread]:
+        self._thread.start()
+        if not self._started.wait(10):
+            raise RuntimeError("fake Kubernetes API server did not start")
+        try:
+            yield self
+        finally:
+            assert self._stop is not None
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(10)
+            self._loop.close()
