@@ -28,6 +28,7 @@ from epp.datastore import Datastore
 from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
 from epp.disagg.legs import LegClient
 from epp.discovery import flags as membership_flags
+from epp.discovery import serve_pool
 from epp.discovery.flags import MembershipOptions
 from epp.discovery.readiness import ReadinessProbe
 from epp.discovery.runtime import RuntimeMembership
@@ -56,6 +57,7 @@ class ServeOptions:
     shutdown_grace_s: float = 10.0
     config_path: Path | None = None
     membership: MembershipOptions = field(default_factory=MembershipOptions)
+    pool: serve_pool.PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
 
 
 def _endpoint_of(role: Role) -> Callable[[str], Endpoint]:
@@ -132,6 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
     membership_flags.add_arguments(parser)
+    serve_pool.add_arguments(parser)
     add_log_level(parser)
 
 
@@ -151,6 +154,11 @@ def run(args: argparse.Namespace) -> int:
         opts = replace(opts, membership=membership_flags.options(args))
     except (OSError, ValueError) as exc:
         log.error("admin API key: %s", exc)
+        return 2
+    try:
+        opts = replace(opts, pool=serve_pool.pool_ref(args))
+    except ValueError as exc:
+        log.error("%s", exc)
         return 2
     try:
         cfg = config.load(opts.config_path)
@@ -220,6 +228,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     try:
         eds = EdsServer(datastore)
         transport = make_transport(opts.transport, router, eds)
+        background += await serve_pool.start(opts.pool, datastore, dl.engine, transport)
         grpc_port = await transport.start(opts.listen_host, opts.grpc_port)
 
         app = make_admin_app(datastore, metrics)
@@ -243,7 +252,6 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
             ) from None
         http_port = runner.addresses[0][1]
 
-        await transport.set_serving(True)
         log.info(
             "serving ext_proc (%s) on %s:%d, HTTP on %s:%d, coordinator %s, %d endpoint(s): %s",
             opts.transport,

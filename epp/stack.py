@@ -56,6 +56,9 @@ class StackOptions:
     workdir: Path | None = None
     # False: Envoy alone, round robin over the simulators (the benchmarks' baseline)
     epp: bool = True
+    # False: the EPP is not told the simulators' addresses (--endpoint); something else
+    # registers them (e.g. a test's fake Kubernetes API with pods on those ports)
+    static_endpoints: bool = True
     envoy_concurrency: int | None = None
 
 
@@ -131,7 +134,7 @@ class LocalStack:
             o.log_level,
             "--coordinator",
             o.coordinator,
-            *self.endpoint_args,
+            *(self.endpoint_args if o.static_endpoints else []),
             *o.epp_args,
         )
         info = self.epp.wait_ready()

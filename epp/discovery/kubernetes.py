@@ -16,7 +16,6 @@ import datetime
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes_asyncio import client as k8s
@@ -34,28 +33,12 @@ from epp.discovery.pool_endpoints import (
     pod_endpoints,
 )
 from epp.discovery.reflector import Obj, Reflector, WatchTiming
+from epp.discovery.serve_pool import PoolRef
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)
 
-IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 EVENT_REASON = "InvalidInferenceEndpoint"
-
-
-@dataclass(frozen=True, slots=True)
-class PoolRef:
-    """Which pool to follow and how to reach the API server (``epp serve`` flags)."""
-
-    name: str
-    namespace: str | None = None  # None: the pod's own namespace in a cluster, else default
-    kubeconfig: Path | None = None
-
-    def resolved_namespace(self) -> str:
-        if self.namespace:
-            return self.namespace
-        if IN_CLUSTER_NAMESPACE.exists():
-            return IN_CLUSTER_NAMESPACE.read_text().strip()
-        return "default"
 
 
 async def api_client(kubeconfig: Path | None) -> k8s.ApiClient:

@@ -3,7 +3,7 @@ releases its claims however the stream ends."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import grpc
@@ -77,13 +77,13 @@ class GrpcioTransport:
         await self._server.start()
         return bound
 
-    async def set_serving(self, serving: bool) -> None:
+    async def set_serving(self, serving: bool, names: Iterable[str] = HEALTH_SERVICES) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if serving
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        for name in HEALTH_SERVICES:
+        for name in names:
             await self._health.set(name, status)
 
     async def stop(self, grace: float) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
@@ -121,9 +121,9 @@ class GrpclibTransport:
         bound: int = server.sockets[0].getsockname()[1]
         return bound
 
-    async def set_serving(self, serving: bool) -> None:
+    async def set_serving(self, serving: bool, names: Iterable[str] = HEALTH_SERVICES) -> None:
         status = HealthCheckResponse.SERVING if serving else HealthCheckResponse.NOT_SERVING
-        for name in HEALTH_SERVICES:
+        for name in names:
             self._health.status[name] = status
 
     async def stop(self, grace: float) -> None:

@@ -20,7 +20,8 @@ from epp.xds.eds import EdsServer
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 # Health service names Envoy / Kubernetes probes ask for ("" = the whole server).
-HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
+LIVENESS = "liveness"
+HEALTH_SERVICES = ("", LIVENESS, "readiness", EXT_PROC_SERVICE)
 DEFAULT_TRANSPORT = "grpclib"
 TRANSPORTS = {
     "grpcio": "epp.extproc.grpcio_transport",
@@ -38,8 +39,8 @@ class Transport(Protocol):
         Raises OSError naming the address if it cannot bind."""
         ...
 
-    async def set_serving(self, serving: bool) -> None:
-        """Report every name in HEALTH_SERVICES as SERVING or NOT_SERVING."""
+    async def set_serving(self, serving: bool, names: Iterable[str] = HEALTH_SERVICES) -> None:
+        """Report ``names`` (default: all of HEALTH_SERVICES) as SERVING or NOT_SERVING."""
         ...
 
     async def stop(self, grace: float) -> None:

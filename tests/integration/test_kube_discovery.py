@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from epp.datastore import Datastore
-from epp.discovery.kubernetes import PoolDiscovery, PoolRef, api_client, start_pool_discovery
+from epp.discovery.kubernetes import PoolDiscovery, api_client, start_pool_discovery
 from epp.discovery.reflector import WatchTiming
+from epp.discovery.serve_pool import PoolRef
 from epp.types import Endpoint, Role
 from tests.support.fake_kube import FakeKube, serving, write_kubeconfig
 from tests.support.kube_objects import pod, pool

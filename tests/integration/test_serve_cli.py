@@ -74,3 +74,16 @@ def test_unknown_coordinator_is_a_usage_error() -> None:
     result = serve("--coordinator", "pigeon")
     assert result.returncode == 2
     assert "invalid choice: 'pigeon'" in result.stderr
+
+
+def test_pool_flags_without_pool_name_are_a_usage_error(tmp_path: Path) -> None:
+    result = serve("--kubeconfig", str(tmp_path / "k"))
+    assert result.returncode == 2
+    assert "--pool-namespace and --kubeconfig need --pool-name" in result.stderr
+
+
+def test_unreadable_kubeconfig_exits_1_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "missing-kubeconfig"
+    result = serve("--pool-name", "p", "--kubeconfig", str(missing))
+    assert result.returncode == 1
+    assert f"cannot start: Kubernetes client config ({missing})" in result.stderr

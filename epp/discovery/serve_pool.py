@@ -1,0 +1,88 @@
+"""What ``epp serve`` needs for Kubernetes InferencePool discovery: its flags, and
+starting it with gRPC readiness held until the first full sync.
+
+Kept apart from :mod:`epp.discovery.kubernetes` so that ``epp serve`` imports the
+Kubernetes client (~0.45 s of start-up) only when a pool is asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from epp.extproc.transport import LIVENESS, Transport
+
+if TYPE_CHECKING:
+    from epp.datastore import Datastore
+    from epp.discovery.kubernetes import PoolDiscovery
+
+IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRef:
+    """Which pool to follow and how to reach the API server."""
+
+    name: str
+    namespace: str | None = None  # None: the pod's own namespace in a cluster, else default
+    kubeconfig: Path | None = None
+
+    def resolved_namespace(self) -> str:
+        if self.namespace:
+            return self.namespace
+        if IN_CLUSTER_NAMESPACE.exists():
+            return IN_CLUSTER_NAMESPACE.read_text().strip()
+        return "default"
+
+
+def pool_ref(args: argparse.Namespace) -> PoolRef | None:
+    """The pool the flags name, if any; ValueError if they make no sense together."""
+    if args.pool_name is None:
+        if args.pool_namespace or args.kubeconfig:
+            raise ValueError("--pool-namespace and --kubeconfig need --pool-name")
+        return None
+    return PoolRef(args.pool_name, args.pool_namespace, args.kubeconfig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Kubernetes (see README: Running in Kubernetes)")
+    g.add_argument(
+        "--pool-name",
+        metavar="NAME",
+        help="route to the pods of this InferencePool (inference.networking.k8s.io/v1); "
+        "gRPC readiness turns SERVING after its first full sync",
+    )
+    g.add_argument(
+        "--pool-namespace",
+        metavar="NS",
+        help="the InferencePool's namespace (default: the EPP pod's own namespace in a "
+        "cluster, else 'default')",
+    )
+    g.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="PATH",
+        help="kubeconfig for --pool-name (default: the pod's service account in a cluster, "
+        "else $KUBECONFIG or ~/.kube/config)",
+    )
+
+
+async def start(
+    ref: PoolRef | None, datastore: Datastore, default_engine: str, transport: Transport
+) -> list[PoolDiscovery]:
+    """Set the health statuses and, with a pool, start following it (before the gRPC port
+    opens, so a probe never sees the pool-less default). Returns what to stop later."""
+    # Without a pool the endpoints are known now; with one, readiness waits for its first
+    # full sync (liveness does not: the process is healthy meanwhile).
+    await transport.set_serving(ref is None)
+    await transport.set_serving(True, [LIVENESS])
+    if ref is None:
+        return []
+    from epp.discovery.kubernetes import start_pool_discovery
+
+    discovery = await start_pool_discovery(
+        ref, datastore, default_engine, on_synced=lambda: transport.set_serving(True)
+    )
+    return [discovery]
