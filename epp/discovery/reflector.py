@@ -35,6 +35,7 @@ class WatchTiming:
     # Each watch asks the server to end it after this long; then it resumes at once.
     # Bounded watches also notice a silently dead connection.
     watch_timeout_s: float = 300.0
+    list_timeout_s: float = 60.0
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
 
@@ -114,7 +115,11 @@ class Reflector:
         await asyncio.sleep(delay)
 
     async def _list(self) -> None:
-        response = await self._list_fn(**self._kwargs, _preload_content=False)
+        response = await self._list_fn(
+            **self._kwargs,
+            _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(total=self._timing.list_timeout_s),
+        )
         try:
             body = await response.read()
             if response.status != 200:

@@ -278,3 +278,19 @@ async def test_server_side_watch_timeout_resumes(tmp_path: Path) -> None:
 async def test_unreadable_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(OSError, match=r"Kubernetes client config \(.*nope"):
         await api_client(tmp_path / "nope")
+
+
+async def test_hung_list_times_out_and_is_retried(tmp_path: Path) -> None:
+    fake = FakeKube()
+    fake.apply("inferencepools", pool(target_ports=[8000]))
+    fake.apply("pods", pod("a", "10.0.0.1"))
+    fake.stall_next()
+    async with serving(fake) as url:
+        timing = WatchTiming(list_timeout_s=0.3, backoff_initial_s=0.01, backoff_max_s=0.05)
+        w = await start(fake, url, tmp_path, timing)
+        try:
+            await until(w.discovery.synced.is_set, "sync after the hung list")
+            assert w.addresses() == {"10.0.0.1:8000"}
+            assert len([r for r in fake.seen("inferencepools") if not r.watch]) == 2
+        finally:
+            await w.discovery.stop()

@@ -96,6 +96,8 @@ class FakeKube:
         self.events: list[Obj] = []  # core/v1 Events the client created
         self._watches: set[_Watch] = set()
         self._failures: list[int] = []
+        self._stalls = 0
+        self._stalled = asyncio.Event()  # never set: stalled requests wait for the client
 
     # -- test controls -----------------------------------------------------------------
     def apply(self, resource: str, obj: Obj) -> Obj:
@@ -140,6 +142,10 @@ class FakeKube:
         """Answer the next GETs (list or watch) with these HTTP statuses, in order."""
         self._failures.extend(statuses)
 
+    def stall_next(self, count: int = 1) -> None:
+        """Accept the next ``count`` GETs and never answer them (a hung API server)."""
+        self._stalls += count
+
     def open_watches(self, resource: str) -> int:
         return sum(1 for w in self._watches if w.resource == resource)
 
@@ -159,6 +165,9 @@ class FakeKube:
         async def handler(request: web.Request) -> web.StreamResponse:
             seen = Seen("GET", resource, dict(request.query))
             self.requests.append(seen)
+            if self._stalls:
+                self._stalls -= 1
+                await self._stalled.wait()
             if self._failures:
                 code = self._failures.pop(0)
                 return _status(code, "InternalError", f"injected failure {code}")
