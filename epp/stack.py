@@ -56,7 +56,7 @@ class StackOptions:
     workdir: Path | None = None
     # False: Envoy alone, round robin over the simulators (the benchmarks' baseline)
     epp: bool = True
-    # False: the EPP is not told the simulators' addresses (--endpoint); something else
+    # False: the EPP is not given the simulators as flags (--endpoint etc.); something else
     # registers them (e.g. a test's fake Kubernetes API with pods on those ports)
     static_endpoints: bool = True
     envoy_concurrency: int | None = None
