@@ -16,6 +16,8 @@ import pytest
 import yaml
 
 from epp.cli import build_parser
+from epp.stack import SIM_CONNECTOR
+from epp.types import Role
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -79,27 +81,35 @@ def test_dockerfile_installs_the_package_and_copies_only_what_exists() -> None:
     assert ".venv" in ignored and ".git" in ignored
 
 
-def test_simulators_listen_on_their_fixed_addresses() -> None:
+def test_simulators_listen_on_their_fixed_addresses_in_their_role() -> None:
     subnet = ipaddress.ip_network(COMPOSE["networks"]["inference"]["ipam"]["config"][0]["subnet"])
     addresses = set()
     for name in SIMS:
         args = parsed(name)
-        assert args.command == "sim" and args.host == "0.0.0.0" and args.port == 8000
-        assert args.instance_id == name
-        assert ipaddress.ip_address(network_address(name)) in subnet
-        addresses.add(network_address(name))
+        assert args.command == "sim" and args.port == 8000 and args.instance_id == name
+        # bound to (and so advertising to NIXL peers) its own network address
+        assert args.host == network_address(name)
+        assert ipaddress.ip_address(args.host) in subnet
+        assert Role.parse(args.role) is Role.parse(name.split("-")[0])
+        addresses.add(args.host)
     assert len(addresses) == len(SIMS)
 
 
-def test_epp_routes_to_exactly_the_simulators() -> None:
+def test_epp_routes_to_exactly_the_simulators_in_their_roles() -> None:
     args = parsed("epp")
     assert args.command == "serve" and args.listen_host == "0.0.0.0"
-    targets = {e.address for e in args.endpoint}
     # ORIGINAL_DST takes IP literals only: each target is a simulator's fixed address
-    assert targets == {f"{network_address(n)}:{parsed(n).port}" for n in SIMS}
-    assert all(ipaddress.ip_address(e.host) for e in args.endpoint)
+    targets = {(e.address, e.role) for e in args.endpoints}
+    assert targets == {
+        (f"{network_address(n)}:{parsed(n).port}", Role.parse(parsed(n).role)) for n in SIMS
+    }
     assert set(SERVICES["epp"]["depends_on"]) == set(SIMS)
     assert published("epp") == {args.http_port}
+
+
+def test_simulators_speak_the_coordinators_kv_connector() -> None:
+    coordinator = parsed("epp").coordinator
+    assert {parsed(n).kv_connector for n in SIMS} == {SIM_CONNECTOR[coordinator]}
 
 
 def test_envoy_config_matches_the_epp_service_and_published_ports() -> None:
