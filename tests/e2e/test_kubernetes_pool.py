@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import partial
 
 import grpc
 import pytest
@@ -112,3 +113,54 @@ def test_routes_to_pods_of_the_pool_and_follows_them(
     wait_for(lambda: endpoints(stack) == 0, what="pod a deleted")
     assert complete(stack)[0] == 503
     assert health(stack, "readiness") == SERVING  # synced once; an empty pool is still known
+
+
+@pytest.fixture(scope="module")
+def pd_stack(
+    kube: FakeKubeThread, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalStack]:
+    """One prefill and one decode simulator (NIXL) that the EPP learns only from pods."""
+    workdir = tmp_path_factory.mktemp("kube-pd")
+    kubeconfig = write_kubeconfig(workdir / "kubeconfig", kube.url)
+    opts = ephemeral(
+        servers=0, prefill=1, decode=1, coordinator="nixl", static_endpoints=False,
+        workdir=workdir, sim_args=["--time-scale", "0.05"],
+        epp_args=["--pool-name", "pd-pool", "--kubeconfig", str(kubeconfig)],
+    )  # fmt: skip
+    with LocalStack(opts) as s:
+        yield s
+
+
+def test_roles_from_pod_metadata_drive_prefill_decode(
+    kube: FakeKubeThread, pd_stack: LocalStack
+) -> None:
+    by_name = {p.name: a for p, a in zip(pd_stack.sims, pd_stack.sim_addresses, strict=True)}
+    prefill_port = int(by_name["prefill-0"].rsplit(":", 1)[1])
+    decode_port = int(by_name["decode-0"].rsplit(":", 1)[1])
+    labels = {"app": "pd"}
+    # prefill role from a port-discovery attribute, decode role from the llm-d.ai/role label
+    prefill_pod = pod(
+        "prefill",
+        "127.0.0.1",
+        labels=labels,
+        port_discovery=[
+            {"inferencePool": "pd-pool", "number": prefill_port, "attributes": {"role": "prefill"}}
+        ],
+    )
+    decode_pod = pod("decode", "127.0.0.1", labels={**labels, "llm-d.ai/role": "decode"})
+    pd_pool = pool("pd-pool", match_labels=labels, target_ports=[decode_port])
+    for resource, obj in (("pods", prefill_pod), ("pods", decode_pod), ("inferencepools", pd_pool)):
+        kube.call(partial(kube.fake.apply, resource, obj))
+    wait_for(lambda: endpoints(pd_stack) == 2, what="both pods discovered")
+
+    def legs() -> tuple[int, int]:
+        stats = [get_json(f"{url}/sim/stats") for url in pd_stack.sim_urls]
+        by = {p.name: s for p, s in zip(pd_stack.sims, stats, strict=True)}
+        return by["prefill-0"]["prefill_legs"], by["decode-0"]["requests_total"]
+
+    before_prefill, before_decode = legs()
+    prompt = "kubernetes pd: " + "Background for the question that follows. " * 60
+    body = json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": 4}).encode()
+    status, _, reply = request(f"{pd_stack.envoy_url}/v1/completions", body)
+    assert status == 200, reply[:300]
+    assert legs() == (before_prefill + 1, before_decode + 1)
