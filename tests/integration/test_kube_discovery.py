@@ -97,38 +97,29 @@ async def test_pod_relabelled_out_of_the_selector_leaves(world: World) -> None:
     await world.settle(set(), "pod a relabelled")
 
 
+def declare(fake: FakeKube, *ports: tuple[object, dict[str, str]]) -> None:
+    """Pod a at 10.0.0.1 declaring ``(number, attributes)`` entries for qwen-pool."""
+    entries = [{"inferencePool": "qwen-pool", "number": n, "attributes": a} for n, a in ports]
+    fake.apply("pods", pod("a", "10.0.0.1", port_discovery=entries))
+
+
+def role(world: World, address: str) -> Role | None:
+    state = world.datastore.get(address)
+    return None if state is None else state.endpoint.role
+
+
 async def test_annotations_added_edited_and_malformed(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = world.fake
-    fake.apply(
-        "pods",
-        pod("a", "10.0.0.1", port_discovery=[
-            {"inferencePool": "qwen-pool", "number": 8007, "attributes": {"role": "prefill"}},
-            {"inferencePool": "qwen-pool", "number": 8008},
-        ]),
-    )  # fmt: skip
+    declare(fake, (8007, {"role": "prefill"}), (8008, {}))
     await world.settle({"10.0.0.1:8007", "10.0.0.1:8008"}, "port discovery added")
-    state = world.datastore.get("10.0.0.1:8007")
-    assert state is not None and state.endpoint.role is Role.PREFILL
-    fake.apply(
-        "pods",
-        pod("a", "10.0.0.1", port_discovery=[
-            {"inferencePool": "qwen-pool", "number": 8007, "attributes": {"role": "decode"}},
-            {"inferencePool": "qwen-pool", "number": 9009},
-        ]),
-    )  # fmt: skip
+    assert role(world, "10.0.0.1:8007") is Role.PREFILL
+    declare(fake, (8007, {"role": "decode"}), (9009, {}))
     await world.settle({"10.0.0.1:8007", "10.0.0.1:9009"}, "port discovery edited")
-    state = world.datastore.get("10.0.0.1:8007")
-    assert state is not None and state.endpoint.role is Role.DECODE
+    assert role(world, "10.0.0.1:8007") is Role.DECODE
     with caplog.at_level(logging.WARNING, logger="epp.discovery.kubernetes"):
-        fake.apply(
-            "pods",
-            pod("a", "10.0.0.1", port_discovery=[
-                {"inferencePool": "qwen-pool", "number": 8007},
-                {"inferencePool": "qwen-pool", "number": "nine"},
-            ]),
-        )  # fmt: skip
+        declare(fake, (8007, {}), ("nine", {}))
         await world.settle({"10.0.0.1:8007"}, "malformed entry dropped, the other kept")
     problem = f"pod default/a: annotation {PORT_DISCOVERY}[1].number 'nine' is not a port"
     assert any(r.getMessage().startswith(problem) for r in caplog.records)
