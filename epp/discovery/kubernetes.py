@@ -31,6 +31,7 @@ from epp.discovery.pool_endpoints import (
     PoolSpec,
     parse_pool,
     pod_endpoints,
+    pod_name,
 )
 from epp.discovery.reflector import Obj, Reflector, WatchTiming
 from epp.discovery.serve_pool import PoolRef
@@ -202,7 +203,12 @@ class PoolDiscovery:
         if pod is None or self.pool is None:
             self._by_pod.pop(name, None)
             return
-        result = pod_endpoints(self.pool, pod, self._engine)
+        try:
+            result = pod_endpoints(self.pool, pod, self._engine)
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:
+            # A shape the API server would not send; one odd pod must not stop the rest.
+            problem = f"pod {pod_name(pod)}: unreadable ({exc!r}); left out"
+            result = PodEndpoints(problems=(problem,))
         before = self._by_pod.get(name)
         self._by_pod[name] = result
         reported = set(before.problems) if before is not None else set()

@@ -106,6 +106,9 @@ class Reflector:
                 await self._retry_later(f"API error {exc.status} {exc.reason}{hint}")
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
                 await self._retry_later(f"{type(exc).__name__}: {exc}")
+            except Exception:  # a bug must not end discovery silently: say so, carry on
+                log.exception("%s: unexpected error", self.what)
+                await self._retry_later("unexpected error (traceback above)")
 
     async def _retry_later(self, problem: str) -> None:
         delay = self._backoff.delay()
@@ -137,6 +140,8 @@ class Reflector:
     async def _watch(self) -> None:
         """Watch from the newest version applied until the stream ends."""
         timeout = self._timing.watch_timeout_s
+        started = asyncio.get_running_loop().time()
+        events = 0
         watch = Watch(return_type="object")  # keep events as JSON dicts
         stream = watch.stream(
             self._list_fn,
@@ -156,6 +161,11 @@ class Reflector:
                     await self._on_event(kind, obj)
                 self._version = str(obj["metadata"]["resourceVersion"])
                 self._backoff.reset()
+                events += 1
+        if not events and asyncio.get_running_loop().time() - started < timeout / 2:
+            # Ended long before its timeout having said nothing (a proxy cutting streams?):
+            # wait before the next one rather than reconnecting in a tight loop.
+            await self._retry_later("watch ended early without an event")
 
 
 def _json(body: bytes) -> dict[str, Any]:

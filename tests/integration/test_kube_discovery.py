@@ -3,6 +3,7 @@ fake API server (tests/support/fake_kube.py): membership, annotations, watch rob
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -90,6 +91,16 @@ async def test_pod_added_unready_ready_deleted(world: World) -> None:
     await world.settle(both, "pod b deleted, a ready again")
     # the pod that never matched the selector was never sent to the client
     assert world.datastore.get("10.0.0.3:8000") is None
+
+
+async def test_a_pod_of_unexpected_shape_is_left_out_and_the_rest_served(world: World) -> None:
+    odd = pod("odd", "10.0.0.9")
+    odd["status"]["conditions"] = "Ready"  # not a list: no API server sends this
+    world.fake.apply("pods", odd)
+    world.fake.apply("pods", pod("b", "10.0.0.2"))
+    await world.settle({"10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "10.0.0.2:8001"})
+    await until(lambda: world.fake.events, "an Event about the odd pod")
+    assert world.fake.events[0]["message"].startswith("pod default/odd: unreadable")
 
 
 async def test_pod_relabelled_out_of_the_selector_leaves(world: World) -> None:
@@ -283,5 +294,31 @@ async def test_hung_list_times_out_and_is_retried(tmp_path: Path) -> None:
             await until(w.discovery.synced.is_set, "sync after the hung list")
             assert w.addresses() == {"10.0.0.1:8000"}
             assert len([r for r in fake.seen("inferencepools") if not r.watch]) == 2
+        finally:
+            await w.discovery.stop()
+
+
+async def test_watches_ending_at_once_are_not_retried_in_a_tight_loop(tmp_path: Path) -> None:
+    fake = FakeKube()
+    fake.apply("inferencepools", pool(target_ports=[8000]))
+    fake.apply("pods", pod("a", "10.0.0.1"))
+    fake.end_watches_at_once = True
+    async with serving(fake) as url:
+        timing = WatchTiming(backoff_initial_s=0.4, backoff_max_s=0.4)
+        w = await start(fake, url, tmp_path, timing)
+        try:
+            await until(w.discovery.synced.is_set, "first sync")
+            loop = asyncio.get_running_loop()
+            times: list[float] = []
+            while len(times) < 2:
+                n = len([r for r in fake.seen("pods") if r.watch])
+                await until(
+                    lambda n=n: len([r for r in fake.seen("pods") if r.watch]) > n, "next watch"
+                )
+                times.append(loop.time())
+            # each early end waits at least half the backoff step before watching again
+            assert times[1] - times[0] >= 0.2
+            fake.apply("pods", pod("b", "10.0.0.2"))  # replayed by the next watch
+            await w.settle({"10.0.0.1:8000", "10.0.0.2:8000"})
         finally:
             await w.discovery.stop()

@@ -43,6 +43,7 @@ KINDS = {
     "inferencepools": ("inference.networking.k8s.io/v1", "InferencePool"),
 }
 _DROP = object()  # queued to a watcher: cut its connection without a clean end
+_END = object()  # queued to a watcher: end its stream cleanly, as a timeout would
 
 
 @dataclass
@@ -97,6 +98,7 @@ class FakeKube:
         self._watches: set[_Watch] = set()
         self._failures: list[int] = []
         self._stalls = 0
+        self.end_watches_at_once = False  # every watch stream ends right after its replay
         self._stalled = asyncio.Event()  # never set: stalled requests wait for the client
 
     # -- test controls -----------------------------------------------------------------
@@ -211,6 +213,8 @@ class FakeKube:
         else:
             replay = [e for c in self.history if c.rv > int(since) for e in _events(w, c)]
         self._watches.add(w)
+        if self.end_watches_at_once:
+            w.queue.put_nowait(_END)
         response = web.StreamResponse(headers={"content-type": "application/json"})
         response.enable_chunked_encoding()
         await response.prepare(request)
@@ -227,6 +231,8 @@ class FakeKube:
                         if request.transport is not None:  # None: the client left already
                             request.transport.abort()
                         return response
+                    if event is _END:
+                        break
                     await response.write(json.dumps(event).encode() + b"\n")
         except TimeoutError:
             pass  # the server-side timeout ends the stream cleanly, as the real one does
