@@ -14,9 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.stack import LocalStack
 from tests.e2e.conftest import ephemeral
-from tests.support.fake_kube import FakeKubeThread, write_kubeconfig
 from tests.support.http import get_json, request
 from tests.support.kube_objects import pod, pool
+from tests.support.kube_server import FakeKubeThread, write_kubeconfig
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e

@@ -16,8 +16,9 @@ from epp.discovery.kubernetes import PoolDiscovery, api_client, start_pool_disco
 from epp.discovery.reflector import WatchTiming
 from epp.discovery.serve_pool import PoolRef
 from epp.types import Endpoint, Role
-from tests.support.fake_kube import FakeKube, serving, write_kubeconfig
+from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import pod, pool
+from tests.support.kube_server import serving, write_kubeconfig
 from tests.support.wait import until
 
 FAST = WatchTiming(watch_timeout_s=60, backoff_initial_s=0.01, backoff_max_s=0.05)

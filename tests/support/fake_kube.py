@@ -17,8 +17,8 @@ drives it unchanged:
 Every mutation bumps one global resourceVersion, like etcd's revision. Tests change
 state with :meth:`FakeKube.apply` / :meth:`delete` and break things with
 :meth:`compact`, :meth:`drop_watches` and :meth:`fail_next`. All methods run on the
-server's event loop; :class:`FakeKubeThread` runs it in a thread for tests that drive
-other processes.
+server's event loop; tests/support/kube_server.py serves it, also from a thread for
+tests that drive other processes.
 """
 
 from __future__ import annotations
@@ -26,17 +26,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import yaml
 from aiohttp import web
 
-T = TypeVar("T")
+from tests.support.kube_selectors import SelectorError, matcher, parse_bool
+
 Obj = dict[str, Any]
 KINDS = {
     "pods": ("v1", "Pod"),
@@ -75,16 +72,6 @@ class Seen:
     @property
     def watch(self) -> bool:
         return parse_bool(self.query.get("watch", ""))
-
-
-def parse_bool(text: str) -> bool:
-    """Query booleans as the API server reads them (Go's strconv.ParseBool); the Python
-    client sends ``True``."""
-    return text in ("1", "t", "T", "TRUE", "true", "True")
-
-
-class SelectorError(ValueError):
-    pass
 
 
 class FakeKube:
@@ -174,7 +161,7 @@ class FakeKube:
                 code = self._failures.pop(0)
                 return _status(code, "InternalError", f"injected failure {code}")
             try:
-                matches = _matcher(request.query)
+                matches = matcher(request.query)
             except SelectorError as exc:
                 return _status(400, "BadRequest", str(exc))
             ns = request.match_info["ns"]
@@ -293,108 +280,3 @@ def _status_body(code: int, reason: str, message: str) -> Obj:
 
 def _status(code: int, reason: str, message: str) -> web.Response:
     return web.json_response(_status_body(code, reason, message), status=code)
-
-
-def _matcher(query: Any) -> Callable[[Obj], bool]:
-    labels = _requirements(query.get("labelSelector", ""), "label")
-    fields = _requirements(query.get("fieldSelector", ""), "field")
-    for name, _, _ in fields:
-        if name not in ("metadata.name", "metadata.namespace"):
-            raise SelectorError(f'field label not supported: "{name}"')
-
-    def matches(obj: Obj) -> bool:
-        meta = obj.get("metadata", {})
-        have = meta.get("labels") or {}
-        got = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace")}
-        return all((have.get(k) == v) == eq for k, eq, v in labels) and all(
-            (got[k] == v) == eq for k, eq, v in fields
-        )
-
-    return matches
-
-
-def _requirements(text: str, what: str) -> list[tuple[str, bool, str]]:
-    out = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        for op, eq in (("!=", False), ("==", True), ("=", True)):
-            key, sep, value = part.partition(op)
-            if sep:
-                out.append((key.strip(), eq, value.strip()))
-                break
-        else:
-            raise SelectorError(f"unsupported {what} selector requirement {part!r}")
-    return out
-
-
-@asynccontextmanager
-async def serving(fake: FakeKube) -> AsyncIterator[str]:
-    """Serve ``fake`` on a loopback port of the running loop; yields its base URL."""
-    runner = web.AppRunner(fake.app(), access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        fake.drop_watches()
-        await runner.cleanup()
-
-
-def write_kubeconfig(path: Path, server: str, namespace: str = "default") -> Path:
-    """A kubeconfig whose current context points at ``server`` with a bearer token."""
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": server}}],
-        "users": [{"name": "epp", "user": {"token": "fake-token"}}],
-        "contexts": [
-            {"name": "fake", "context": {"cluster": "fake", "user": "epp", "namespace": namespace}}
-        ],
-        "current-context": "fake",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-class FakeKubeThread:
-    """A :class:`FakeKube` served from its own event loop in a daemon thread."""
-
-    def __init__(self) -> None:
-        self.fake = FakeKube()
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="fake-kube", daemon=True)
-        self._started = threading.Event()
-
-    def _run(self) -> None:
-        self._loop.run_until_complete(self._main())
-
-    async def _main(self) -> None:
-        self._stop = asyncio.Event()
-        async with serving(self.fake) as url:
-            self.url = url
-            self._started.set()
-            await self._stop.wait()
-
-    def call(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the server's loop (state is only touched there) and return its value."""
-
-        async def run() -> T:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=10)
-
-    @contextmanager
-    def running(self) -> Iterator[FakeKubeThread]:
-        self._thread.start()
-        if not self._started.wait(10):
-            raise RuntimeError("fake Kubernetes API server did not start")
-        try:
-            yield self
-        finally:
-            assert self._stop is not None
-            self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(10)
-            self._loop.close()
