@@ -57,7 +57,7 @@ def test_role_flags_and_config_endpoints_join_the_pool(tmp_path: Path) -> None:
         tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0",
         "--config", str(config), "--prefill", "127.0.0.1:1001",
         "--decode", "127.0.0.1:1002", "--endpoint", "127.0.0.1:1003",
-        "--coordinator", "kv-pool",
+        "--coordinator", "kv-pool", "--eject-after", "0",  # nothing listens there
     )  # fmt: skip
     try:
         _, _, body = request(f"http://127.0.0.1:{proc.info['http_port']}/metrics")
