@@ -25,11 +25,14 @@ class MaxScorePicker:
             best = max(score for _, score in scored)
             top = [s for s, score in scored if score == best]
             return [top[0] if len(top) == 1 else ctx.rng.choice(top)]
+        k = self.max_targets
+        pool = list(scored)
+        if len(pool) > k:  # only the top k scores (and ties at the cut) get random keys
+            cutoff = heapq.nlargest(k, [score for _, score in pool])[-1]
+            pool = [p for p in pool if p[1] >= cutoff]
         rand = ctx.rng.random
-        keyed = heapq.nlargest(
-            self.max_targets, ((score, rand(), s) for s, score in scored), key=_score_then_tie
-        )
-        return [s for _, _, s in keyed]
+        keyed = sorted(((score, rand(), s) for s, score in pool), key=_score_then_tie, reverse=True)
+        return [s for _, _, s in keyed[:k]]
 
 
 class RandomPicker:
