@@ -6,7 +6,9 @@ FROM python:3.12-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY epp ./epp
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir . && useradd --uid 10001 --no-create-home epp
+# an unprivileged user (Pod Security "restricted" requires a non-root UID)
+USER 10001
 # ext_proc gRPC, EPP HTTP (/metrics, /health), simulator, Envoy listener, Envoy admin
 EXPOSE 9002 9090 8000 8081 9901
 ENTRYPOINT ["epp"]

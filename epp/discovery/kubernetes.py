@@ -70,7 +70,7 @@ class PoolDiscovery:
         *,
         default_engine: str = "vllm",
         timing: WatchTiming | None = None,
-        on_synced: Callable[[], Awaitable[None]] | None = None,
+        on_ready: Callable[[bool], Awaitable[None]] | None = None,
     ) -> None:
         self._api = api
         self._core = k8s.CoreV1Api(api)
@@ -80,7 +80,10 @@ class PoolDiscovery:
         self.namespace = namespace
         self._engine = default_engine
         self._timing = timing or WatchTiming()
-        self._on_synced = on_synced
+        # told True once the pool and its pods are listed, False when the pool goes
+        # (deleted or invalid), True again after the next pods list
+        self._on_ready = on_ready
+        self.ready = False
         self.synced = asyncio.Event()  # set once the pool and its pods were first listed
         self.pool: PoolSpec | None = None
         self._pods: dict[str, Obj] = {}
@@ -140,6 +143,7 @@ class PoolDiscovery:
             await self._cancel_pods()
             self._pods.clear()
             self._recompute_all()
+            await self._set_ready(False)
             return
         old, self.pool = self.pool, spec
         if old is None or old.match_labels != spec.match_labels or self._pods_task is None:
@@ -177,11 +181,17 @@ class PoolDiscovery:
     async def _pods_listed(self, items: list[Obj]) -> None:
         self._pods = {_name(p): p for p in items}
         self._recompute_all()
+        await self._set_ready(True)
         if not self.synced.is_set():
             self.synced.set()
             log.info("InferencePool %s/%s: first sync done", self.namespace, self.pool_name)
-            if self._on_synced is not None:
-                await self._on_synced()
+
+    async def _set_ready(self, ready: bool) -> None:
+        if ready == self.ready:
+            return
+        if self._on_ready is not None:
+            await self._on_ready(ready)  # raises: state unchanged, the next list retries
+        self.ready = ready
 
     async def _pod_event(self, kind: str, obj: Obj) -> None:
         name = _name(obj)
@@ -276,7 +286,7 @@ async def start_pool_discovery(
     ref: PoolRef,
     datastore: Datastore,
     default_engine: str,
-    on_synced: Callable[[], Awaitable[None]],
+    on_ready: Callable[[bool], Awaitable[None]],
     timing: WatchTiming | None = None,
 ) -> PoolDiscovery:
     """Connect to the API server and start following ``ref``'s pool (inside the loop)."""
@@ -288,7 +298,7 @@ async def start_pool_discovery(
         ref.resolved_namespace(),
         default_engine=default_engine,
         timing=timing,
-        on_synced=on_synced,
+        on_ready=on_ready,
     )
     discovery.start()
     return discovery

@@ -142,7 +142,10 @@ def pod_endpoints(pool: PoolSpec, pod: Mapping[str, Any], default_engine: str) -
 def _discovered_ports(
     pool_name: str, pod: str, annotations: Mapping[str, str], problems: list[str]
 ) -> list[tuple[int, dict[str, str]]] | None:
-    """Port-discovery entries naming ``pool_name``, or None if the pod declares none."""
+    """Port-discovery entries naming ``pool_name``, or None when the pod has no such
+    annotation. A pod that has one is described by it alone: an unreadable annotation,
+    or one naming only other pools, gives no endpoints here (never the pool's
+    targetPorts, where nothing may listen)."""
     text = annotations.get(PORT_DISCOVERY_ANNOTATION)
     if text is None:
         return None
@@ -150,20 +153,18 @@ def _discovered_ports(
     try:
         entries = json.loads(text)
     except ValueError as exc:
-        problems.append(f"{where} is not valid JSON ({exc}); ignored")
-        return None
+        problems.append(f"{where} is not valid JSON ({exc}); no endpoints from this pod")
+        return []
     if not isinstance(entries, list):
-        problems.append(f"{where} must be a JSON list of ports; ignored")
-        return None
+        problems.append(f"{where} must be a JSON list of ports; no endpoints from this pod")
+        return []
     ours: list[tuple[int, dict[str, str]]] = []
-    mentioned = False
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("inferencePool"), str):
             problems.append(f"{where}[{i}] needs an inferencePool name; entry skipped")
             continue
         if entry["inferencePool"] != pool_name:
             continue
-        mentioned = True
         number, attributes = entry.get("number"), entry.get("attributes", {})
         if not _is_port(number):
             problems.append(f"{where}[{i}].number {number!r} is not a port 1-65535; skipped")
@@ -175,7 +176,7 @@ def _discovered_ports(
             problems.append(f"{where}[{i}] repeats port {number}; skipped")
         else:
             ours.append((number, attributes))
-    return ours if mentioned else None
+    return ours
 
 
 def _active(

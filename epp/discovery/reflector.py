@@ -86,6 +86,7 @@ class Reflector:
         self._backoff = Backoff(timing.backoff_initial_s, timing.backoff_max_s)
         # The newest resourceVersion applied; None: list (again) before watching.
         self._version: str | None = None
+        self._just_listed = False  # listed, and no watch event since
 
     async def run(self) -> None:
         while True:
@@ -101,6 +102,8 @@ class Reflector:
                         self._version,
                     )
                     self._version = None
+                    if self._just_listed:  # 410 again with nothing in between: no tight loop
+                        await self._retry_later("410 Gone right after a fresh list")
                     continue
                 hint = " (RBAC: the EPP needs get/list/watch on it)" if exc.status == 403 else ""
                 await self._retry_later(f"API error {exc.status} {exc.reason}{hint}")
@@ -135,6 +138,7 @@ class Reflector:
         log.debug("%s: listed %d at resourceVersion %s", self.what, len(items), version)
         await self._on_sync(items)
         self._version = version
+        self._just_listed = True
         self._backoff.reset()
 
     async def _watch(self) -> None:
@@ -160,6 +164,7 @@ class Reflector:
                 if kind != "BOOKMARK":
                     await self._on_event(kind, obj)
                 self._version = str(obj["metadata"]["resourceVersion"])
+                self._just_listed = False
                 self._backoff.reset()
                 events += 1
         if not events and asyncio.get_running_loop().time() - started < timeout / 2:

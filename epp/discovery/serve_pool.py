@@ -82,7 +82,10 @@ async def start(
         return []
     from epp.discovery.kubernetes import start_pool_discovery
 
-    discovery = await start_pool_discovery(
-        ref, datastore, default_engine, on_synced=lambda: transport.set_serving(True)
-    )
+    async def readiness(ready: bool) -> None:
+        # follows the pool: ready once it and its pods are listed, not while it is gone
+        await transport.set_serving(ready)
+        await transport.set_serving(True, [LIVENESS])
+
+    discovery = await start_pool_discovery(ref, datastore, default_engine, on_ready=readiness)
     return [discovery]

@@ -30,7 +30,7 @@ class World:
     fake: FakeKube
     datastore: Datastore
     discovery: PoolDiscovery
-    synced_calls: list[bool]
+    synced_calls: list[bool]  # every readiness change, in order
 
     def addresses(self) -> set[str]:
         return {s.address for s in self.datastore.snapshot().endpoints}
@@ -43,12 +43,12 @@ async def start(fake: FakeKube, url: str, tmp_path: Path, timing: WatchTiming = 
     datastore = Datastore()
     calls: list[bool] = []
 
-    async def on_synced() -> None:
-        calls.append(True)
+    async def on_ready(ready: bool) -> None:
+        calls.append(ready)
 
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
     discovery = await start_pool_discovery(
-        PoolRef("qwen-pool", "default", kubeconfig), datastore, "vllm", on_synced, timing
+        PoolRef("qwen-pool", "default", kubeconfig), datastore, "vllm", on_ready, timing
     )
     return World(fake, datastore, discovery, calls)
 
@@ -178,8 +178,10 @@ async def test_pool_deleted_drains_only_discovered_endpoints_and_returns(world: 
     world.datastore.add(Endpoint("192.168.0.9", 9000))  # a static --endpoint
     world.fake.delete("inferencepools", "default", "qwen-pool")
     await world.settle({"192.168.0.9:9000"}, "pool deleted")
+    await until(lambda: world.synced_calls == [True, False], "not ready without the pool")
     world.fake.apply("inferencepools", pool(target_ports=[8000]))
     await world.settle({"192.168.0.9:9000", "10.0.0.1:8000"}, "pool recreated")
+    await until(lambda: world.synced_calls == [True, False, True], "ready again")
 
 
 async def test_dropped_watch_resumes_from_last_version_without_listing(world: World) -> None:

@@ -98,7 +98,7 @@ def test_simulators_listen_on_their_fixed_addresses_in_their_role() -> None:
 def test_epp_routes_to_exactly_the_simulators_in_their_roles() -> None:
     args = parsed("epp")
     assert args.command == "serve" and args.listen_host == "0.0.0.0"
-    # ORIGINAL_DST takes IP literals only: each target is a simulator's fixed address
+    # the EPP names endpoints by IP (EDS, routing header): each is a simulator's fixed address
     targets = {(e.address, e.role) for e in args.endpoints}
     assert targets == {
         (f"{network_address(n)}:{parsed(n).port}", Role.parse(parsed(n).role)) for n in SIMS

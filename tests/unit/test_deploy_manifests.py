@@ -155,6 +155,18 @@ def test_model_servers_become_the_intended_endpoints(deployment: Doc) -> None:
     for container in template["spec"]["containers"]:
         probe_port = container["readinessProbe"]["httpGet"]["port"]
         assert probe_port in {p["containerPort"] for p in container["ports"]}
+        # NIXL: the prefill side tells decode where to pull from; vLLM's default is
+        # localhost, so every server must advertise its pod IP
+        env = {e["name"]: e for e in container.get("env", [])}
+        host = env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"]["fieldRef"]["fieldPath"]
+        assert host == "status.podIP"
+
+
+def test_pool_target_port_is_a_real_server() -> None:
+    """The v1 CRD requires targetPorts; gateways that ignore port discovery use it."""
+    ports = {p["number"] for p in POOL["spec"]["targetPorts"]}
+    listening = {port for d in MODEL_SERVERS for port in container_ports(d).values()}
+    assert ports and ports <= listening
 
 
 def test_route_sends_the_gateway_to_the_pool() -> None:

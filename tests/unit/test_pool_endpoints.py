@@ -145,9 +145,10 @@ def test_port_discovery_replaces_target_ports_with_attributes() -> None:
     assert result.endpoints[0].labels["role"] == "prefill"
 
 
-def test_port_discovery_for_other_pools_only_keeps_target_ports() -> None:
+def test_port_discovery_for_other_pools_only_gives_nothing_here() -> None:
+    """A pod that declares its servers serves exactly those: none of them is ours."""
     obj = pod("a", port_discovery=[{"inferencePool": "other-pool", "number": 8009}])
-    assert addresses(POOL, obj) == ["10.0.0.1:8000", "10.0.0.1:8001"]
+    assert addresses(POOL, obj) == []
 
 
 def test_pool_without_target_ports_uses_port_discovery_only() -> None:
@@ -187,10 +188,11 @@ def test_malformed_port_discovery_entry_drops_only_itself(entry: object, problem
     ("text", "problem"),
     [("[{oops", "is not valid JSON"), ('{"inferencePool": "qwen-pool"}', "must be a JSON list")],
 )
-def test_unreadable_port_discovery_falls_back_to_target_ports(text: str, problem: str) -> None:
+def test_unreadable_port_discovery_gives_no_endpoints_and_says_why(text: str, problem: str) -> None:
+    """Not targetPorts: with port discovery in use, nothing may listen there."""
     obj = pod("a", annotations={PORT_DISCOVERY_ANNOTATION: text})
     result = pod_endpoints(POOL, obj, "vllm")
-    assert [e.port for e in result.endpoints] == [8000, 8001]
+    assert result.endpoints == ()
     (message,) = result.problems
     assert message.startswith("pod default/a:") and problem in message
 
