@@ -104,20 +104,19 @@ class Datastore:
     def add(self, endpoint: Endpoint, *, waiting: bool = False) -> bool:
         """Add (``waiting``: announce) an endpoint, or update a member's role/labels.
 
-        A draining member is taken back (someone wants it again); an ejected one stays
-        ejected (a discovery resync must not undo a health decision); a waiting one
-        becomes active unless ``waiting``. Returns False if nothing changed.
+        A draining member is taken back (someone wants it again: active, or waiting when
+        ``waiting`` since its server is not up); an ejected one stays ejected (a discovery
+        resync must not undo a health decision); a waiting one becomes active unless
+        ``waiting``. Returns False if nothing changed.
         """
         current = self._members.get(endpoint.address)
         metrics = current.state.metrics if current is not None else None
-        if current is None:
-            status = Status.WAITING if waiting else Status.ACTIVE
-        elif current.status is Status.EJECTED:
+        if current is not None and current.status is Status.EJECTED:
             status = Status.EJECTED
-        elif current.status is Status.WAITING and waiting:
-            status = Status.WAITING
-        else:
+        elif current is not None and current.status is Status.ACTIVE:
             status = Status.ACTIVE
+        else:  # new, waiting or draining
+            status = Status.WAITING if waiting else Status.ACTIVE
         if current is not None and current.endpoint == endpoint and current.status is status:
             return False
         # a changed endpoint (e.g. new role) keeps the load it last reported

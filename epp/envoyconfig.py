@@ -236,7 +236,9 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
         vhost = route["typed_config"]["route_config"]["virtual_hosts"][0]
         vhost["routes"][0]["route"]["retry_policy"] = {
             # before the response starts only: a dead or dying server costs a retry,
-            # never a client error
+            # never a client error. One retry more than the EPP's list is long: when
+            # every listed host failed, the last try goes to any healthy host of the
+            # cluster (override_host's fallback policy), outside the EPP's accounting
             "retry_on": "connect-failure,reset,refused-stream",
             "num_retries": opts.destinations,
         }

@@ -28,6 +28,9 @@ from epp.usage import Usage
 
 log = logging.getLogger(__name__)
 
+# How long after an endpoint's status change a failover away from it is not held
+# against it (Envoy may not have its EDS update yet).
+EDS_SETTLE_S = 1.0
 # Output tokens assumed for in-flight token accounting when a request sets no limit.
 DEFAULT_OUTPUT_TOKENS = 256
 
@@ -140,7 +143,12 @@ class Router:
         if outcomes is None:
             return
         if served and served != address:
-            outcomes.failure(address, f"Envoy failed over to {served}")
+            member = self.datastore.member(address)
+            # Envoy learns a newly active endpoint over EDS a moment after the scheduler
+            # may pick it; a failover in that window says nothing about its health
+            settled = member is not None and self.clock() - member.since >= EDS_SETTLE_S
+            if settled:
+                outcomes.failure(address, f"Envoy failed over to {served}")
             address = served
         if status >= 500:
             outcomes.failure(address, f"HTTP {status} on the response path")

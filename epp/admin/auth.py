@@ -41,7 +41,7 @@ class ApiKeyAuth:
         given = request.headers.get(API_KEY_HEADER)
         if given is None:
             return error(401, "missing_api_key", f"missing {API_KEY_HEADER} header")
-        if not hmac.compare_digest(given.encode(), self._key):
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self._key):
             return error(403, "invalid_api_key", f"wrong {API_KEY_HEADER}")
         return None
 

@@ -8,6 +8,7 @@ string is accepted too). Every bad input gets a 400 naming the field and the pro
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import time
 from collections.abc import Callable
@@ -128,6 +129,7 @@ _MESSAGES = {
     Outcome.REMOVED: "removed {role} instances: {items}",
     Outcome.DRAINING: "draining {role} instances (they go when their requests finish): {items}",
     Outcome.NOT_FOUND: "not in the {role} instances: {items}",
+    Outcome.WITHDRAWN: "{role} instances removed while being verified: {items}",
 }
 
 
@@ -162,7 +164,8 @@ def add_routes(
         if isinstance(parsed, web.Response):
             return parsed
         role, endpoints = parsed
-        results = {e.address: await membership.add(e) for e in endpoints}
+        outcomes = await asyncio.gather(*(membership.add(e) for e in endpoints))
+        results = {e.address: o for e, o in zip(endpoints, outcomes, strict=True)}
         waiting = any(o is Outcome.WAITING for o in results.values())
         doc = {"message": _message(role, results), "results": results, **_summary(datastore)}
         return ok(doc, status=202 if waiting else 200)

@@ -67,7 +67,8 @@ class Ejector:
         self.policy = policy
         self._probe = probe
         self._clock = clock
-        self._tick_s = tick_s if tick_s is not None else min(0.25, policy.backoff_s / 4)
+        # never 0: a zero backoff must not turn this loop into a busy one
+        self._tick_s = tick_s if tick_s is not None else min(0.25, max(policy.backoff_s / 4, 0.01))
         self._records: dict[str, _Record] = {}
         self._probing: set[str] = set()
         self._task: asyncio.Task[None] | None = None

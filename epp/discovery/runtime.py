@@ -33,6 +33,7 @@ class Outcome(StrEnum):
     REMOVED = "removed"
     DRAINING = "draining"
     NOT_FOUND = "not in the list"
+    WITHDRAWN = "removed while being verified"
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class RuntimeMembership:
         self._engine = engine
         self._waiters: dict[str, asyncio.Task[None]] = {}
         self._checking: set[str] = set()
+        # bumped by every remove: a check or wait that began before it must not add back
+        self._generation: dict[str, int] = {}
         # runtime-added endpoints, persisted; pruned when they leave the datastore
         self._runtime: dict[str, Endpoint] = {}
         datastore.on_change(self._prune)
@@ -87,10 +90,14 @@ class RuntimeMembership:
             return Outcome.WAITING  # a concurrent add is checking it
         log.info("verifying %s ...", address)
         self._checking.add(address)
+        generation = self._generation.get(address, 0)
         try:
             reason = await self._check(address)
         finally:
             self._checking.discard(address)
+        if self._generation.get(address, 0) != generation:  # removed while we checked
+            log.info("instance %s was removed while being verified; not added", address)
+            return Outcome.WITHDRAWN
         self._remember(endpoint)
         if reason is None:
             self._datastore.add(endpoint)
@@ -104,6 +111,11 @@ class RuntimeMembership:
         return Outcome.WAITING
 
     def remove(self, address: str) -> Outcome:
+        # whatever is still checking or waiting for this address is now stale
+        self._generation[address] = self._generation.get(address, 0) + 1
+        waiter = self._waiters.pop(address, None)
+        if waiter is not None:
+            waiter.cancel()
         member = self._datastore.member(address)
         if member is None:
             return Outcome.NOT_FOUND
@@ -121,16 +133,27 @@ class RuntimeMembership:
 
     async def _wait(self, endpoint: Endpoint) -> None:
         address = endpoint.address
+        generation = self._generation.get(address, 0)
+
+        def still_wanted() -> bool:
+            member = self._datastore.member(address)
+            return (
+                self._generation.get(address, 0) == generation
+                and member is not None
+                and member.status is Status.WAITING
+            )
+
         try:
             for attempt in range(1, self.policy.max_retries + 1):
                 await asyncio.sleep(self.policy.retry_interval_s)
-                member = self._datastore.member(address)
-                if member is None or member.status is not Status.WAITING:
+                if not still_wanted():
                     return  # removed (or added by another source) meanwhile
                 log.info(
                     "verifying %s (attempt %d/%d) ...", address, attempt, self.policy.max_retries
                 )
                 reason = await self._check(address)
+                if not still_wanted():
+                    return
                 if reason is None:
                     self._datastore.add(endpoint)
                     log.info("instance %s is ready; added as %s", address, endpoint.role.value)
@@ -142,9 +165,11 @@ class RuntimeMembership:
                 self.policy.max_retries,
                 self.policy.retry_interval_s,
             )
-            self._datastore.remove(address)
+            if still_wanted():
+                self._datastore.remove(address)
         finally:
-            self._waiters.pop(address, None)
+            if self._waiters.get(address) is asyncio.current_task():
+                del self._waiters[address]
 
     def _remember(self, endpoint: Endpoint) -> None:
         self._runtime[endpoint.address] = endpoint

@@ -176,7 +176,11 @@ def test_killed_server_costs_no_client_error_and_comes_back(stack: LocalStack) -
 
     def load() -> None:
         while not stop.is_set():
-            status, headers, _ = request(f"{stack.envoy_url}/v1/completions", BODY)
+            try:
+                status, headers, _ = request(f"{stack.envoy_url}/v1/completions", BODY)
+            except OSError as exc:  # a reset or dropped connection is a client error too
+                results.append((0, f"{type(exc).__name__}: {exc}"))
+                continue
             results.append((status, headers.get("x-sim-instance", "")))
 
     workers = [threading.Thread(target=load) for _ in range(6)]

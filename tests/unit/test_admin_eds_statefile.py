@@ -153,3 +153,22 @@ def test_corrupt_state_file_is_reported_and_ignored(
     with caplog.at_level(logging.ERROR):
         assert statefile.load(path, "vllm") == []
     assert "corrupt" in caplog.text and str(path) in caplog.text
+
+
+async def test_admin_port_answers_unknown_paths_and_wrong_methods_in_json() -> None:
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from epp.admin.http import make_admin_app
+    from epp.admin.metrics import EppMetrics
+    from epp.datastore import Datastore
+
+    ds = Datastore()
+    app = make_admin_app(ds, EppMetrics(ds))
+    async with TestServer(app) as server, aiohttp.ClientSession() as session:
+        for method, path, status in (("GET", "/nope", 404), ("POST", "/metrics", 405)):
+            async with session.request(method, server.make_url(path)) as resp:
+                assert resp.status == status
+                doc = await resp.json()
+                assert path in doc["error"]["message"]
+                assert doc["error"]["code"] in ("not_found", "method_not_allowed")

@@ -11,6 +11,7 @@ from epp.admin.metrics import EppMetrics
 from epp.config import builtin_registry, instantiate, load
 from epp.datalayer.ejection import EjectionPolicy, Ejector
 from epp.datastore import Datastore, Status
+from epp.discovery.runtime import Outcome, RuntimeMembership, WaitPolicy
 from epp.router import Router
 from epp.types import Endpoint, InferenceRequest
 from tests.support.wait import until
@@ -208,7 +209,8 @@ class Outcomes:
 
 
 def test_router_counts_a_failover_against_the_primary_and_caps_the_list() -> None:
-    ds = Datastore()
+    now = [100.0]
+    ds = Datastore(clock=lambda: now[0])
     for port in (1, 2, 3, 4):
         ds.add(Endpoint("10.0.0.1", port))
     outcomes = Outcomes()
@@ -218,7 +220,13 @@ def test_router_counts_a_failover_against_the_primary_and_caps_the_list() -> Non
         EppMetrics(ds),
         max_body_bytes=1000,
         outcomes=outcomes,
+        clock=lambda: now[0],
     )
+    # just added: Envoy may not know it yet, so a failover away from it is no failure
+    router.response_seen("10.0.0.1:1", 200, "10.0.0.1:2")
+    assert outcomes.events == [("success", "10.0.0.1:2")]
+    outcomes.events.clear()
+    now[0] += 1.5
     request = InferenceRequest(request_id="r", model="m", path="/v1/completions")
     assert len(router.route(request).result.targets) == 1  # no signal: one address
     assert len(router.route(request, max_destinations=3).result.targets) == 3
@@ -231,3 +239,63 @@ def test_router_counts_a_failover_against_the_primary_and_caps_the_list() -> Non
         ("failure", "10.0.0.1:3"),
         ("success", "10.0.0.1:4"),
     ]
+
+
+class GatedCheck:
+    """A readiness check the test answers by hand (a fake of the Check seam)."""
+
+    def __init__(self) -> None:
+        self.gates: list[asyncio.Future[str | None]] = []
+
+    async def __call__(self, address: str) -> str | None:
+        gate: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self.gates.append(gate)
+        return await gate
+
+
+async def test_remove_during_the_readiness_check_is_not_undone() -> None:
+    ds, check = Datastore(), GatedCheck()
+    membership = RuntimeMembership(ds, check, WaitPolicy(retry_interval_s=0.01, max_retries=3))
+    endpoint = Endpoint("10.0.0.7", 8000)
+    adding = asyncio.ensure_future(membership.add(endpoint))
+    await until(lambda: len(check.gates) == 1, "the first check")
+    ds.add(endpoint, waiting=True)  # what the admin API's status shows meanwhile
+    membership.remove(endpoint.address)
+    check.gates[0].set_result(None)  # the server answers after all
+    assert await adding is Outcome.WITHDRAWN
+    member = ds.member(endpoint.address)
+    assert member is None or member.status is not Status.ACTIVE
+    await membership.stop()
+
+
+async def test_remove_then_add_again_leaves_one_waiter() -> None:
+    ds, check = Datastore(), GatedCheck()
+    membership = RuntimeMembership(ds, check, WaitPolicy(retry_interval_s=0.01, max_retries=50))
+    endpoint = Endpoint("10.0.0.8", 8000)
+    first = asyncio.ensure_future(membership.add(endpoint))
+    await until(lambda: len(check.gates) == 1, "the first check")
+    check.gates[0].set_result("not up")
+    assert await first is Outcome.WAITING
+    membership.remove(endpoint.address)
+    second = asyncio.ensure_future(membership.add(endpoint))
+    await until(lambda: len(check.gates) >= 2, "the re-add's check")
+    check.gates[-1].set_result("still not up")
+    assert await second is Outcome.WAITING
+    assert len(membership._waiters) == 1
+    await until(lambda: len(check.gates) >= 3, "the new waiter's check")
+    check.gates[-1].set_result(None)
+    await until(lambda: ds.member(endpoint.address).status is Status.ACTIVE, "joins")  # type: ignore[union-attr]
+    await membership.stop()
+
+
+def test_waiting_re_add_of_a_draining_member_waits_instead_of_serving() -> None:
+    ds = Datastore()
+    endpoint = Endpoint("10.0.0.9", 8000)
+    ds.add(endpoint)
+    ticket = ds.acquire(endpoint.address)
+    ds.remove(endpoint.address)  # in flight: draining
+    assert ds.member(endpoint.address).status is Status.DRAINING  # type: ignore[union-attr]
+    ds.add(endpoint, waiting=True)  # re-added, but its server is down
+    assert ds.member(endpoint.address).status is Status.WAITING  # type: ignore[union-attr]
+    assert endpoint.address not in {s.address for s in ds.snapshot().endpoints}
+    ticket.release()
