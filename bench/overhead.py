@@ -20,7 +20,13 @@ from typing import Any
 import orjson
 
 from bench.host import cpu_seconds, machine_description
-from epp.envoyconfig import EnvoyOptions, Processing, baseline_config, epp_config
+from epp.envoyconfig import (
+    ClusterKind,
+    EnvoyOptions,
+    Processing,
+    baseline_config,
+    epp_config,
+)
 from epp.envoyproc import EnvoyProcess, write_config
 from epp.procs import ManagedProcess, start_epp
 from epp.stack import LocalStack, StackOptions
@@ -112,10 +118,13 @@ def main() -> int:
             extra += [epp_asyncio, epp_grpclib]
             servers = [(h, int(p)) for h, p in (a.split(":") for a in stack.sim_addresses)]
 
-            def via_epp(name: str, port: int, processing: Processing) -> EnvoyProcess:
+            def via_epp(
+                name: str, port: int, processing: Processing, cluster: ClusterKind = "eds"
+            ) -> EnvoyProcess:
                 opts = EnvoyOptions(
-                    listen_port=0, admin_port=0, epp_port=port, processing=processing
-                )
+                    listen_port=0, admin_port=0, epp_port=port, processing=processing,
+                    cluster=cluster,
+                )  # fmt: skip
                 envoy = start_envoy(stack, name, epp_config(opts))
                 envoys.append(envoy)
                 return envoy
@@ -133,6 +142,10 @@ def main() -> int:
                       epp_grpclib.pid),
                 Path_("EPP grpclib, lean",
                       via_epp("grpclib-lean", epp_grpclib.info["grpc_port"], "lean"),
+                      epp_grpclib.pid),
+                Path_("EPP grpclib, lean, ORIGINAL_DST (no EDS/failover)",
+                      via_epp("grpclib-lean-odst", epp_grpclib.info["grpc_port"], "lean",
+                              "original-dst"),
                       epp_grpclib.pid),
                 Path_("EPP grpclib, buffered",
                       via_epp("grpclib-buffered", epp_grpclib.info["grpc_port"], "buffered"),
