@@ -21,9 +21,15 @@ def write_ready(path: str | os.PathLike[str] | None, info: dict[str, Any]) -> No
         return
     target = Path(path)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".ready-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(orjson.dumps(info))
-    os.replace(tmp, target)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(orjson.dumps(info))
+            f.flush()
+            os.fsync(f.fileno())  # durable before it replaces the old file (state files)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def read_ready(path: str | os.PathLike[str]) -> dict[str, Any] | None:

@@ -56,11 +56,14 @@ def _parse(data: bytes, engine: str) -> list[Endpoint]:
     if not isinstance(items, list):
         raise ValueError("'instances' is not a list")
     endpoints = []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("instance"), str):
-            raise ValueError(f"bad entry {item!r}")
-        host, port = parse_host_port(item["instance"])
-        endpoints.append(
-            Endpoint(host, port, Role.parse(str(item.get("type", "decode"))), engine=engine)
-        )
+    for item in items:  # one bad entry costs only itself
+        try:
+            if not isinstance(item, dict) or not isinstance(item.get("instance"), str):
+                raise ValueError("not an object with an 'instance' string")
+            host, port = parse_host_port(item["instance"])
+            role = Role.parse(str(item.get("type", "decode")))
+        except ValueError as exc:
+            log.error("state file: skipping entry %r: %s", item, exc)
+            continue
+        endpoints.append(Endpoint(host, port, role, engine=engine))
     return endpoints

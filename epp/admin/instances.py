@@ -63,7 +63,9 @@ def parse_body(raw: bytes, engine: str = "vllm") -> tuple[Role, list[Endpoint]]:
 def _endpoint(text: str, role: Role, engine: str) -> Endpoint:
     try:
         host, port = parse_host_port(text)
-        ipaddress.ip_address(host)
+        # canonical form ("::1", not "0:0::1"): one member per server, and the same
+        # spelling Envoy uses when it reports which upstream answered
+        host = ipaddress.ip_address(host).compressed
     except ValueError as exc:
         message = str(exc)
         if not message.startswith("malformed"):  # the host is not an IP literal

@@ -142,7 +142,7 @@ def test_state_file_round_trip(tmp_path: Path) -> None:
         b"{not json",
         b"[]",
         b'{"version": 2, "instances": []}',
-        b'{"version": 1, "instances": [{"instance": "nope"}]}',
+        b'{"version": 1, "instances": {}}',
     ],
 )
 def test_corrupt_state_file_is_reported_and_ignored(
@@ -172,3 +172,26 @@ async def test_admin_port_answers_unknown_paths_and_wrong_methods_in_json() -> N
                 doc = await resp.json()
                 assert path in doc["error"]["message"]
                 assert doc["error"]["code"] in ("not_found", "method_not_allowed")
+
+
+def test_state_file_keeps_good_entries_when_one_is_bad(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(
+        '{"version": 1, "instances": [{"instance": "10.0.0.1:8000", "type": "prefill"},'
+        ' {"instance": "nowhere"}, {"instance": "10.0.0.2:8000", "type": "chef"},'
+        ' {"instance": "10.0.0.3:8000"}]}'
+    )
+    with caplog.at_level(logging.ERROR):
+        loaded = statefile.load(path, "vllm")
+    assert "skipping entry {'instance': 'nowhere'}" in caplog.text
+    assert [(e.address, e.role.value) for e in loaded] == [
+        ("10.0.0.1:8000", "prefill"),
+        ("10.0.0.3:8000", "decode"),
+    ]
+
+
+def test_admin_addresses_are_canonical() -> None:
+    _, [endpoint] = parse_body(b'{"type": "decode", "instance": "[0:0::1]:8000"}', "vllm")
+    assert endpoint.address == "[::1]:8000"
