@@ -28,12 +28,22 @@ class PrefixCacheScorer:
     endpoint reports its KV geometry (``cache_config_info``), which then sets it; with
     ``shrinkWithKvUsage`` (default true) less the share its running requests use
     (``kv_usage``), since a busy server evicts cached prefixes to make room.
+    ``loadBound`` (0 = off): an endpoint with more EPP in-flight requests than
+    ``loadBound`` x the candidates' mean (+1) loses its prefix score, so affinity can be
+    weighted strongly without piling a popular prefix onto one server (bounded-load
+    consistent hashing, applied to cache affinity).
     """
 
     def __init__(
-        self, block_tokens: int, max_blocks: int, capacity: int, shrink_with_kv_usage: bool = True
+        self,
+        block_tokens: int,
+        max_blocks: int,
+        capacity: int,
+        shrink_with_kv_usage: bool = True,
+        load_bound: float = 0.0,
     ) -> None:
         self.block_tokens = block_tokens
+        self.load_bound = load_bound
         self.shrink_with_kv_usage = shrink_with_kv_usage
         self.block_chars = block_tokens * CHARS_PER_TOKEN
         self.max_blocks = max_blocks
@@ -76,7 +86,13 @@ class PrefixCacheScorer:
         if not matched:
             return [0.0] * len(candidates)
         total = len(self.hashes(ctx))
-        return [matched.get(s.address, 0) / total for s in candidates]
+        scores = [matched.get(s.address, 0) / total for s in candidates]
+        if self.load_bound > 0 and len(candidates) > 1:
+            in_flight = ctx.snapshot.in_flight
+            loads = [in_flight.get(s.address, 0) for s in candidates]
+            cap = self.load_bound * sum(loads) / len(loads) + 1
+            scores = [0.0 if load > cap else x for x, load in zip(scores, loads, strict=True)]
+        return scores
 
     def on_routed(
         self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
@@ -118,4 +134,5 @@ def prefix_cache_scorer(p: Params) -> PrefixCacheScorer:
         max_blocks=p.integer("maxPrefixBlocksToMatch", 256, minimum=1),
         capacity=p.integer("lruCapacityPerServer", 31_250, minimum=1),
         shrink_with_kv_usage=p.boolean("shrinkWithKvUsage", True),
+        load_bound=p.number("loadBound", 0.0, minimum=0.0),
     )
