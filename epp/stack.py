@@ -7,6 +7,7 @@ stack a user runs is the stack that is tested.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import sys
@@ -349,6 +350,11 @@ def run(args: argparse.Namespace) -> int:
 def banner(stack: LocalStack) -> str:
     assert stack.envoy is not None
     url, model = stack.envoy_url, stack.opts.model
+    admin = (
+        "changes need X-Api-Key: $ADMIN_API_KEY"
+        if os.environ.get("ADMIN_API_KEY")
+        else "read-only: set ADMIN_API_KEY to allow changes"
+    )
     args = stack.endpoint_args
     pairs = zip(args[::2], args[1::2], strict=True)
     servers = "\n".join(f"    {flag.lstrip('-'):<10} {address}" for flag, address in pairs)
@@ -357,6 +363,7 @@ epp stack is up.
   Envoy (send requests here)  {url}
   EPP ext_proc gRPC           {HOST}:{stack.grpc_port}
   EPP metrics                 {stack.epp_http_url}/metrics
+  EPP admin API               {stack.epp_http_url}/status, /instances/add|remove ({admin})
   Envoy admin                 {stack.envoy.admin_url}
   model servers               model {model}, coordinator {stack.opts.coordinator}
 {servers}

@@ -40,8 +40,9 @@ def test_stack_starts_serves_and_stops_everything_on_ctrl_c(tmp_path: Path) -> N
         "stack", "--servers", "2", "--envoy-port", "0", "--envoy-admin-port", "0",
         "--grpc-port", "0", "--http-port", "0", "--time-scale", "0", "--workdir", str(workdir),
     )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "ADMIN_API_KEY"}
     with open(out, "wb") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
     try:
         wait_for(lambda: b"Ctrl-C stops everything" in out.read_bytes(), 60, "the banner")
         banner = out.read_text()
@@ -49,6 +50,10 @@ def test_stack_starts_serves_and_stops_everything_on_ctrl_c(tmp_path: Path) -> N
         assert url.startswith("http://127.0.0.1:")
         body = orjson.dumps({"model": "sim-model", "prompt": "hi", "max_tokens": 2})
         assert request(f"{url}/v1/completions", body)[0] == 200
+        status_url = banner.split("EPP admin API", 1)[1].split()[0].rstrip(",")
+        status, _, raw = request(status_url)
+        assert status == 200 and orjson.loads(raw)["decode_node_count"] == 2
+        assert "read-only: set ADMIN_API_KEY to allow changes" in banner
         assert len(processes_using(workdir)) >= 3  # simulators, EPP, Envoy
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
