@@ -65,18 +65,19 @@ class InFlightTicket:
     """One routed request's claim on an endpoint; releasing twice is a no-op, so every
     exit path (end of stream, cancel, error) may call :meth:`release`."""
 
-    __slots__ = ("_datastore", "address", "released", "tokens")
+    __slots__ = ("_datastore", "address", "epoch", "released", "tokens")
 
-    def __init__(self, datastore: Datastore, address: str, tokens: int) -> None:
+    def __init__(self, datastore: Datastore, address: str, tokens: int, epoch: int) -> None:
         self._datastore = datastore
         self.address = address
         self.tokens = tokens
+        self.epoch = epoch  # which life of the address's counters it counts in
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self._datastore._release(self.address, self.tokens)
+            self._datastore._release(self.address, self.tokens, self.epoch)
 
 
 class Datastore:
@@ -96,6 +97,9 @@ class Datastore:
         self._in_flight_view = MappingProxyType(self._in_flight)
         self._in_flight_tokens: dict[str, int] = {}
         self._in_flight_tokens_view = MappingProxyType(self._in_flight_tokens)
+        # bumped when an address's counters are dropped with requests still open, so
+        # their late releases are ignored
+        self._epochs: dict[str, int] = {}
         self._version = 0
         self._snapshot: Snapshot | None = None
         self._listeners: list[Callable[[], None]] = []
@@ -212,9 +216,13 @@ class Datastore:
         flight on ``address`` until the ticket is released."""
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
         self._in_flight_tokens[address] = self._in_flight_tokens.get(address, 0) + tokens
-        return InFlightTicket(self, address, tokens)
+        return InFlightTicket(self, address, tokens, self._epochs.get(address, 0))
 
-    def _release(self, address: str, tokens: int) -> None:
+    def _release(self, address: str, tokens: int, epoch: int) -> None:
+        if epoch != self._epochs.get(address, 0):
+            # counted before a drain deadline dropped the address: its counters are
+            # gone, and a member re-added since must not lose one of its own
+            return
         count = max(self._in_flight.get(address, 0) - 1, 0)
         member = self._members.get(address)
         if member is None and count == 0:  # a dropped member's last request
@@ -274,7 +282,8 @@ class Datastore:
     def _drop(self, address: str, why: str) -> None:
         self._members.pop(address, None)
         self._states.pop(address, None)
-        self._in_flight.pop(address, None)
+        if self._in_flight.pop(address, 0):  # requests still open (drain deadline passed)
+            self._epochs[address] = self._epochs.get(address, 0) + 1
         self._in_flight_tokens.pop(address, None)
         self._changed()
         log.info("endpoint %s %s", address, why)

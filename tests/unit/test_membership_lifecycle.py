@@ -299,3 +299,23 @@ def test_waiting_re_add_of_a_draining_member_waits_instead_of_serving() -> None:
     assert ds.member(endpoint.address).status is Status.WAITING  # type: ignore[union-attr]
     assert endpoint.address not in {s.address for s in ds.snapshot().endpoints}
     ticket.release()
+
+
+def test_a_late_release_after_a_drain_deadline_does_not_touch_a_re_added_member() -> None:
+    now = [0.0]
+    ds = Datastore(drain_timeout_s=5, clock=lambda: now[0])
+    endpoint = Endpoint("10.0.0.5", 8000)
+    ds.add(endpoint)
+    stale = ds.acquire(endpoint.address)  # a request that outlives the drain deadline
+    ds.remove(endpoint.address)
+    now[0] = 10.0
+    assert ds.expire_drains() == [endpoint.address]
+    ds.add(endpoint)  # back, with a request of its own
+    fresh = ds.acquire(endpoint.address)
+    ds.remove(endpoint.address)  # draining again, waiting for `fresh`
+    stale.release()  # must not count as `fresh` finishing
+    member = ds.member(endpoint.address)
+    assert member is not None and member.status is Status.DRAINING
+    assert ds.in_flight(endpoint.address) == 1
+    fresh.release()
+    assert ds.member(endpoint.address) is None and ds.in_flight(endpoint.address) == 0
