@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import signal
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -45,13 +47,23 @@ _P_D_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 class Sidecar:
-    def __init__(self, decode: Endpoint, legs: LegClient) -> None:
+    def __init__(
+        self,
+        decode: Endpoint,
+        legs: LegClient,
+        allowed: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = (),
+    ) -> None:
         self.decode = decode
         self.legs = legs
+        # prefill servers this sidecar may call (empty: any, as llm-d's sidecar)
+        self.allowed = tuple(allowed)
         self.session: aiohttp.ClientSession | None = None
-        self.stats = {"proxied": 0, "prefill_legs": 0, "fallbacks": 0, "rejected": 0}
+        self.stats = {
+            "proxied": 0, "prefill_legs": 0, "fallbacks": 0, "rejected": 0, "refused": 0,
+        }  # fmt: skip
         # prefill_legs: answered 2xx with kv_transfer_params; fallbacks: decoded alone
-        # (prefill unreachable, failed or answered without params); rejected: 400-451
+        # (prefill unreachable, failed or answered without params); rejected: 400-451;
+        # refused: the named prefill server is outside --allow-prefiller
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(
@@ -90,6 +102,10 @@ class Sidecar:
             return body
         if not isinstance(doc, dict):
             return body
+        if self.allowed and not self._allowed(host):
+            self.stats["refused"] += 1
+            log.warning("request %s: prefiller %s is not allowed; decoding alone", rid, prefiller)
+            return body
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             result = await self.legs.post(
@@ -115,6 +131,13 @@ class Sidecar:
             return body
         self.stats["prefill_legs"] += 1
         return orjson.dumps(bodies.nixl_decode(doc, params))
+
+    def _allowed(self, host: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:  # a name, not an address: never on an allow list
+            return False
+        return any(ip in net for net in self.allowed)
 
     async def _to_decode(self, request: web.Request, body: bytes) -> web.StreamResponse:
         assert self.session is not None
@@ -174,6 +197,13 @@ def make_app(sidecar: Sidecar) -> web.Application:
     return app
 
 
+def _network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(value, strict=False)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _decode_endpoint(value: str) -> Endpoint:
     try:
         return Endpoint(*parse_host_port(value))
@@ -203,13 +233,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="longest to wait to reach the prefill server before decoding alone",
     )
+    parser.add_argument(
+        "--allow-prefiller",
+        action="append",
+        type=_network,
+        default=[],
+        metavar="CIDR",
+        help="only call prefill servers in this network (repeatable; default: any, so keep "
+        "the sidecar reachable only from Envoy)",
+    )
     parser.add_argument("--ready-file", help="write {host, port} as JSON here once listening")
     add_log_level(parser)
 
 
 async def _serve(args: argparse.Namespace) -> int:
     sidecar = Sidecar(
-        args.decode, LegClient(args.connect_timeout_seconds, args.prefill_timeout_seconds)
+        args.decode,
+        LegClient(args.connect_timeout_seconds, args.prefill_timeout_seconds),
+        args.allow_prefiller,
     )
     await sidecar.start()
     # a client that goes away cancels its handler: no decode leg for nobody

@@ -87,3 +87,25 @@ def test_other_paths_pass_through(pair: tuple[SimProc, SimProc, str]) -> None:
     assert status == 200 and b"vllm:num_requests_running" in body
     models = get_json(f"{url}/v1/models")
     assert models["data"][0]["id"] == "sim-model"
+
+
+def test_allow_list_keeps_the_sidecar_from_calling_other_hosts(
+    pair: tuple[SimProc, SimProc, str], tmp_path: Path
+) -> None:
+    prefill, decode, _ = pair
+    guarded = start_epp(
+        tmp_path, "guarded", "sidecar", "--port", "0", "--decode", f"127.0.0.1:{decode.port}",
+        "--allow-prefiller", "10.0.0.0/8",
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{guarded.info['port']}"
+        before = decode.stats()
+        status, _ = post(
+            url, completion("guarded: " + LONG, max_tokens=2), f"127.0.0.1:{prefill.port}"
+        )
+        assert status == 200
+        assert get_json(f"{url}/sidecar/stats")["refused"] == 1
+        after = decode.stats()
+        assert after["local_prefills"] == before["local_prefills"] + 1
+    finally:
+        guarded.stop()
