@@ -4,6 +4,30 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from typing import TypeVar
+
+from epp.types import Endpoint, Role, parse_host_port
+
+T = TypeVar("T")
+
+
+def checked(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from a parser that raises ValueError with a precise message."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")  # argparse names it in errors
+    return convert
+
+
+def endpoint(role: Role = Role.DECODE) -> Callable[[str], Endpoint]:
+    """``HOST:PORT`` (``[v6]:port``) as an Endpoint of ``role``."""
+    return checked(lambda text: Endpoint(*parse_host_port(text), role))
 
 
 def integer(text: str) -> int:

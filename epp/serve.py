@@ -7,7 +7,6 @@ import asyncio
 import logging
 import random
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -37,7 +36,7 @@ from epp.readyfile import write_ready
 from epp.router import Router
 from epp.scheduling.base import Scheduler
 from epp.scheduling.params import ConfigError
-from epp.types import Endpoint, Role, parse_host_port
+from epp.types import Endpoint, Role
 from epp.xds.eds import EdsServer
 
 log = logging.getLogger("epp.serve")
@@ -58,17 +57,6 @@ class ServeOptions:
     config_path: Path | None = None
     membership: MembershipOptions = field(default_factory=MembershipOptions)
     pool: serve_pool.PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
-
-
-def _endpoint_of(role: Role) -> Callable[[str], Endpoint]:
-    def parse(value: str) -> Endpoint:
-        try:
-            host, port = parse_host_port(value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        return Endpoint(host, port, role)
-
-    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             flag,
             action="append",
             dest="endpoints",
-            type=_endpoint_of(role),
+            type=argtypes.endpoint(role),
             default=[],
             metavar="HOST:PORT",
             help=f"{what} (repeatable)",

@@ -197,18 +197,8 @@ def make_app(sidecar: Sidecar) -> web.Application:
     return app
 
 
-def _network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    try:
-        return ipaddress.ip_network(value, strict=False)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _decode_endpoint(value: str) -> Endpoint:
-    try:
-        return Endpoint(*parse_host_port(value))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    return ipaddress.ip_network(text, strict=False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -216,7 +206,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=argtypes.port, default=8001, help="port (0 = any free)")
     parser.add_argument(
         "--decode",
-        type=_decode_endpoint,
+        type=argtypes.endpoint(),
         required=True,
         metavar="HOST:PORT",
         help="the decode server this sidecar fronts",
@@ -236,7 +226,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-prefiller",
         action="append",
-        type=_network,
+        type=argtypes.checked(_network),
         default=[],
         metavar="CIDR",
         help="only call prefill servers in this network (repeatable; default: any, so keep "

@@ -95,13 +95,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_log_level(parser)
 
 
-def _role(text: str) -> Role:
-    try:
-        return Role.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _add_disaggregation_arguments(parser: argparse.ArgumentParser, d: SimConfig) -> None:
     group = parser.add_argument_group(
         "prefill/decode disaggregation", "how this instance takes part in a P/D split"
@@ -109,7 +102,7 @@ def _add_disaggregation_arguments(parser: argparse.ArgumentParser, d: SimConfig)
     add = group.add_argument
     add(
         "--role",
-        type=_role,
+        type=argtypes.checked(Role.parse),
         default=d.role,
         metavar="{prefill,decode,prefill-decode}",
         help="the instance's P/D role ('both' = prefill-decode); it decides which side of "
