@@ -35,8 +35,15 @@ bench-overhead: $(STAMP)
 bench-decision: $(STAMP)
 	$(BIN)/python -m bench.decision
 
+# Two cache settings: the stress one (the pool's free KV holds 1.25 copies of every
+# group's prefix) and a roomier one (2 copies); each compares round robin, least
+# request, the default and the default without bounded-load affinity.
+ROUTING_POLICIES := --policy round-robin --policy least-request --policy default= \
+	--policy "unbounded=--config bench/configs/unbounded.yaml"
+
 bench-routing: $(STAMP)
-	$(BIN)/python -m bench.routing
+	$(BIN)/python -m bench.routing $(ROUTING_POLICIES)
+	$(BIN)/python -m bench.routing $(ROUTING_POLICIES) --prefix-copies 2 --name routing-roomy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -38,12 +38,16 @@ Simulator settings (each a flag) and why:
 * ``--decode-ms-per-token 8``, ``--itl-ms-per-running-seq 0.5`` (the simulator's
   defaults): ~12 ms per output token with 8 running sequences.
 * ``--kv-blocks`` (default: derived): the running working set (max-num-seqs x blocks of
-  a mean request) plus 1.25 x the prefixes of groups/servers groups. With the defaults:
-  8 x 105 + 1.25 x 4 x 94 = 1310 blocks, fewer than the 16 x 94 = 1504 blocks all
-  groups' prefixes need, so one server can never cache every group; a loaded server
-  caches about a quarter of the groups, which is exactly what a scheduler that keeps
-  each group on one of 4 servers asks of it, while a server that sees all 16 groups
-  (round robin) keeps evicting prefixes.
+  a mean request) plus ``--prefix-copies`` (1.25) x the prefixes of groups/servers
+  groups. With the defaults: 8 x 105 + 1.25 x 4 x 94 = 1310 blocks, fewer than the
+  16 x 94 = 1504 blocks all groups' prefixes need, so one server can never cache every
+  group; a loaded server caches about a quarter of the groups (the pool as a whole 1.25
+  copies of every prefix), which is exactly what a scheduler that keeps each group on
+  one of 4 servers asks of it, while a server that sees all 16 groups (round robin)
+  keeps evicting prefixes. This is the stress setting: a popular group has no room for
+  a second home. ``--prefix-copies 2`` (1592 blocks: a loaded server caches half the
+  groups, the pool two copies of each) is the roomier setting that
+  bench/results/routing-roomy.md reports.
 
 Rates: ``--loads`` (default 0.4 0.6 0.8 1.0 1.2) are fractions of round robin's capacity,
 measured first by a calibration run (``--calibrate`` seconds of Envoy alone round robin
@@ -162,15 +166,29 @@ def mean_range(lo_hi: tuple[int, int]) -> float:
     return (lo_hi[0] + lo_hi[1]) / 2
 
 
-def derived_kv_blocks(spec: WorkloadSpec, servers: int, max_num_seqs: int, block_size: int) -> int:
-    """Running working set + 1.25 x the prefixes of one server's share of the groups."""
+def derived_kv_blocks(
+    spec: WorkloadSpec, servers: int, max_num_seqs: int, block_size: int, copies: float = 1.25
+) -> int:
+    """Running working set + ``copies`` x the prefixes of one server's share of the
+    groups (so the pool's free KV holds ``copies`` copies of every group's prefix)."""
     request_tokens = spec.prefix_tokens + mean_range(spec.question_tokens)
     request_tokens += mean_range(spec.output_tokens)
     prefix_blocks = math.ceil(spec.prefix_tokens / block_size)
     share = math.ceil(spec.groups / servers)
     return max_num_seqs * math.ceil(request_tokens / block_size) + math.ceil(
-        1.25 * share * prefix_blocks
+        copies * share * prefix_blocks
     )
+
+
+def cached_share(meta: dict[str, Any], sim: dict[str, Any]) -> str:
+    """The share of the groups a fully loaded server's free KV can cache (for the report)."""
+    wl = meta["workload"]
+    block = sim["block_size"]
+    request = wl["prefix_tokens"] + mean_range(wl["question_tokens"])
+    request += mean_range(wl["output_tokens"])
+    free = sim["kv_blocks"] - sim["max_num_seqs"] * math.ceil(request / block)
+    share = max(free, 0) / math.ceil(wl["prefix_tokens"] / block) / wl["groups"]
+    return f"{share:.0%}"
 
 
 def estimated_capacity(spec: WorkloadSpec, servers: int, sim: SimSettings) -> float:
@@ -627,6 +645,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="default: derived from the workload, see above",
     )
+    s.add_argument(
+        "--prefix-copies",
+        type=argtypes.positive_float,
+        default=1.25,
+        help="size the derived --kv-blocks so that the pool's free KV under full load holds "
+        "this many copies of every group's prefix (default 1.25: the stress setting; "
+        "2: each group can have two homes)",
+    )
     s.add_argument("--block-size", type=argtypes.positive_int, default=16)
     s.add_argument("--prefill-overhead-ms", type=argtypes.non_negative_float, default=5.0)
     s.add_argument("--prefill-ms-per-token", type=argtypes.non_negative_float, default=0.1)
@@ -690,7 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         skew=args.skew,
     )
     kv_blocks = args.kv_blocks or derived_kv_blocks(
-        spec, args.servers, args.max_num_seqs, args.block_size
+        spec, args.servers, args.max_num_seqs, args.block_size, args.prefix_copies
     )
     sim = SimSettings(
         max_num_seqs=args.max_num_seqs,
@@ -893,8 +919,9 @@ def write_results(
         "open loop.",
         f"- **Simulators**: {meta['servers']} x `epp sim {' '.join(meta['sim_argv'])}`. "
         f"KV capacity {sim['kv_blocks']} blocks < {meta['all_prefix_blocks']} blocks for all "
-        "groups' prefixes, so no server caches every group; under load (8 sequences "
-        "holding their blocks) a server caches about a quarter of the groups. An uncached "
+        "groups' prefixes, so no server caches every group; under load "
+        f"({sim['max_num_seqs']} sequences holding their blocks) a server caches about "
+        f"{cached_share(meta, sim)} of the groups. An uncached "
         f"{wl['prefix_tokens']}-token prefix costs "
         f"{sim['prefill_ms_per_token'] * wl['prefix_tokens']:.0f} ms more prefill than a "
         "cached one. Fresh simulators for every policy (cold caches), then "

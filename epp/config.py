@@ -50,6 +50,7 @@ plugins:
     blockSize: 16
     maxPrefixBlocksToMatch: 256
     lruCapacityPerServer: 31250
+    loadBound: 1.25
 - type: max-score-picker
   parameters:
     maxTargets: 3

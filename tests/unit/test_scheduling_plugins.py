@@ -360,7 +360,7 @@ def test_prefix_index_capacity_shrinks_with_the_servers_kv_usage() -> None:
 def test_prefix_score_is_withheld_from_an_endpoint_far_above_the_mean_load() -> None:
     states = [state(1), state(2), state(3)]
     req = InferenceRequest("r", "m", "/", prompt="shared system prompt " * 40)
-    scorer = prefix.prefix_cache_scorer(Params("t", {"loadBound": 1.25}))
+    scorer = prefix.prefix_cache_scorer(Params("t", {}))  # default loadBound 1.25
     snap = Snapshot(tuple(states), {})
     for s in states:  # every endpoint holds the prefix
         scorer.on_routed(req, SchedulingResult((s.endpoint,)), snap)
@@ -368,7 +368,10 @@ def test_prefix_score_is_withheld_from_an_endpoint_far_above_the_mean_load() -> 
     scores = scorer.score(c, states)
     assert scores[0] == 0.0  # 9 > 1.25 x mean(3.33) + 1
     assert scores[1] == scores[2] == 1.0
-    unbounded = prefix.prefix_cache_scorer(Params("t", {}))
+    loads = {states[0].address: 4, states[1].address: 2, states[2].address: 2}
+    c = ctx(states, req, in_flight=loads)
+    assert scorer.score(c, states)[0] == 1.0  # 4 <= 1.25 x 2.67 + 1 = 4.33
+    unbounded = prefix.prefix_cache_scorer(Params("t", {"loadBound": 0}))
     for s in states:
         unbounded.on_routed(req, SchedulingResult((s.endpoint,)), snap)
     assert unbounded.score(ctx(states, req, in_flight={states[0].address: 9}), states)[0] == 1.0

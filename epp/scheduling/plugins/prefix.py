@@ -28,10 +28,11 @@ class PrefixCacheScorer:
     endpoint reports its KV geometry (``cache_config_info``), which then sets it; with
     ``shrinkWithKvUsage`` (default true) less the share its running requests use
     (``kv_usage``), since a busy server evicts cached prefixes to make room.
-    ``loadBound`` (0 = off): an endpoint with more EPP in-flight requests than
-    ``loadBound`` x the candidates' mean (+1) loses its prefix score, so affinity can be
-    weighted strongly without piling a popular prefix onto one server (bounded-load
-    consistent hashing, applied to cache affinity).
+    ``loadBound`` (1.25; 0 = off): an endpoint with more EPP in-flight requests than
+    ``loadBound`` x the candidates' mean (+1) loses its prefix score, so a busy prefix
+    spills to a less loaded endpoint, which then caches it too: popular prefixes get a
+    second home before their first one queues (bounded-load consistent hashing, applied
+    to cache affinity).
     """
 
     def __init__(
@@ -40,7 +41,7 @@ class PrefixCacheScorer:
         max_blocks: int,
         capacity: int,
         shrink_with_kv_usage: bool = True,
-        load_bound: float = 0.0,
+        load_bound: float = 1.25,
     ) -> None:
         self.block_tokens = block_tokens
         self.load_bound = load_bound
@@ -134,5 +135,5 @@ def prefix_cache_scorer(p: Params) -> PrefixCacheScorer:
         max_blocks=p.integer("maxPrefixBlocksToMatch", 256, minimum=1),
         capacity=p.integer("lruCapacityPerServer", 31_250, minimum=1),
         shrink_with_kv_usage=p.boolean("shrinkWithKvUsage", True),
-        load_bound=p.number("loadBound", 0.0, minimum=0.0),
+        load_bound=p.number("loadBound", 1.25, minimum=0.0),
     )
