@@ -450,6 +450,7 @@ def instantiate(
         stale_after_s=cfg.data_layer.stale_after_s,
         clock=clock,
         observers=observers,
+        plugins=instances,
     )
 
 

@@ -36,6 +36,8 @@ from epp.readyfile import write_ready
 from epp.router import Router
 from epp.scheduling.base import Scheduler
 from epp.scheduling.params import ConfigError
+from epp.scheduling.plugins.prefix import PrefixCacheScorer
+from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, Role
 from epp.xds.eds import EdsServer
 
@@ -181,6 +183,10 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     for endpoint in opts.endpoints:  # flags name no engine: the config's applies
         datastore.add(replace(endpoint, engine=cfg.data_layer.engine))
     metrics = EppMetrics(datastore)
+    if isinstance(scheduler, ProfileScheduler):
+        metrics.report_prefix_indexes(
+            {n: p.index for n, p in scheduler.plugins.items() if isinstance(p, PrefixCacheScorer)}
+        )
     dl = cfg.data_layer
     request_headers = []
     if dl.orca_request_format is not None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp.datastore import Datastore
+from epp.scheduling.prefixindex import PrefixIndex
 
 
 class EppMetrics:
@@ -80,6 +81,12 @@ class EppMetrics:
         self._known: set[str] = set()
         datastore.on_change(self._forget_removed)
 
+    def report_prefix_indexes(self, indexes: Mapping[str, PrefixIndex]) -> None:
+        """Export the size of each prefix-cache scorer's index (by plugin name), read at
+        scrape time: the index is bounded per endpoint, and this shows by how much."""
+        if indexes:
+            self.registry.register(_PrefixIndexCollector(indexes))
+
     def _forget_removed(self) -> None:
         current = {s.address for s in self._datastore.snapshot().endpoints}
         for address in self._known - current:
@@ -146,3 +153,19 @@ class _DatastoreCollector(Collector):
         yield waiting
         yield kv
         yield age
+
+
+class _PrefixIndexCollector(Collector):
+    def __init__(self, indexes: Mapping[str, PrefixIndex]) -> None:
+        self._indexes = dict(indexes)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        blocks = GaugeMetricFamily(
+            "epp_prefix_index_blocks",
+            "Prompt blocks the prefix-cache index remembers, summed over endpoints "
+            "(its memory is proportional to this), by plugin.",
+            labels=["plugin"],
+        )
+        for name, index in sorted(self._indexes.items()):
+            blocks.add_metric([name], index.size())
+        yield blocks

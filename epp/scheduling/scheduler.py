@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from epp.errors import NoEndpointError, ShedError
 from epp.scheduling.base import CycleContext, ProfileHandler, ProfileRunner, RoutingObserver
@@ -43,6 +43,8 @@ class ProfileScheduler:
     stale_after_s: float
     clock: Callable[[], float]
     observers: Sequence[RoutingObserver] = ()
+    # every configured plugin by name (for reporting, e.g. the prefix index's size)
+    plugins: Mapping[str, object] = field(default_factory=dict)
 
     def schedule(
         self, request: InferenceRequest, snapshot: Snapshot, rng: random.Random

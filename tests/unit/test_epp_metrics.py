@@ -18,3 +18,26 @@ def test_series_of_removed_endpoints_are_dropped() -> None:
     assert "10.0.0.1:1" not in text
     assert 'epp_scrape_failures_total{endpoint="10.0.0.1:2"} 1.0' in text
     assert 'epp_responses_total{endpoint="10.0.0.1:2",status_class="2xx"} 1.0' in text
+
+
+def test_prefix_index_size_is_exported_by_plugin_name() -> None:
+    from epp.config import DEFAULT_CONFIG, build_scheduler
+    from epp.scheduling.plugins.prefix import PrefixCacheScorer
+    from epp.types import InferenceRequest, SchedulingResult
+
+    ds = Datastore()
+    ds.add(Endpoint("10.0.0.1", 1))
+    metrics = EppMetrics(ds)
+    scheduler = build_scheduler(DEFAULT_CONFIG)
+    scorers = {n: p for n, p in scheduler.plugins.items() if isinstance(p, PrefixCacheScorer)}
+    assert list(scorers) == ["prefix-cache-scorer"]
+    metrics.report_prefix_indexes({n: p.index for n, p in scorers.items()})
+    text = generate_latest(metrics.registry).decode()
+    assert 'epp_prefix_index_blocks{plugin="prefix-cache-scorer"} 0.0' in text
+    snap = ds.snapshot()
+    req = InferenceRequest("r", "m", "/v1/completions", prompt="x" * 64 * 5)  # 5 blocks
+    scorers["prefix-cache-scorer"].on_routed(
+        req, SchedulingResult((snap.endpoints[0].endpoint,)), snap
+    )
+    text = generate_latest(metrics.registry).decode()
+    assert 'epp_prefix_index_blocks{plugin="prefix-cache-scorer"} 5.0' in text
