@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 
 class Role(StrEnum):
@@ -102,11 +103,20 @@ class Snapshot:
     version: int = 0
     # address -> state for lookups (a live view in the datastore, like in_flight)
     by_address: Mapping[str, EndpointState] = field(default_factory=dict)
+    # what plugins derive from ``endpoints`` alone (e.g. metric columns), computed on
+    # first use and kept as long as this snapshot: never the live in-flight counts
+    derived: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def state(self, address: str) -> EndpointState | None:
-        return self.by_address.get(address) or next(
-            (s for s in self.endpoints if s.address == address), None
-        )
+        found = self.by_address.get(address)
+        if found is None:  # no live index (tests, benchmarks): index endpoints once
+            index = self.derived.get("by_address")
+            if index is None:
+                index = self.derived["by_address"] = {}
+                for s in self.endpoints:
+                    index.setdefault(s.address, s)
+            found = index.get(address)
+        return found
 
 
 @dataclass(frozen=True, slots=True)

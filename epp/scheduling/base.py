@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from epp.scheduling.columns import CandidateView, FloatArray, candidate_view
 from epp.types import EndpointMetrics, EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 
@@ -30,6 +31,11 @@ class Scheduler(Protocol):
         ...
 
 
+# Below this many candidates, a list comprehension beats numpy's per-call overhead
+# (bench.decision --compare measures both paths).
+VECTORIZE_FROM = 32
+
+
 @dataclass(slots=True)
 class CycleContext:
     """What every plugin sees during one scheduling cycle.
@@ -45,6 +51,8 @@ class CycleContext:
     rng: random.Random
     stale_after_s: float = 2.0
     cache: dict[Any, Any] = field(default_factory=dict)
+    # candidate lists at least this long are scored with numpy (see ``vectorize``)
+    vectorize_from: int = VECTORIZE_FROM
 
     def metrics(self, state: EndpointState) -> EndpointMetrics | None:
         """The endpoint's reported load, or None if never reported or stale."""
@@ -69,21 +77,41 @@ class CycleContext:
         result: list[EndpointMetrics | None] = cached[1]
         return result
 
+    def vectorize(self, candidates: Sequence[EndpointState]) -> bool:
+        """Whether built-in plugins score ``candidates`` with numpy arrays (one call per
+        column) rather than Python lists: numpy's fixed cost per call only pays off for
+        many candidates. Both give the same numbers."""
+        return len(candidates) >= self.vectorize_from
+
+    def view(self, candidates: Sequence[EndpointState]) -> CandidateView:
+        """``candidates`` as rows of the snapshot's metric columns (numpy), computed
+        once per candidate list per cycle, with this cycle's staleness bound."""
+        key = ("view", id(candidates))
+        cached = self.cache.get(key)
+        if cached is None or cached.candidates is not candidates:
+            cached = candidate_view(self.snapshot, candidates, self.now - self.stale_after_s)
+            self.cache[key] = cached
+        result: CandidateView = cached
+        return result
+
 
 class Filter(Protocol):
     """Narrows the candidates. Contract: returns a subset of ``candidates`` (possibly
-    empty), preserving their order."""
+    empty), preserving their order (a list, or a tuple the filter never changes)."""
 
     def filter(
         self, ctx: CycleContext, candidates: Sequence[EndpointState]
-    ) -> list[EndpointState]: ...
+    ) -> Sequence[EndpointState]: ...
 
 
 class Scorer(Protocol):
-    """Rates each candidate. Contract: returns one score per candidate, in order; the
-    framework clamps every score to [0, 1] (1 = best) before weighting."""
+    """Rates each candidate. Contract: returns one score per candidate, in order, as a
+    list or a 1-d numpy array; the framework clamps every score to [0, 1] (1 = best;
+    NaN counts 0) before weighting."""
 
-    def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]: ...
+    def score(
+        self, ctx: CycleContext, candidates: Sequence[EndpointState]
+    ) -> Sequence[float] | FloatArray: ...
 
 
 class Picker(Protocol):
@@ -92,6 +120,16 @@ class Picker(Protocol):
 
     def pick(
         self, ctx: CycleContext, scored: Sequence[tuple[EndpointState, float]]
+    ) -> list[EndpointState]: ...
+
+
+class ScoresPicker(Protocol):
+    """A picker that also takes the totals as one numpy array (what the built-in
+    max-score picker does, to skip building 1,000 pairs). Optional: a profile calls
+    ``pick_scores`` when the picker has it, else :meth:`Picker.pick`."""
+
+    def pick_scores(
+        self, ctx: CycleContext, candidates: Sequence[EndpointState], totals: FloatArray
     ) -> list[EndpointState]: ...
 
 

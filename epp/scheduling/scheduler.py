@@ -7,7 +7,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from epp.errors import NoEndpointError, ShedError
-from epp.scheduling.base import CycleContext, ProfileHandler, ProfileRunner, RoutingObserver
+from epp.scheduling.base import (
+    VECTORIZE_FROM,
+    CycleContext,
+    ProfileHandler,
+    ProfileRunner,
+    RoutingObserver,
+)
 from epp.scheduling.profile import Profile
 from epp.scheduling.saturation import (
     AdmissionConfig,
@@ -45,11 +51,15 @@ class ProfileScheduler:
     observers: Sequence[RoutingObserver] = ()
     # every configured plugin by name (for reporting, e.g. the prefix index's size)
     plugins: Mapping[str, object] = field(default_factory=dict)
+    # candidate lists this long or longer are scored with numpy (CycleContext.vectorize)
+    vectorize_from: int = VECTORIZE_FROM
 
     def schedule(
         self, request: InferenceRequest, snapshot: Snapshot, rng: random.Random
     ) -> SchedulingResult:
-        ctx = CycleContext(request, snapshot, self.clock(), rng, self.stale_after_s)
+        ctx = CycleContext(
+            request, snapshot, self.clock(), rng, self.stale_after_s, {}, self.vectorize_from
+        )
         candidates = snapshot.endpoints
         if request.subset is not None:
             candidates = tuple(s for s in candidates if s.address in request.subset)

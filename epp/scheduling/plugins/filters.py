@@ -16,9 +16,23 @@ class RoleFilter:
 
     def __init__(self, roles: frozenset[Role]) -> None:
         self.roles = roles
+        # a tuple: `in` compares enum members by identity first (no Python-level hash)
+        self._roles = tuple(roles)
 
-    def filter(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[EndpointState]:
-        return [s for s in candidates if s.endpoint.role in self.roles]
+    def filter(
+        self, ctx: CycleContext, candidates: Sequence[EndpointState]
+    ) -> Sequence[EndpointState]:
+        snapshot = ctx.snapshot
+        if candidates is not snapshot.endpoints:
+            return [s for s in candidates if s.endpoint.role in self._roles]
+        # roles are part of the snapshot: filter its endpoints once per snapshot
+        key = ("role-filter", self.roles)
+        kept: tuple[EndpointState, ...] | None = snapshot.derived.get(key)
+        if kept is None:
+            kept = snapshot.derived[key] = tuple(
+                s for s in candidates if s.endpoint.role in self._roles
+            )
+        return kept
 
 
 def role_filter(p: Params) -> RoleFilter:

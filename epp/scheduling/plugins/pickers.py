@@ -5,10 +5,16 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
+from typing import TypeVar
+
+import numpy as np
 
 from epp.scheduling.base import CycleContext
+from epp.scheduling.columns import FloatArray
 from epp.scheduling.params import Params
 from epp.types import EndpointState
+
+T = TypeVar("T")
 
 
 class MaxScorePicker:
@@ -33,6 +39,29 @@ class MaxScorePicker:
         rand = ctx.rng.random
         keyed = sorted(((score, rand(), s) for s, score in pool), key=_score_then_tie, reverse=True)
         return [s for _, _, s in keyed[:k]]
+
+    def pick_scores(
+        self, ctx: CycleContext, candidates: Sequence[EndpointState], totals: FloatArray
+    ) -> list[EndpointState]:
+        """:meth:`pick` with the scores as one array (many candidates): the same picks,
+        drawing the same random numbers."""
+        n = len(totals)
+        if n == 0:
+            return []
+        if self.max_targets == 1:
+            top = np.flatnonzero(totals == totals.max())
+            return [candidates[int(top[0] if len(top) == 1 else ctx.rng.choice(top))]]
+        k = self.max_targets
+        # only the top k scores (and ties at the cut) get random keys, in candidate order
+        pool = np.flatnonzero(totals >= np.partition(totals, n - k)[n - k]) if n > k else range(n)
+        indices: list[int] = list(map(int, pool))
+        rand = ctx.rng.random
+        keyed = sorted(
+            ((score, rand(), i) for score, i in zip(totals[pool].tolist(), indices, strict=True)),
+            key=_score_then_tie,
+            reverse=True,
+        )
+        return [candidates[i] for _, _, i in keyed[:k]]
 
 
 class RandomPicker:
@@ -69,7 +98,7 @@ class WeightedRandomPicker:
         return [s for _, s in keyed[: self.max_targets]]
 
 
-def _score_then_tie(k: tuple[float, float, EndpointState]) -> tuple[float, float]:
+def _score_then_tie(k: tuple[float, float, T]) -> tuple[float, float]:
     return k[0], k[1]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epp.scheduling.base import CycleContext
+from epp.scheduling.columns import FloatArray
 from epp.scheduling.params import Params
 from epp.scheduling.prefixindex import PrefixIndex, block_hashes
 from epp.types import (
@@ -82,18 +83,27 @@ class PrefixCacheScorer:
         matched = self.matches(ctx).get(address, 0)
         return matched / len(self.hashes(ctx)) if matched else 0.0
 
-    def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
+    def score(
+        self, ctx: CycleContext, candidates: Sequence[EndpointState]
+    ) -> list[float] | FloatArray:
         matched = self.matches(ctx)
         if not matched:
             return [0.0] * len(candidates)
-        total = len(self.hashes(ctx))
-        scores = [matched.get(s.address, 0) / total for s in candidates]
+        if not ctx.vectorize(candidates):
+            total = len(self.hashes(ctx))
+            scores = [matched.get(s.address, 0) / total for s in candidates]
+            if self.load_bound > 0 and len(candidates) > 1:
+                in_flight = ctx.snapshot.in_flight
+                loads = [in_flight.get(s.address, 0) for s in candidates]
+                cap = self.load_bound * sum(loads) / len(loads) + 1
+                scores = [0.0 if load > cap else x for x, load in zip(scores, loads, strict=True)]
+            return scores
+        view = ctx.view(candidates)
+        array = view.by_address(matched) / len(self.hashes(ctx))
         if self.load_bound > 0 and len(candidates) > 1:
-            in_flight = ctx.snapshot.in_flight
-            loads = [in_flight.get(s.address, 0) for s in candidates]
-            cap = self.load_bound * sum(loads) / len(loads) + 1
-            scores = [0.0 if load > cap else x for x, load in zip(scores, loads, strict=True)]
-        return scores
+            load = view.counts(ctx.snapshot.in_flight)
+            array[load > self.load_bound * float(load.sum()) / len(load) + 1] = 0.0
+        return array
 
     def on_routed(
         self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
