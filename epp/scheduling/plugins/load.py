@@ -3,6 +3,7 @@ own in-flight accounting (fresh between scrapes)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,6 +42,8 @@ def relative_array(values: FloatArray) -> FloatArray:
         return np.zeros(len(values))
     hi = float(np.fmax.reduce(values))
     span = hi - lo
+    if not math.isfinite(span):  # infinite load reported: every score is 0 (or NaN) in
+        return np.zeros(len(values))  # the list path (inf/inf), and NaN is clamped to 0
     if span == 0:
         ones: FloatArray = (values == values).astype(np.float64)  # known (not NaN) -> 1
         return ones
