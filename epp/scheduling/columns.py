@@ -55,16 +55,51 @@ class Columns:
             states,
             np.array(updated, np.float64),
             fields,
-            {id(s): i for i, s in enumerate(states)},
-            {s.address: i for i, s in enumerate(states)},
+            dict(zip(map(id, states), range(len(states)), strict=True)),
+            dict(zip(map(_ADDRESS, states), range(len(states)), strict=True)),
         )
+
+    def successor(self, states: tuple[EndpointState, ...]) -> Columns:
+        """Columns for ``states``, copying the rows whose state object is unchanged
+        from these (the datastore replaces one endpoint's state per metrics update and
+        keeps the order), so a new snapshot costs O(changed rows), not O(pool)."""
+        n = len(states)
+        if n != len(self.states):
+            return Columns.build(states)
+        same = np.fromiter(map(operator.is_, states, self.states), np.bool_, n)
+        changed = np.flatnonzero(~same).tolist()
+        if len(changed) > n // 4 or any(
+            states[i].address != self.states[i].address for i in changed
+        ):
+            return Columns.build(states)
+        updated_at = self.updated_at.copy()
+        fields = {name: column.copy() for name, column in self.fields.items()}
+        row_of_state = dict(self.row_of_state)
+        for i in changed:
+            row_of_state.pop(id(self.states[i]), None)
+            row_of_state[id(states[i])] = i
+            m = states[i].metrics
+            updated_at[i] = -np.inf if m is None else m.updated_at
+            for name, column in fields.items():
+                value = None if m is None else getattr(m, name)
+                column[i] = np.nan if value is None else value
+        return Columns(states, updated_at, fields, row_of_state, self.row_of_address)
+
+
+# The columns built last: the next snapshot (usually the same pool with one endpoint's
+# metrics replaced) starts from them. Only ever a shortcut: rows are reused for the
+# very same (immutable) state objects.
+_last: list[Columns] = []
 
 
 def snapshot_columns(snapshot: Snapshot) -> Columns:
     """The snapshot's columns, built on first use and kept with the snapshot."""
     cols = snapshot.derived.get("columns")
     if cols is None:
-        cols = snapshot.derived["columns"] = Columns.build(snapshot.endpoints)
+        states = snapshot.endpoints
+        cols = _last[0].successor(states) if _last else Columns.build(states)
+        snapshot.derived["columns"] = cols
+        _last[:] = [cols]
     result: Columns = cols
     return result
 

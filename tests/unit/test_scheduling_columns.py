@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from epp.config import build_scheduler, builtin_registry
 from epp.scheduling.base import CycleContext
-from epp.scheduling.columns import FloatArray, candidate_view, snapshot_columns
+from epp.scheduling.columns import Columns, FloatArray, candidate_view, snapshot_columns
 from epp.scheduling.params import Params
 from epp.scheduling.plugins import filters, pickers, prefix
 from epp.scheduling.profile import Profile, WeightedScorer, clamped
@@ -274,3 +274,29 @@ def test_snapshot_state_without_a_live_index_finds_the_first_endpoint() -> None:
     assert snap.state(first.address) is first
     assert snap.state("10.0.0.1:2") is snap.endpoints[2]
     assert snap.state("10.0.0.1:3") is None
+
+
+@given(
+    st.lists(st.tuples(st.booleans(), maybe, st.booleans()), min_size=1, max_size=12),
+    st.booleans(),
+)
+def test_a_successor_snapshots_columns_equal_columns_built_from_scratch(
+    changes: list[tuple[bool, float | None, bool]], renamed: bool
+) -> None:
+    """The next snapshot's columns start from the last ones; rows of replaced states
+    (new metrics, dropped metrics, another endpoint) must be rebuilt."""
+    before = tuple(state(i + 1, waiting=i, kv_usage=0.5) for i in range(len(changes)))
+    after = tuple(
+        s
+        if not change
+        else (state(s.endpoint.port + 100 * renamed, waiting=w) if keep else state(s.endpoint.port))
+        for s, (change, w, keep) in zip(before, changes, strict=True)
+    )
+    first = snapshot_columns(Snapshot(before, {}))
+    successor = first.successor(after)
+    scratch = Columns.build(after)
+    assert np.array_equal(successor.updated_at, scratch.updated_at)
+    for name, column in scratch.fields.items():
+        assert np.array_equal(successor.fields[name], column, equal_nan=True), name
+    assert dict(successor.row_of_state) == dict(scratch.row_of_state)
+    assert dict(successor.row_of_address) == dict(scratch.row_of_address)
