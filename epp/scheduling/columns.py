@@ -11,20 +11,21 @@ bound. In-flight counts change on every request, so they are read per cycle.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
 import numpy as np
 import numpy.typing as npt
 
-from epp.types import EndpointState, Snapshot
+from epp.types import EndpointState, Role, Snapshot
 
 FloatArray = npt.NDArray[np.float64]
 IndexArray = npt.NDArray[np.intp]
 
 METRIC_FIELDS = ("waiting", "running", "kv_usage")
 _ADDRESS = operator.attrgetter("address")
+ROLES = tuple(Role)
 # candidate tuples whose rows a snapshot remembers (a filter returning a new tuple each
 # cycle must not grow a long-lived snapshot without bound)
 _MAX_MEMO = 16
@@ -41,9 +42,12 @@ class Columns:
     # id(state) -> row; states are held above, so ids stay unique while this lives
     row_of_state: Mapping[int, int]
     row_of_address: Mapping[str, int]
+    addresses: tuple[str, ...]
+    roles: npt.NDArray[np.int8]  # ROLES.index(role) per row
 
     @classmethod
     def build(cls, states: tuple[EndpointState, ...]) -> Columns:
+        addresses = tuple(map(_ADDRESS, states))
         metrics = [s.metrics for s in states]
         updated = [-np.inf if m is None else m.updated_at for m in metrics]
         # np.array turns None into NaN for a float dtype
@@ -56,7 +60,9 @@ class Columns:
             np.array(updated, np.float64),
             fields,
             dict(zip(map(id, states), range(len(states)), strict=True)),
-            dict(zip(map(_ADDRESS, states), range(len(states)), strict=True)),
+            dict(zip(addresses, range(len(states)), strict=True)),
+            addresses,
+            np.array([_role_code(s) for s in states], np.int8),
         )
 
     def successor(self, states: tuple[EndpointState, ...]) -> Columns:
@@ -75,7 +81,9 @@ class Columns:
         updated_at = self.updated_at.copy()
         fields = {name: column.copy() for name, column in self.fields.items()}
         row_of_state = dict(self.row_of_state)
+        roles = self.roles.copy()
         for i in changed:
+            roles[i] = _role_code(states[i])
             row_of_state.pop(id(self.states[i]), None)
             row_of_state[id(states[i])] = i
             m = states[i].metrics
@@ -83,7 +91,17 @@ class Columns:
             for name, column in fields.items():
                 value = None if m is None else getattr(m, name)
                 column[i] = np.nan if value is None else value
-        return Columns(states, updated_at, fields, row_of_state, self.row_of_address)
+        return Columns(
+            states, updated_at, fields, row_of_state, self.row_of_address, self.addresses, roles
+        )
+
+    def with_role(self, roles: Iterable[Role]) -> npt.NDArray[np.bool_]:
+        """True where the endpoint's role is one of ``roles``."""
+        return np.isin(self.roles, [ROLES.index(r) for r in roles])
+
+
+def _role_code(state: EndpointState) -> int:
+    return ROLES.index(state.endpoint.role)
 
 
 # The columns built last: the next snapshot (usually the same pool with one endpoint's
@@ -156,6 +174,21 @@ class CandidateView:
         return result
 
 
+def select(snapshot: Snapshot, mask: npt.NDArray[np.bool_]) -> tuple[EndpointState, ...]:
+    """The snapshot's endpoints where ``mask`` (over its columns' rows) is True, as a
+    tuple whose rows candidate views then know without a lookup (all: the endpoints)."""
+    endpoints = snapshot.endpoints
+    if mask.all():
+        return endpoints
+    rows = np.flatnonzero(mask)
+    kept = tuple(map(endpoints.__getitem__, rows.tolist()))
+    memo = snapshot.derived.setdefault("rows", {})
+    if len(memo) < _MAX_MEMO:
+        cols = snapshot_columns(snapshot)
+        memo[id(kept)] = (kept, cols, rows, tuple(map(cols.addresses.__getitem__, rows.tolist())))
+    return kept
+
+
 def candidate_view(
     snapshot: Snapshot, candidates: Sequence[EndpointState], stale_before: float
 ) -> CandidateView:
@@ -169,6 +202,7 @@ def candidate_view(
     else:
         cols = snapshot_columns(snapshot)
         n = len(candidates)
+        addresses = cols.addresses
         if candidates is snapshot.endpoints:
             rows = np.arange(n)
         else:
@@ -179,7 +213,7 @@ def candidate_view(
             except KeyError:  # not the snapshot's states (a test, a third-party filter)
                 cols = Columns.build(tuple(candidates))
                 rows = np.arange(n)
-        addresses = tuple(map(_ADDRESS, candidates))
+            addresses = tuple(map(_ADDRESS, candidates))
         if isinstance(candidates, tuple) and len(memo) < _MAX_MEMO:
             memo[id(candidates)] = (candidates, cols, rows, addresses)
     return CandidateView(candidates, cols, rows, stale_before, addresses)

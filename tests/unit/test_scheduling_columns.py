@@ -258,14 +258,25 @@ def test_columns_are_built_once_per_snapshot_and_candidates_map_onto_them() -> N
     assert len(snap.derived["rows"]) <= 16
 
 
-def test_role_filter_caches_the_snapshots_endpoints_only() -> None:
+def test_role_filter_uses_the_role_column_once_per_snapshot() -> None:
     states = (state(1, Role.PREFILL), state(2), state(3, Role.BOTH))
     snap = Snapshot(states, {})
     decode = filters.decode_filter(Params("t", {}))
-    kept = decode.filter(ctx(snap, LISTS), snap.endpoints)
-    assert list(kept) == [states[1], states[2]]
-    assert decode.filter(ctx(snap, LISTS), snap.endpoints) is kept  # once per snapshot
-    assert decode.filter(ctx(snap, LISTS), list(states[:2])) == [states[1]]
+    small = decode.filter(ctx(snap, LISTS), snap.endpoints)  # few candidates: a list
+    kept = decode.filter(ctx(snap, NUMPY), snap.endpoints)
+    assert list(kept) == list(small) == [states[1], states[2]]
+    assert decode.filter(ctx(snap, NUMPY), snap.endpoints) is kept  # once per snapshot
+    view = ctx(snap, NUMPY).view(kept)  # its rows are known without a lookup
+    assert view.rows.tolist() == [1, 2] and view.addresses == (states[1].address, states[2].address)
+    assert decode.filter(ctx(snap, NUMPY), list(states[:2])) == [states[1]]
+    everyone = Snapshot(states[1:], {})  # all pass: the snapshot's own tuple
+    assert decode.filter(ctx(everyone, NUMPY), everyone.endpoints) is everyone.endpoints
+    changed = Snapshot(
+        (states[0], EndpointState(Endpoint("10.0.0.1", 2, Role.PREFILL)), states[2]), {}
+    )
+    assert decode.filter(ctx(changed, NUMPY), changed.endpoints) == (
+        states[2],
+    )  # role column follows
 
 
 def test_snapshot_state_without_a_live_index_finds_the_first_endpoint() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epp.scheduling.base import CycleContext
+from epp.scheduling.columns import select, snapshot_columns
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.affinity import lora_affinity
 from epp.scheduling.saturation import SaturationConfig, endpoint_saturation
@@ -23,15 +24,15 @@ class RoleFilter:
         self, ctx: CycleContext, candidates: Sequence[EndpointState]
     ) -> Sequence[EndpointState]:
         snapshot = ctx.snapshot
-        if candidates is not snapshot.endpoints:
+        if candidates is not snapshot.endpoints or not ctx.vectorize(candidates):
             return [s for s in candidates if s.endpoint.role in self._roles]
-        # roles are part of the snapshot: filter its endpoints once per snapshot
+        # roles are part of the snapshot: filter its endpoints once per snapshot, by
+        # its role column
         key = ("role-filter", self.roles)
         kept: tuple[EndpointState, ...] | None = snapshot.derived.get(key)
         if kept is None:
-            kept = snapshot.derived[key] = tuple(
-                s for s in candidates if s.endpoint.role in self._roles
-            )
+            mask = snapshot_columns(snapshot).with_role(self._roles)
+            kept = snapshot.derived[key] = select(snapshot, mask)
         return kept
 
 
