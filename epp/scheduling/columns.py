@@ -151,7 +151,16 @@ class CandidateView:
         return values
 
     def counts(self, table: Mapping[str, int]) -> FloatArray:
-        """``table[address]`` (0 if absent) per candidate, e.g. the in-flight counts."""
+        """``table[address]`` (0 if absent) per candidate, e.g. the in-flight counts
+        (read once per cycle: the live tables cannot change during one). Read-only."""
+        key = f"counts/{id(table)}"
+        cached = self._values.get(key)
+        if cached is None:
+            cached = self._values[key] = self._read_counts(table)
+            cached.flags.writeable = False
+        return cached
+
+    def _read_counts(self, table: Mapping[str, int]) -> FloatArray:
         n = len(self.addresses)
         try:  # the datastore keeps a count for every member: one C-level lookup pass
             found = operator.itemgetter(*self.addresses)(table) if n else ()
