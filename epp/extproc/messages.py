@@ -6,14 +6,12 @@ from collections.abc import Iterable, Iterator
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
-    BodyMutation,
     BodyResponse,
     CommonResponse,
     HeaderMutation,
     HeadersResponse,
     ImmediateResponse,
     ProcessingResponse,
-    StreamedBodyResponse,
     TrailersResponse,
 )
 from envoy.type.v3.http_status_pb2 import HttpStatus
@@ -62,15 +60,16 @@ def routed(
         header_mutation=header_mutation([(DESTINATION_HEADER, destination), *set_headers], remove),
         clear_route_cache=True,
     )
-    if on_body:
-        if body is not None:
-            common.body_mutation.body = body
+    if not on_body:
         return ProcessingResponse(
-            request_body=BodyResponse(response=common), dynamic_metadata=metadata
+            request_headers=HeadersResponse(response=common), dynamic_metadata=metadata
         )
-    return ProcessingResponse(
-        request_headers=HeadersResponse(response=common), dynamic_metadata=metadata
+    reply = ProcessingResponse(
+        request_body=BodyResponse(response=common), dynamic_metadata=metadata
     )
+    if body is not None:  # set in place: a constructor would copy it once per level
+        reply.request_body.response.body_mutation.body = body
+    return reply
 
 
 def streamed_request_body(body: bytes, end_of_stream: bool) -> Iterator[ProcessingResponse]:
@@ -86,22 +85,23 @@ def streamed_request_body(body: bytes, end_of_stream: bool) -> Iterator[Processi
 
 
 def _request_body_chunk(data: bytes, end_of_stream: bool) -> ProcessingResponse:
-    return ProcessingResponse(request_body=_streamed(data, end_of_stream))
+    reply = ProcessingResponse()
+    _fill_streamed(reply.request_body, data, end_of_stream)
+    return reply
 
 
-def _streamed(data: bytes, end_of_stream: bool) -> BodyResponse:
-    return BodyResponse(
-        response=CommonResponse(
-            body_mutation=BodyMutation(
-                streamed_response=StreamedBodyResponse(body=data, end_of_stream=end_of_stream)
-            )
-        )
-    )
+def _fill_streamed(body_response: BodyResponse, data: bytes, end_of_stream: bool) -> None:
+    """Set a streamed body chunk in place (one copy of ``data``, not one per level)."""
+    streamed = body_response.response.body_mutation.streamed_response
+    streamed.body = data
+    streamed.end_of_stream = end_of_stream
 
 
 def response_body_echo(data: bytes, end_of_stream: bool) -> ProcessingResponse:
     """Pass a response chunk through unchanged in FULL_DUPLEX_STREAMED response mode."""
-    return ProcessingResponse(response_body=_streamed(data, end_of_stream))
+    reply = ProcessingResponse()
+    _fill_streamed(reply.response_body, data, end_of_stream)
+    return reply
 
 
 def immediate(error: EppError) -> ProcessingResponse:

@@ -10,7 +10,7 @@ hash -> endpoints so a lookup costs O(blocks matched), not O(endpoints x blocks)
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import xxhash
 
@@ -20,18 +20,19 @@ def block_hashes(model: str, prompt: str, block_chars: int, max_blocks: int) -> 
     n = min(len(prompt) // block_chars, max_blocks)
     hashes: list[int] = []
     prev = xxhash.xxh64_intdigest(model.encode())
-    data = prompt[: n * block_chars].encode()
-    # characters -> bytes may change lengths; cut by characters for stable blocks
-    if len(data) != n * block_chars:
-        blocks: Iterable[bytes] = (
-            prompt[i * block_chars : (i + 1) * block_chars].encode() for i in range(n)
-        )
-    else:
-        blocks = (data[i * block_chars : (i + 1) * block_chars] for i in range(n))
+    size = n * block_chars
+    data = prompt[:size].encode()
     h64 = xxhash.xxh64_intdigest
-    for block in blocks:
-        prev = h64(block, prev)
-        hashes.append(prev)
+    append = hashes.append
+    if len(data) == size:  # one byte per character: cut the bytes (the common case)
+        for start in range(0, size, block_chars):
+            prev = h64(data[start : start + block_chars], prev)
+            append(prev)
+        return hashes
+    # characters -> bytes changed lengths; cut by characters for stable blocks
+    for start in range(0, size, block_chars):
+        prev = h64(prompt[start : start + block_chars].encode(), prev)
+        append(prev)
     return hashes
 
 
@@ -50,8 +51,11 @@ class PrefixIndex:
             return {}
         alive = set(alive)
         matched: dict[str, int] = {}
-        for i, h in enumerate(hashes[1:], start=1):
-            holders = self._holders.get(h)
+        holders_of = self._holders
+        for i in range(1, len(hashes)):
+            holders = holders_of.get(hashes[i])
+            if holders is not None and alive <= holders:  # the usual case: nobody drops
+                continue
             still = alive & holders if holders else set()
             for gone in alive - still:
                 matched[gone] = i

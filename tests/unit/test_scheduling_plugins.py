@@ -195,6 +195,30 @@ def test_prefix_index_never_exceeds_its_bound(prompts: list[str], capacity: int)
     assert index.size() <= 3 * capacity
 
 
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.text(alphabet="ab", max_size=12)), min_size=1, max_size=12
+    ),
+    st.text(alphabet="ab", max_size=12),
+)
+def test_prefix_index_match_counts_each_endpoints_leading_blocks(
+    inserts: list[tuple[int, str]], query: str
+) -> None:
+    index = PrefixIndex(default_capacity=10_000)  # nothing evicted: holdings are the unions
+    held: dict[str, set[int]] = {}
+    for endpoint, prompt in inserts:
+        hashes = block_hashes("m", prompt, 2, 256)
+        index.insert(f"e{endpoint}", hashes)
+        held.setdefault(f"e{endpoint}", set()).update(hashes)
+    wanted = block_hashes("m", query, 2, 256)
+    expected = {}
+    for address, hashes in held.items():
+        leading = next((i for i, h in enumerate(wanted) if h not in hashes), len(wanted))
+        if leading:
+            expected[address] = leading
+    assert index.match(wanted) == expected
+
+
 def test_prefix_scorer_scores_matched_fraction_and_uses_reported_capacity() -> None:
     scorer = prefix.prefix_cache_scorer(Params("t", {"blockSize": 4}))  # 16 chars/block
     states = [state(1, num_blocks=2, block_size=4), state(2)]
