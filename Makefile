@@ -30,7 +30,7 @@ bench: bench-overhead bench-decision bench-routing
 
 bench-overhead: $(STAMP)
 	$(BIN)/python -m bench.overhead
-	$(BIN)/python -m bench.overhead --prompt-bytes 225280 --concurrency 20 --name overhead-220kb
+	$(BIN)/python -m bench.overhead --prompt-bytes 225280 --concurrency 20 --server-ms 0 200 --name overhead-220kb
 
 bench-decision: $(STAMP)
 	$(BIN)/python -m bench.decision
