@@ -1,14 +1,17 @@
 """A lean closed-loop HTTP/1.1 load generator (raw asyncio streams, keep-alive).
 
 Each of ``--concurrency`` connections sends the same POST back to back for
-``--duration`` seconds after ``--warmup``; prints one JSON line of results. Kept minimal
-so the generator itself takes little of the machine's two cores.
+``--duration`` seconds after ``--warmup`` (or, with ``--think-ms``, after a random pause
+drawn from an exponential distribution with that mean, which keeps clients from moving
+in lockstep behind servers that all take the same time); prints one JSON line of
+results. Kept minimal so the generator itself takes little of the machine's two cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import sys
 import time
 from pathlib import Path
@@ -42,10 +45,13 @@ async def _worker(
     stop: float,
     out: list[float],
     errors: list[int],
+    think_s: float,
 ) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while True:
+            if think_s:
+                await asyncio.sleep(random.expovariate(1 / think_s))
             t0 = time.perf_counter()
             if t0 >= stop:
                 return
@@ -62,7 +68,7 @@ async def _worker(
 
 
 async def run_load(
-    url: str, body: bytes, concurrency: int, duration: float, warmup: float
+    url: str, body: bytes, concurrency: int, duration: float, warmup: float, think_s: float = 0.0
 ) -> dict[str, object]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -75,7 +81,10 @@ async def run_load(
     latencies: list[float] = []
     errors: list[int] = []
     await asyncio.gather(
-        *(_worker(host, port, request, start, stop, latencies, errors) for _ in range(concurrency))
+        *(
+            _worker(host, port, request, start, stop, latencies, errors, think_s)
+            for _ in range(concurrency)
+        )
     )
     latencies.sort()
 
@@ -103,6 +112,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument(
+        "--think-ms", type=float, default=0.0, help="mean random pause before each request"
+    )
     args = parser.parse_args()
     try:
         import uvloop
@@ -117,6 +129,7 @@ def main() -> int:
             args.concurrency,
             args.duration,
             args.warmup,
+            args.think_ms / 1000,
         )
     )
     sys.stdout.write(orjson.dumps(result).decode() + "\n")

@@ -1,0 +1,50 @@
+"""bench.overhead's pure parts: simulator flags and the generated reading."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.overhead import TARGET_ADDED_MS, cpu_bound_ms, reading, sim_args
+
+
+def row(path: str, p50: float, p99: float, **extra: Any) -> dict[str, Any]:
+    r: dict[str, Any] = {
+        "path": path, "concurrency": 20, "server_ms": 200.0, "p50_ms": p50, "p99_ms": p99,
+        "envoy_cpu_us_per_req": 500.0, "sims_cpu_us_per_req": 1000.0,
+        "client_cpu_us_per_req": 500.0, "machine_busy": 0.5, "other_cores": 0.0,
+    }  # fmt: skip
+    r.update(extra)
+    return r
+
+
+def test_instant_servers_answer_at_once_and_slow_ones_never_queue() -> None:
+    assert sim_args(0, 225_280, 20) == ["--time-scale", "0"]
+    flags = sim_args(200, 225_280, 20)
+    value = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert value["--prefill-overhead-ms"] == "200" and value["--time-scale"] == "1"
+    assert value["--max-num-seqs"] == "20"  # every client's request runs at once
+    blocks = 225_280 / 4 / int(value["--block-size"])
+    assert int(value["--kv-blocks"]) >= 20 * blocks  # all prompts fit on one server
+
+
+def test_cpu_bound_latency_is_concurrency_times_cpu_over_the_cores_left() -> None:
+    r = row("x", 0, 0, epp_cpu_us_per_req=2000.0, other_cores=0.5)
+    # 20 requests x 4 ms of CPU each, on 2 - 0.5 cores
+    assert cpu_bound_ms(r, cores=2) == 20 * 4.0 / 1.5
+
+
+def test_reading_sets_realistic_servers_against_the_target() -> None:
+    base = row("Envoy alone", 200.0, 210.0)
+    near = row("EPP a", 200.0 + TARGET_ADDED_MS - 1, 210.0 + TARGET_ADDED_MS - 1)
+    far = row("EPP b", 200.0 + TARGET_ADDED_MS + 1, 210.0, other_cores=1.0)
+    text = "\n".join(reading([base, near, far], cores=2))
+    assert "1 of 2 paths" in text
+    assert "EPP b +6.0 / +0.0 ms*" in text  # busy neighbours marked
+
+
+def test_reading_predicts_a_saturated_instant_loop_from_cpu() -> None:
+    base = row("Envoy alone", 20.0, 30.0, server_ms=0.0, machine_busy=0.99)
+    epp = row("EPP a", 60.0, 90.0, server_ms=0.0, machine_busy=0.99, epp_cpu_us_per_req=2000.0)
+    text = "\n".join(reading([base, epp], cores=2))
+    assert "CPU-bound" in text
+    assert "EPP a +20 vs +40 ms" in text  # 20 x 2 ms / 2 cores predicted, 40 measured
