@@ -9,7 +9,7 @@ import random
 import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
@@ -31,6 +31,7 @@ from epp.discovery import serve_pool
 from epp.discovery.flags import MembershipOptions
 from epp.discovery.readiness import ReadinessProbe
 from epp.discovery.runtime import RuntimeMembership
+from epp.extproc import tlsflags
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.readyfile import write_ready
 from epp.router import Router
@@ -40,6 +41,9 @@ from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, Role
 from epp.xds.eds import EdsServer
+
+if TYPE_CHECKING:
+    from epp.extproc.tls import ServerTls
 
 log = logging.getLogger("epp.serve")
 
@@ -59,6 +63,7 @@ class ServeOptions:
     config_path: Path | None = None
     membership: MembershipOptions = field(default_factory=MembershipOptions)
     pool: serve_pool.PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
+    tls: ServerTls | None = None  # None: plaintext gRPC port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,6 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="on SIGTERM, how long open requests may take to finish before they are cut",
     )
+    tlsflags.add_arguments(parser)
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
     membership_flags.add_arguments(parser)
     serve_pool.add_arguments(parser)
@@ -147,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         opts = replace(opts, pool=serve_pool.pool_ref(args))
+        tlsflags.check_flags(args)
     except ValueError as exc:
         log.error("%s", exc)
         return 2
@@ -160,6 +167,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log.error("invalid config: %s", exc)
         return 2
+    try:
+        opts = replace(opts, tls=tlsflags.from_args(args))
+    except ValueError as exc:  # TlsError: the file and what is wrong with it
+        log.error("cannot start: %s", exc)
+        return 1
     if not args.no_uvloop:
         try:
             import uvloop
@@ -223,7 +235,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
         eds = EdsServer(datastore)
         transport = make_transport(opts.transport, router, eds)
         background += await serve_pool.start(opts.pool, datastore, dl.engine, transport)
-        grpc_port = await transport.start(opts.listen_host, opts.grpc_port)
+        grpc_port = await transport.start(opts.listen_host, opts.grpc_port, opts.tls)
 
         app = make_admin_app(datastore, metrics)
         add_routes(
@@ -247,8 +259,9 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
         http_port = runner.addresses[0][1]
 
         log.info(
-            "serving ext_proc (%s) on %s:%d, HTTP on %s:%d, coordinator %s, %d endpoint(s): %s",
+            "serving ext_proc (%s, %s) on %s:%d, HTTP on %s:%d, coordinator %s, %d endpoint(s): %s",
             opts.transport,
+            "plaintext" if opts.tls is None else f"TLS: {opts.tls.source}",
             opts.listen_host,
             grpc_port,
             opts.listen_host,

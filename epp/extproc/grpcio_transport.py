@@ -4,7 +4,7 @@ releases its claims however the stream ends."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
@@ -17,6 +17,9 @@ from epp.extproc.stream import ExtProcStream
 from epp.extproc.transport import HEALTH_SERVICES, MAX_MESSAGE_BYTES, max_destinations
 from epp.router import Router
 from epp.xds.eds import EdsServer
+
+if TYPE_CHECKING:
+    from epp.extproc.tls import ServerTls
 
 
 class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -69,9 +72,14 @@ class GrpcioTransport:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, tls: ServerTls | None = None) -> int:
+        address = f"{host}:{port}"
         try:
-            bound: int = self._server.add_insecure_port(f"{host}:{port}")
+            if tls is None:
+                bound: int = self._server.add_insecure_port(address)
+            else:
+                creds = grpc.ssl_server_credentials([(tls.key_pem, tls.cert_pem)])
+                bound = self._server.add_secure_port(address, creds)
         except RuntimeError as exc:
             raise OSError(f"gRPC port {host}:{port}: {exc}") from None
         await self._server.start()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
@@ -20,6 +20,9 @@ from epp.extproc.stream import ExtProcStream
 from epp.extproc.transport import EXT_PROC_SERVICE, HEALTH_SERVICES, max_destinations
 from epp.router import Router
 from epp.xds.eds import EDS_SERVICE, EdsServer
+
+if TYPE_CHECKING:
+    from epp.extproc.tls import ServerTls
 
 
 class _ExtProc:
@@ -111,9 +114,14 @@ class GrpclibTransport:
             handlers.append(_Eds(eds))
         self._server = Server(handlers)
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, tls: ServerTls | None = None) -> int:
+        context = None
+        if tls is not None:
+            from epp.extproc.tls import server_context
+
+            context = server_context(tls)
         try:
-            await self._server.start(host, port)
+            await self._server.start(host, port, ssl=context)
         except OSError as exc:
             raise OSError(f"gRPC port {host}:{port}: {exc.strerror}") from None
         # grpclib exposes no bound address; the asyncio server underneath has it.

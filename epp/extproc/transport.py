@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from epp.router import Router
 from epp.xds.eds import EdsServer
+
+if TYPE_CHECKING:
+    from epp.extproc.tls import ServerTls
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 # Health service names Envoy / Kubernetes probes ask for ("" = the whole server).
@@ -35,9 +38,9 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 class Transport(Protocol):
-    async def start(self, host: str, port: int) -> int:
-        """Listen on host:port (0 = any free port) and return the bound port.
-        Raises OSError naming the address if it cannot bind."""
+    async def start(self, host: str, port: int, tls: ServerTls | None = None) -> int:
+        """Listen on host:port (0 = any free port), over TLS when ``tls`` is given, and
+        return the bound port. Raises OSError naming the address if it cannot bind."""
         ...
 
     async def set_serving(self, serving: bool, names: Iterable[str] = HEALTH_SERVICES) -> None:
