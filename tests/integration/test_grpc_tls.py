@@ -1,0 +1,152 @@
+"""`epp serve` with TLS on the gRPC port, each transport, a self-signed certificate or
+files from a test CA: a verifying gRPC client gets health and an ext_proc exchange over
+TLS, a plaintext client gets nowhere; bad TLS flags and files stop the start."""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import orjson
+import pytest
+from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProcessorStub
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from epp.procs import ManagedProcess, epp_argv, start_epp
+from tests.support import extproc as m
+from tests.support.certs import server_files
+
+BODY = orjson.dumps({"model": "m", "prompt": "a prompt over TLS " * 10})
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+@dataclass
+class TlsServer:
+    proc: ManagedProcess
+    trusted_pem: bytes  # the CA, or for self-signed the server's own certificate
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.proc.info['grpc_port']}"
+
+    def secure_channel(self) -> grpc.Channel:
+        creds = grpc.ssl_channel_credentials(root_certificates=self.trusted_pem)
+        return grpc.secure_channel(self.address, creds)
+
+
+def start(tmp_path: Path, transport: str, *tls_flags: str) -> ManagedProcess:
+    return start_epp(
+        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0",
+        "--endpoint", "127.0.0.1:18001", "--eject-after", "0", "--transport", transport,
+        *tls_flags,
+    )  # fmt: skip
+
+
+@pytest.fixture(
+    params=[(t, mode) for t in ("grpcio", "grpclib") for mode in ("self-signed", "files")],
+    ids=lambda p: "-".join(p),
+)
+def tls_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[TlsServer]:
+    transport, mode = request.param
+    if mode == "files":
+        files = server_files(tmp_path, rsa_key=transport == "grpcio")
+        flags = ["--tls-cert-file", str(files.cert_file), "--tls-key-file", str(files.key_file)]
+        proc = start(tmp_path, transport, *flags)
+        trusted = files.ca_pem
+    else:
+        proc = start(tmp_path, transport, "--tls-self-signed")
+        port = proc.info["grpc_port"]
+        trusted = ssl.get_server_certificate(("127.0.0.1", port), timeout=5).encode()
+    try:
+        yield TlsServer(proc, trusted)
+    finally:
+        proc.stop()
+
+
+def test_health_and_ext_proc_over_tls(tls_server: TlsServer) -> None:
+    with tls_server.secure_channel() as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "liveness", "readiness"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == SERVING
+        stub = ExternalProcessorStub(channel)
+        replies = list(stub.Process(iter([m.request_headers(), *m.chunked(BODY, 7)]), timeout=10))
+    assert m.set_headers(replies[0])["x-gateway-destination-endpoint"] == "127.0.0.1:18001"
+    assert m.streamed_body(replies[1:]) == (BODY, True)
+    assert "TLS: " in tls_server.proc.log_tail(100)
+
+
+def test_plaintext_client_is_refused(tls_server: TlsServer) -> None:
+    with grpc.insecure_channel(tls_server.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            health.Check(health_pb2.HealthCheckRequest(), timeout=3)
+    assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def test_default_stays_plaintext(tmp_path: Path) -> None:
+    proc = start(tmp_path, "grpclib")
+    try:
+        address = f"127.0.0.1:{proc.info['grpc_port']}"
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5
+            )
+        assert reply.status == SERVING
+    finally:
+        proc.stop()
+    assert "(grpclib, plaintext)" in (tmp_path / "epp.log").read_text()
+
+
+def serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        epp_argv("serve", "--grpc-port", "0", "--http-port", "0", *args),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tls-cert-file", "c.pem"], "--tls-cert-file and --tls-key-file go together"),
+        (["--tls-key-file", "k.pem"], "--tls-cert-file and --tls-key-file go together"),
+        (
+            ["--tls-self-signed", "--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"],
+            "--tls-self-signed and --tls-cert-file/--tls-key-file exclude each other",
+        ),
+    ],
+)
+def test_bad_flag_combinations_are_usage_errors(flags: list[str], message: str) -> None:
+    result = serve(*flags)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_bad_files_stop_the_start_naming_the_file(tmp_path: Path) -> None:
+    files = server_files(tmp_path)
+    (tmp_path / "other").mkdir()
+    other = server_files(tmp_path / "other")
+    missing = tmp_path / "missing.pem"
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    cases = [
+        (missing, files.key_file, f"TLS certificate file {missing}: No such file"),
+        (files.cert_file, missing, f"TLS key file {missing}: No such file"),
+        (garbage, files.key_file, f"TLS certificate file {garbage}: no PEM certificate"),
+        (files.cert_file, garbage, f"TLS key file {garbage}: no usable PEM private key"),
+        (
+            files.cert_file,
+            other.key_file,
+            f"TLS key file {other.key_file} does not match the certificate in {files.cert_file}",
+        ),
+    ]
+    for cert, key, message in cases:
+        result = serve("--tls-cert-file", str(cert), "--tls-key-file", str(key))
+        assert result.returncode == 1, result.stderr
+        assert f"cannot start: {message}" in result.stderr
