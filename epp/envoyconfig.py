@@ -53,6 +53,7 @@ _LEAST_REQUEST = (
     "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"
 )
 _HTTP_OPTS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 
 BUFFER_LIMIT_BYTES = 32 * 1024 * 1024
 
@@ -76,6 +77,9 @@ class EnvoyOptions:
     # eds: endpoints per request (primary + fallbacks); retries try each of them once
     destinations: int = 3
     connect_timeout_s: float = 1.0
+    # TLS to the EPP's gRPC port (ext_proc and EDS), without verifying its certificate
+    # (the EPP's --tls-self-signed; the gateways' usual setting)
+    epp_tls: bool = False
 
 
 def _address(host: str, port: int) -> dict[str, Any]:
@@ -228,6 +232,8 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
             },
         }
     epp = _static_cluster("epp", [(opts.epp_host, opts.epp_port)], http2=True)
+    if opts.epp_tls:
+        epp["transport_socket"] = _unverified_tls()
     config = _bootstrap(opts, [ext_proc], [model_servers, epp])
     if opts.cluster == "eds":
         # xDS requires the proxy to name itself
@@ -243,6 +249,18 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
             "num_retries": opts.destinations,
         }
     return config
+
+
+def _unverified_tls() -> dict[str, Any]:
+    """An upstream TLS socket that encrypts but trusts any certificate (no validation
+    context), offering only HTTP/2 by ALPN."""
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": _UPSTREAM_TLS,
+            "common_tls_context": {"alpn_protocols": ["h2"]},
+        },
+    }
 
 
 def _eds_cluster(opts: EnvoyOptions) -> dict[str, Any]:
@@ -319,6 +337,7 @@ EXAMPLES: dict[str, EnvoyOptions] = {
     "local-lean.yaml": EnvoyOptions(processing="lean"),
     "local-buffered.yaml": EnvoyOptions(processing="buffered"),
     "local-original-dst.yaml": EnvoyOptions(cluster="original-dst"),
+    "local-tls.yaml": EnvoyOptions(epp_tls=True),
     "compose.yaml": EnvoyOptions(listen_host="0.0.0.0", admin_host="0.0.0.0", epp_host="epp"),
 }
 EXAMPLE_HEADER = (

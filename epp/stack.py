@@ -61,6 +61,8 @@ class StackOptions:
     # registers them (e.g. a test's fake Kubernetes API with pods on those ports)
     static_endpoints: bool = True
     envoy_concurrency: int | None = None
+    # the EPP serves its gRPC port with a self-signed certificate; Envoy talks TLS to it
+    epp_tls: bool = False
 
 
 class LocalStack:
@@ -116,6 +118,7 @@ class LocalStack:
             admin_port=o.envoy_admin_port,
             processing=o.processing,
             cluster=o.cluster,
+            epp_tls=o.epp_tls,
         )
         if not o.epp:
             servers = [(str(i["host"]), int(i["port"])) for i in (p.info for p in self.sims)]
@@ -136,6 +139,7 @@ class LocalStack:
             "--coordinator",
             o.coordinator,
             *(self.endpoint_args if o.static_endpoints else []),
+            *(["--tls-self-signed"] if o.epp_tls else []),
             *o.epp_args,
         )
         info = self.epp.wait_ready()
@@ -277,6 +281,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="gRPC library the EPP serves ext_proc with (epp serve --transport)",
     )
     parser.add_argument(
+        "--epp-tls",
+        action="store_true",
+        help="Envoy talks TLS to the EPP's gRPC port (ext_proc and EDS): the EPP serves a "
+        "self-signed certificate (epp serve --tls-self-signed), Envoy does not verify it",
+    )
+    parser.add_argument(
         "--time-scale",
         type=argtypes.non_negative_float,
         default=1.0,
@@ -309,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
         cluster=args.cluster,
         sim_args=["--time-scale", str(args.time_scale)],
         epp_args=["--transport", args.transport],
+        epp_tls=args.epp_tls,
         log_level=args.log_level,
         workdir=args.workdir,
     )
@@ -358,10 +369,11 @@ def banner(stack: LocalStack) -> str:
     args = stack.endpoint_args
     pairs = zip(args[::2], args[1::2], strict=True)
     servers = "\n".join(f"    {flag.lstrip('-'):<10} {address}" for flag, address in pairs)
+    grpc_security = "TLS, self-signed" if stack.opts.epp_tls else "plaintext"
     return f"""
 epp stack is up.
   Envoy (send requests here)  {url}
-  EPP ext_proc gRPC           {HOST}:{stack.grpc_port}
+  EPP ext_proc gRPC           {HOST}:{stack.grpc_port} ({grpc_security})
   EPP metrics                 {stack.epp_http_url}/metrics
   EPP admin API               {stack.epp_http_url}/status, /instances/add|remove ({admin})
   Envoy admin                 {stack.envoy.admin_url}

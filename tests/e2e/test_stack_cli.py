@@ -33,12 +33,18 @@ def processes_using(workdir: Path) -> list[int]:
     return found
 
 
-def test_stack_starts_serves_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "grpc_security"), [([], "plaintext"), (["--epp-tls"], "TLS, self-signed")]
+)
+def test_stack_starts_serves_and_stops_everything_on_ctrl_c(
+    tmp_path: Path, flags: list[str], grpc_security: str
+) -> None:
     out = tmp_path / "stack.out"
     workdir = tmp_path / "work"
     argv = epp_argv(
         "stack", "--servers", "2", "--envoy-port", "0", "--envoy-admin-port", "0",
         "--grpc-port", "0", "--http-port", "0", "--time-scale", "0", "--workdir", str(workdir),
+        *flags,
     )  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "ADMIN_API_KEY"}
     with open(out, "wb") as f:
@@ -48,6 +54,8 @@ def test_stack_starts_serves_and_stops_everything_on_ctrl_c(tmp_path: Path) -> N
         banner = out.read_text()
         url = banner.split("Envoy (send requests here)", 1)[1].split()[0]
         assert url.startswith("http://127.0.0.1:")
+        grpc_line = banner.split("EPP ext_proc gRPC", 1)[1].splitlines()[0]
+        assert grpc_line.endswith(f"({grpc_security})")
         body = orjson.dumps({"model": "sim-model", "prompt": "hi", "max_tokens": 2})
         assert request(f"{url}/v1/completions", body)[0] == 200
         status_url = banner.split("EPP admin API", 1)[1].split()[0].rstrip(",")

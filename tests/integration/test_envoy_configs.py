@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,22 @@ def test_committed_config_is_current_and_valid(name: str) -> None:
 def test_generated_configs_are_valid(tmp_path: Path) -> None:
     opts = EnvoyOptions(listen_port=0, admin_port=0, epp_port=12345, processing="lean")
     validate(write_config(epp_config(opts), tmp_path / "epp.yaml"))
+    tls = replace(opts, epp_tls=True, cluster="original-dst")
+    validate(write_config(epp_config(tls), tmp_path / "epp-tls.yaml"))
     base = baseline_config(opts, [("127.0.0.1", 1), ("127.0.0.1", 2)])
     validate(write_config(base, tmp_path / "base.yaml"))
+
+
+def test_epp_tls_puts_the_epp_cluster_on_unverified_tls() -> None:
+    clusters = {
+        c["name"]: c for c in epp_config(EnvoyOptions(epp_tls=True))["static_resources"]["clusters"]
+    }
+    tls = clusters["epp"]["transport_socket"]["typed_config"]
+    assert tls["@type"].endswith("UpstreamTlsContext")
+    assert tls["common_tls_context"] == {"alpn_protocols": ["h2"]}  # no validation context
+    assert "transport_socket" not in clusters["model_servers"]  # model servers stay plain
+    plain = epp_config(EnvoyOptions())["static_resources"]["clusters"]
+    assert all("transport_socket" not in c for c in plain)
 
 
 def test_invalid_config_is_reported_with_envoys_words(tmp_path: Path) -> None:
