@@ -33,6 +33,7 @@ from epp.discovery.readiness import ReadinessProbe
 from epp.discovery.runtime import RuntimeMembership
 from epp.extproc import tlsflags
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
+from epp.health import HealthBoard
 from epp.readyfile import write_ready
 from epp.router import Router
 from epp.scheduling.base import Scheduler
@@ -234,10 +235,11 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     try:
         eds = EdsServer(datastore)
         transport = make_transport(opts.transport, router, eds)
-        background += await serve_pool.start(opts.pool, datastore, dl.engine, transport)
+        health = HealthBoard(transport)
+        background += await serve_pool.start(opts.pool, datastore, dl.engine, health)
         grpc_port = await transport.start(opts.listen_host, opts.grpc_port, opts.tls)
 
-        app = make_admin_app(datastore, metrics)
+        app = make_admin_app(datastore, metrics, ready=health.serving)
         add_routes(
             app,
             datastore,
@@ -288,7 +290,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("shutting down")
-        await transport.set_serving(False)
+        await health.set_serving(False)
         eds.close()  # Envoy keeps the endpoints it has; open requests may finish
         await transport.stop(grace=opts.shutdown_grace_s)
         await runner.cleanup()

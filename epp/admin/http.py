@@ -1,6 +1,8 @@
-"""The EPP's HTTP surface on --http-port: /metrics and /health."""
+"""The EPP's HTTP surface on --http-port: /metrics, /health and /ready."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -26,7 +28,11 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return error(exc.status, code, f"{request.method} {request.path}: {exc.reason}")
 
 
-def make_admin_app(datastore: Datastore, metrics: EppMetrics) -> web.Application:
+def make_admin_app(
+    datastore: Datastore, metrics: EppMetrics, ready: Callable[[], bool] = lambda: True
+) -> web.Application:
+    """``ready``: the gRPC ``readiness`` status, which ``/ready`` answers with."""
+
     async def metrics_handler(_: web.Request) -> web.Response:
         return web.Response(
             body=generate_latest(metrics.registry), headers={"content-type": CONTENT_TYPE_LATEST}
@@ -35,7 +41,13 @@ def make_admin_app(datastore: Datastore, metrics: EppMetrics) -> web.Application
     async def health_handler(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "endpoints": len(datastore)})
 
+    async def ready_handler(_: web.Request) -> web.Response:
+        if ready():
+            return web.json_response({"status": "SERVING"})
+        return web.json_response({"status": "NOT_SERVING"}, status=503)
+
     app = web.Application(middlewares=[json_errors])
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/health", health_handler)
+    app.router.add_get("/ready", ready_handler)
     return app

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from epp.extproc.transport import LIVENESS, Transport
+from epp.extproc.transport import LIVENESS
+from epp.health import HealthSetter
 
 if TYPE_CHECKING:
     from epp.datastore import Datastore
@@ -106,22 +107,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def start(
-    ref: PoolRef | None, datastore: Datastore, default_engine: str, transport: Transport
+    ref: PoolRef | None, datastore: Datastore, default_engine: str, health: HealthSetter
 ) -> list[PoolDiscovery]:
     """Set the health statuses and, with a pool, start following it (before the gRPC port
     opens, so a probe never sees the pool-less default). Returns what to stop later."""
     # Without a pool the endpoints are known now; with one, readiness waits for its first
     # full sync (liveness does not: the process is healthy meanwhile).
-    await transport.set_serving(ref is None)
-    await transport.set_serving(True, [LIVENESS])
+    await health.set_serving(ref is None)
+    await health.set_serving(True, [LIVENESS])
     if ref is None:
         return []
     from epp.discovery.kubernetes import start_pool_discovery
 
     async def readiness(ready: bool) -> None:
         # follows the pool: ready once it and its pods are listed, not while it is gone
-        await transport.set_serving(ready)
-        await transport.set_serving(True, [LIVENESS])
+        await health.set_serving(ready)
+        await health.set_serving(True, [LIVENESS])
 
     discovery = await start_pool_discovery(ref, datastore, default_engine, on_ready=readiness)
     return [discovery]

@@ -52,6 +52,11 @@ def health(stack: LocalStack, service: str) -> int:
         return status
 
 
+def http_ready(stack: LocalStack) -> int:
+    """``GET /ready`` on the HTTP port: what kubelet probes when gRPC runs over TLS."""
+    return request(f"{stack.epp_http_url}/ready")[0]
+
+
 def complete(stack: LocalStack) -> tuple[int, bytes]:
     body = json.dumps({"model": "sim-model", "prompt": "hello", "max_tokens": 2}).encode()
     status, _, reply = request(f"{stack.envoy_url}/v1/completions", body)
@@ -74,6 +79,7 @@ def test_routes_to_pods_of_the_pool_and_follows_them(
     # No pool yet: alive, not ready, and requests get the EPP's 503.
     assert health(stack, "liveness") == SERVING
     assert health(stack, "readiness") == NOT_SERVING
+    assert http_ready(stack) == 503
     status, reply = complete(stack)
     assert status == 503 and json.loads(reply)["error"]["code"] == "no_endpoint"
 
@@ -90,6 +96,7 @@ def test_routes_to_pods_of_the_pool_and_follows_them(
     kube.call(lambda: kube.fake.apply("pods", pod_b))
     kube.call(lambda: kube.fake.apply("inferencepools", pool(target_ports=ports)))
     wait_for(lambda: health(stack, "readiness") == SERVING, what="readiness after first sync")
+    assert http_ready(stack) == 200
     assert endpoints(stack) == 3
 
     before = served(stack)
@@ -113,6 +120,7 @@ def test_routes_to_pods_of_the_pool_and_follows_them(
     wait_for(lambda: endpoints(stack) == 0, what="pod a deleted")
     assert complete(stack)[0] == 503
     assert health(stack, "readiness") == SERVING  # synced once; an empty pool is still known
+    assert http_ready(stack) == 200
 
 
 @pytest.fixture(scope="module")

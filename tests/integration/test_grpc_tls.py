@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from epp.procs import ManagedProcess, epp_argv, start_epp
 from tests.support import extproc as m
 from tests.support.certs import server_files
+from tests.support.http import request
 
 BODY = orjson.dumps({"model": "m", "prompt": "a prompt over TLS " * 10})
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -78,6 +79,10 @@ def test_health_and_ext_proc_over_tls(tls_server: TlsServer) -> None:
     assert m.set_headers(replies[0])["x-gateway-destination-endpoint"] == "127.0.0.1:18001"
     assert m.streamed_body(replies[1:]) == (BODY, True)
     assert "TLS: " in tls_server.proc.log_tail(100)
+    # the HTTP port stays plaintext; /ready is what kubelet probes instead of gRPC health
+    http = f"http://127.0.0.1:{tls_server.proc.info['http_port']}"
+    status, _, body = request(f"{http}/ready")
+    assert (status, orjson.loads(body)) == (200, {"status": "SERVING"})
 
 
 def test_plaintext_client_is_refused(tls_server: TlsServer) -> None:

@@ -1,0 +1,35 @@
+"""The EPP's health statuses (``liveness``, ``readiness``, ...), set once and seen both by
+the gRPC health service and by the HTTP port's ``/ready``: kubelet's gRPC probes cannot
+speak TLS, so an EPP serving its gRPC port over TLS is probed over HTTP instead."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from epp.extproc.transport import HEALTH_SERVICES
+
+READINESS = "readiness"
+
+
+class HealthSetter(Protocol):
+    async def set_serving(self, serving: bool, names: Iterable[str] = HEALTH_SERVICES) -> None:
+        """Report ``names`` as SERVING or NOT_SERVING."""
+        ...
+
+
+class HealthBoard:
+    """Forwards every status to the gRPC transport and remembers it for HTTP."""
+
+    def __init__(self, transport: HealthSetter) -> None:
+        self._transport = transport
+        self._serving: dict[str, bool] = {}
+
+    async def set_serving(self, serving: bool, names: Iterable[str] = HEALTH_SERVICES) -> None:
+        names = tuple(names)
+        for name in names:
+            self._serving[name] = serving
+        await self._transport.set_serving(serving, names)
+
+    def serving(self, name: str = READINESS) -> bool:
+        return self._serving.get(name, False)
