@@ -9,8 +9,12 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
+from epp.admin.http import make_admin_app
+from epp.admin.metrics import EppMetrics
 from epp.cli import build_parser
+from epp.datastore import Datastore
 from epp.discovery.pool_endpoints import (
     PORT_DISCOVERY_ANNOTATION,
     ROLE_LABEL,
@@ -47,6 +51,11 @@ MODEL_SERVERS = [DOCS[("Deployment", "qwen-prefill")], DOCS[("Deployment", "qwen
 def epp_args() -> Any:
     (container,) = EPP["spec"]["template"]["spec"]["containers"]
     return build_parser("serve").parse_args(container["args"])
+
+
+def admin_app() -> web.Application:
+    datastore = Datastore()
+    return make_admin_app(datastore, EppMetrics(datastore))
 
 
 def container_ports(deployment: Doc) -> dict[str, int]:
@@ -99,10 +108,20 @@ def test_epp_args_ports_probes_and_service_agree() -> None:
     assert ports == {"grpc": args.grpc_port, "http": args.http_port}
     assert (args.grpc_port, args.http_port) == (9002, 9090)
     (container,) = EPP["spec"]["template"]["spec"]["containers"]
+    tls = args.tls_self_signed or args.tls_cert_file is not None
+    routes = {r.resource.canonical for r in admin_app().router.routes() if r.resource}
     for probe in ("readinessProbe", "livenessProbe"):
-        grpc = container[probe]["grpc"]
-        assert grpc["port"] == args.grpc_port and grpc["service"] in HEALTH_SERVICES
-    assert container["readinessProbe"]["grpc"]["service"] == "readiness"
+        if "grpc" in container[probe]:  # kubelet's gRPC probes speak plaintext only
+            assert not tls, f"{probe}: a gRPC probe cannot reach a TLS port"
+            grpc = container[probe]["grpc"]
+            assert grpc["port"] == args.grpc_port and grpc["service"] in HEALTH_SERVICES
+        else:
+            get = container[probe]["httpGet"]
+            assert ports[get["port"]] == args.http_port and get["path"] in routes
+    ready = container["readinessProbe"]
+    assert ready.get("grpc", {}).get("service") == "readiness" or (
+        ready["httpGet"]["path"] == "/ready"  # mirrors gRPC readiness (pool synced)
+    )
 
     template_labels = EPP["spec"]["template"]["metadata"]["labels"]
     assert selects(EPP["spec"]["selector"]["matchLabels"], template_labels)
