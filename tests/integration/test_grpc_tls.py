@@ -1,11 +1,10 @@
 """`epp serve` with TLS on the gRPC port, each transport, a self-signed certificate or
 files from a test CA: a verifying gRPC client gets health and an ext_proc exchange over
-TLS, a plaintext client gets nowhere; bad TLS flags and files stop the start."""
+TLS, a plaintext client gets nowhere. (Bad TLS flags and files: test_serve_cli.py.)"""
 
 from __future__ import annotations
 
 import ssl
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProcessorStub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.procs import ManagedProcess, epp_argv, start_epp
+from epp.procs import ManagedProcess, start_epp
 from tests.support import extproc as m
 from tests.support.certs import server_files
 from tests.support.http import request
@@ -105,53 +104,3 @@ def test_default_stays_plaintext(tmp_path: Path) -> None:
     finally:
         proc.stop()
     assert "(grpclib, plaintext)" in (tmp_path / "epp.log").read_text()
-
-
-def serve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        epp_argv("serve", "--grpc-port", "0", "--http-port", "0", *args),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-
-
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--tls-cert-file", "c.pem"], "--tls-cert-file and --tls-key-file go together"),
-        (["--tls-key-file", "k.pem"], "--tls-cert-file and --tls-key-file go together"),
-        (
-            ["--tls-self-signed", "--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"],
-            "--tls-self-signed and --tls-cert-file/--tls-key-file exclude each other",
-        ),
-    ],
-)
-def test_bad_flag_combinations_are_usage_errors(flags: list[str], message: str) -> None:
-    result = serve(*flags)
-    assert result.returncode == 2
-    assert message in result.stderr
-
-
-def test_bad_files_stop_the_start_naming_the_file(tmp_path: Path) -> None:
-    files = server_files(tmp_path)
-    (tmp_path / "other").mkdir()
-    other = server_files(tmp_path / "other")
-    missing = tmp_path / "missing.pem"
-    garbage = tmp_path / "garbage.pem"
-    garbage.write_text("not a certificate\n")
-    cases = [
-        (missing, files.key_file, f"TLS certificate file {missing}: No such file"),
-        (files.cert_file, missing, f"TLS key file {missing}: No such file"),
-        (garbage, files.key_file, f"TLS certificate file {garbage}: no PEM certificate"),
-        (files.cert_file, garbage, f"TLS key file {garbage}: no usable PEM private key"),
-        (
-            files.cert_file,
-            other.key_file,
-            f"TLS key file {other.key_file} does not match the certificate in {files.cert_file}",
-        ),
-    ]
-    for cert, key, message in cases:
-        result = serve("--tls-cert-file", str(cert), "--tls-key-file", str(key))
-        assert result.returncode == 1, result.stderr
-        assert f"cannot start: {message}" in result.stderr

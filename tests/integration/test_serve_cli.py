@@ -6,7 +6,10 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from epp.procs import epp_argv, start_epp
+from tests.support.certs import server_files
 from tests.support.http import metric_sum, request
 
 
@@ -87,3 +90,44 @@ def test_unreadable_kubeconfig_exits_1_naming_it(tmp_path: Path) -> None:
     result = serve("--pool-name", "p", "--kubeconfig", str(missing))
     assert result.returncode == 1
     assert f"cannot start: Kubernetes client config ({missing})" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tls-cert-file", "c.pem"], "--tls-cert-file and --tls-key-file go together"),
+        (["--tls-key-file", "k.pem"], "--tls-cert-file and --tls-key-file go together"),
+        (
+            ["--tls-self-signed", "--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"],
+            "--tls-self-signed and --tls-cert-file/--tls-key-file exclude each other",
+        ),
+    ],
+)
+def test_bad_flag_combinations_are_usage_errors(flags: list[str], message: str) -> None:
+    result = serve(*flags)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_bad_files_stop_the_start_naming_the_file(tmp_path: Path) -> None:
+    files = server_files(tmp_path)
+    (tmp_path / "other").mkdir()
+    other = server_files(tmp_path / "other")
+    missing = tmp_path / "missing.pem"
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    cases = [
+        (missing, files.key_file, f"TLS certificate file {missing}: No such file"),
+        (files.cert_file, missing, f"TLS key file {missing}: No such file"),
+        (garbage, files.key_file, f"TLS certificate file {garbage}: no PEM certificate"),
+        (files.cert_file, garbage, f"TLS key file {garbage}: no usable PEM private key"),
+        (
+            files.cert_file,
+            other.key_file,
+            f"TLS key file {other.key_file} does not match the certificate in {files.cert_file}",
+        ),
+    ]
+    for cert, key, message in cases:
+        result = serve("--tls-cert-file", str(cert), "--tls-key-file", str(key))
+        assert result.returncode == 1, result.stderr
+        assert f"cannot start: {message}" in result.stderr
