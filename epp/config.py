@@ -8,6 +8,7 @@ lives in :data:`DEFAULT_CONFIG`, used when no file is given.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -251,8 +252,13 @@ def validate(doc: Mapping[str, Any], source: str, registry: Registry) -> EppConf
                     f"declared: {sorted(names)}"
                 )
             weight = ref.get("weight", 1)
-            if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
-                raise ConfigError(f"{rwhere}.weight: must be a number >= 0, got {weight!r}")
+            if (
+                isinstance(weight, bool)
+                or not isinstance(weight, int | float)
+                or not math.isfinite(weight)
+                or weight < 0
+            ):
+                raise ConfigError(f"{rwhere}.weight: must be a finite number >= 0, got {weight!r}")
             kind = registry.get(_spec(plugins, plugin).type, rwhere).kind
             if kind == "handler":
                 raise ConfigError(

@@ -96,8 +96,9 @@ class CycleContext:
 
 
 class Filter(Protocol):
-    """Narrows the candidates. Contract: returns a subset of ``candidates`` (possibly
-    empty), preserving their order (a list, or a tuple the filter never changes)."""
+    """Narrows the candidates. Contract: ``candidates`` is read-only (often a tuple
+    shared with the snapshot: never mutate it); returns a subset of it (possibly
+    empty), preserving the order, as a new list or ``candidates`` itself."""
 
     def filter(
         self, ctx: CycleContext, candidates: Sequence[EndpointState]

@@ -173,6 +173,11 @@ class CandidateView:
         """``values[address]`` (``default`` if absent) per candidate, for a mapping that
         names few addresses (e.g. the prefix matches): cost O(len(values))."""
         cols = self.columns
+        if len(cols.row_of_address) != len(cols.addresses):  # an address repeats (never
+            # from the datastore): every row with it gets its value, as on the list path
+            return np.fromiter(
+                map(values.get, self.addresses, repeat(default)), np.float64, len(self.addresses)
+            )
         missing = len(cols.states)  # one extra slot for addresses not in the columns
         rows = np.fromiter(
             map(cols.row_of_address.get, values, repeat(missing)), np.intp, len(values)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +32,8 @@ class Params:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{self.where}.{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{self.where}.{key}: must be a finite number, got {value!r}")
         if minimum is not None and value < minimum:
             raise ConfigError(f"{self.where}.{key}: must be >= {minimum}, got {value}")
         return float(value)

@@ -73,7 +73,21 @@ def test_plugins_without_profiles_form_one_default_profile() -> None:
         (
             "plugins: [{type: queue-scorer}]\nschedulingProfiles: "
             "[{name: p, plugins: [{pluginRef: queue-scorer, weight: -1}]}]",
-            "weight: must be a number >= 0",
+            "weight: must be a finite number >= 0",
+        ),
+        (
+            "plugins: [{type: queue-scorer}]\nschedulingProfiles: "
+            "[{name: p, plugins: [{pluginRef: queue-scorer, weight: .nan}]}]",
+            "weight: must be a finite number >= 0, got nan",
+        ),
+        (
+            "plugins: [{type: queue-scorer}]\nschedulingProfiles: "
+            "[{name: p, plugins: [{pluginRef: queue-scorer, weight: .inf}]}]",
+            "weight: must be a finite number >= 0, got inf",
+        ),
+        (
+            "plugins: [{type: prefix-cache-scorer, parameters: {loadBound: .nan}}]",
+            "loadBound: must be a finite number, got nan",
         ),
         (
             "plugins: [{type: random-picker}, {type: max-score-picker}]",

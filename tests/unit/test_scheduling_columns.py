@@ -287,6 +287,21 @@ def test_snapshot_state_without_a_live_index_finds_the_first_endpoint() -> None:
     assert snap.state("10.0.0.1:3") is None
 
 
+def test_both_paths_score_every_endpoint_of_a_repeated_address_alike() -> None:
+    """The datastore never repeats an address; a hand-built snapshot may, and the
+    numpy path must then give each such row the address's value, as the list path."""
+    first, again = state(1, waiting=0), state(1, waiting=9)
+    snap = Snapshot((first, again, state(2)), {})
+    scorer = prefix.prefix_cache_scorer(Params("test", {"loadBound": 0}))
+    prompt = "shared system prompt " * 200
+    req = ctx(snap, LISTS, prompt=prompt).request
+    scorer.on_routed(req, SchedulingResult((first.endpoint,)), snap)  # the address holds it
+    listed = scorer.score(ctx(snap, LISTS, prompt=prompt), snap.endpoints)
+    vectored = scorer.score(ctx(snap, NUMPY, prompt=prompt), snap.endpoints)
+    assert list(listed) == [1.0, 1.0, 0.0]
+    assert list(np.asarray(vectored, np.float64)) == list(listed)
+
+
 @given(
     st.lists(st.tuples(st.booleans(), maybe, st.booleans()), min_size=1, max_size=12),
     st.booleans(),
@@ -300,7 +315,11 @@ def test_a_successor_snapshots_columns_equal_columns_built_from_scratch(
     after = tuple(
         s
         if not change
-        else (state(s.endpoint.port + 100 * renamed, waiting=w) if keep else state(s.endpoint.port))
+        else (
+            state(s.endpoint.port + 100 * renamed, waiting=w)
+            if keep
+            else state(s.endpoint.port, Role.PREFILL)
+        )
         for s, (change, w, keep) in zip(before, changes, strict=True)
     )
     first = snapshot_columns(Snapshot(before, {}))
@@ -311,3 +330,5 @@ def test_a_successor_snapshots_columns_equal_columns_built_from_scratch(
         assert np.array_equal(successor.fields[name], column, equal_nan=True), name
     assert dict(successor.row_of_state) == dict(scratch.row_of_state)
     assert dict(successor.row_of_address) == dict(scratch.row_of_address)
+    assert successor.addresses == scratch.addresses
+    assert successor.roles.tolist() == scratch.roles.tolist()
