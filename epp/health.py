@@ -27,9 +27,9 @@ class HealthBoard:
 
     async def set_serving(self, serving: bool, names: Iterable[str] = HEALTH_SERVICES) -> None:
         names = tuple(names)
+        await self._transport.set_serving(serving, names)  # HTTP follows once gRPC has
         for name in names:
             self._serving[name] = serving
-        await self._transport.set_serving(serving, names)
 
     def serving(self, name: str = READINESS) -> bool:
         return self._serving.get(name, False)

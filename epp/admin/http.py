@@ -29,7 +29,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 def make_admin_app(
-    datastore: Datastore, metrics: EppMetrics, ready: Callable[[], bool] = lambda: True
+    datastore: Datastore, metrics: EppMetrics, *, ready: Callable[[], bool]
 ) -> web.Application:
     """``ready``: the gRPC ``readiness`` status, which ``/ready`` answers with."""
 

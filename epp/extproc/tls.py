@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import ssl
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -36,7 +39,7 @@ class ServerTls:
     """A PEM certificate chain (leaf first) and its private key."""
 
     cert_pem: bytes
-    key_pem: bytes
+    key_pem: bytes = field(repr=False)  # never in a log line or a traceback
     source: str  # for the start-up log: the files, or "self-signed"
 
 
@@ -64,7 +67,15 @@ def parse(cert_pem: bytes, key_pem: bytes, cert_name: str, key_name: str) -> Ser
         raise TlsError(f"TLS key file {key_name}: no usable PEM private key in it") from None
     if _public_der(chain[0].public_key()) != _public_der(key.public_key()):
         raise TlsError(f"TLS key file {key_name} does not match the certificate in {cert_name}")
-    return ServerTls(cert_pem, key_pem, f"{cert_name}, {key_name}")
+    tls = ServerTls(cert_pem, key_pem, f"{cert_name}, {key_name}")
+    try:  # OpenSSL's own policy (e.g. key sizes), checked now for both transports
+        server_context(tls)
+    except ssl.SSLError as exc:
+        raise TlsError(
+            f"TLS certificate file {cert_name} with key file {key_name}: OpenSSL refuses "
+            f"them: {exc.reason or exc}"
+        ) from None
+    return tls
 
 
 def _public_der(public_key: object) -> bytes:
@@ -110,15 +121,34 @@ def _general_name(name: str) -> x509.GeneralName:
 
 
 def server_context(tls: ServerTls) -> ssl.SSLContext:
-    """An asyncio server context: TLS 1.2+, ALPN h2 (gRPC runs over HTTP/2).
-    The ssl module loads keys from files only, so they pass through a private temp dir."""
+    """An asyncio server context: TLS 1.2+, ALPN h2 (gRPC runs over HTTP/2)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_alpn_protocols(["h2"])
+    with _pem_paths(tls) as (cert, key):
+        context.load_cert_chain(cert, key)
+    return context
+
+
+@contextmanager
+def _pem_paths(tls: ServerTls) -> Iterator[tuple[str, str]]:
+    """Paths to the PEM texts for the ssl module, which loads keys from files only:
+    anonymous in-memory files on Linux (nothing on disk; works on a read-only root
+    filesystem), else a private temp dir removed on exit."""
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fds = [os.memfd_create(name) for name in ("epp-tls-cert", "epp-tls-key")]
+        try:
+            for fd, data in zip(fds, (tls.cert_pem, tls.key_pem), strict=True):
+                with os.fdopen(fd, "wb", closefd=False) as f:
+                    f.write(data)
+            yield f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}"
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
     with tempfile.TemporaryDirectory(prefix="epp-tls-") as tmp:  # mode 0700
         cert, key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
         cert.write_bytes(tls.cert_pem)
         key.touch(mode=0o600)
         key.write_bytes(tls.key_pem)
-        context.load_cert_chain(cert, key)
-    return context
+        yield str(cert), str(key)

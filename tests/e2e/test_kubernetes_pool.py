@@ -122,6 +122,14 @@ def test_routes_to_pods_of_the_pool_and_follows_them(
     assert health(stack, "readiness") == SERVING  # synced once; an empty pool is still known
     assert http_ready(stack) == 200
 
+    # The pool itself deleted: not ready on both ports until it is back and listed.
+    kube.call(lambda: kube.fake.delete("inferencepools", "default", "qwen-pool"))
+    wait_for(lambda: health(stack, "readiness") == NOT_SERVING, what="readiness, pool gone")
+    assert http_ready(stack) == 503
+    kube.call(lambda: kube.fake.apply("inferencepools", pool(target_ports=ports)))
+    wait_for(lambda: health(stack, "readiness") == SERVING, what="readiness, pool back")
+    assert http_ready(stack) == 200
+
 
 @pytest.fixture(scope="module")
 def pd_stack(

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from epp.procs import epp_argv, start_epp
 from tests.support.certs import server_files
@@ -113,6 +114,8 @@ def test_bad_files_stop_the_start_naming_the_file(tmp_path: Path) -> None:
     files = server_files(tmp_path)
     (tmp_path / "other").mkdir()
     other = server_files(tmp_path / "other")
+    (tmp_path / "weak").mkdir()
+    weak = server_files(tmp_path / "weak", rsa_bits=1024)  # below OpenSSL's default level
     missing = tmp_path / "missing.pem"
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("not a certificate\n")
@@ -126,8 +129,36 @@ def test_bad_files_stop_the_start_naming_the_file(tmp_path: Path) -> None:
             other.key_file,
             f"TLS key file {other.key_file} does not match the certificate in {files.cert_file}",
         ),
+        (
+            weak.cert_file,
+            weak.key_file,
+            f"TLS certificate file {weak.cert_file} with key file {weak.key_file}: "
+            "OpenSSL refuses them: EE_KEY_TOO_SMALL",
+        ),
     ]
     for cert, key, message in cases:
         result = serve("--tls-cert-file", str(cert), "--tls-key-file", str(key))
         assert result.returncode == 1, result.stderr
         assert f"cannot start: {message}" in result.stderr
+    # grpcio (BoringSSL) would take the weak key: both transports refuse it up front
+    weak_flags = ("--tls-cert-file", str(weak.cert_file), "--tls-key-file", str(weak.key_file))
+    result = serve("--transport", "grpcio", *weak_flags)
+    assert result.returncode == 1 and "OpenSSL refuses them" in result.stderr, result.stderr
+
+
+def test_an_encrypted_key_is_refused_naming_the_file(tmp_path: Path) -> None:
+    files = server_files(tmp_path)
+    key = serialization.load_pem_private_key(files.key_file.read_bytes(), password=None)
+    locked = tmp_path / "locked.key"
+    locked.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    result = serve("--tls-cert-file", str(files.cert_file), "--tls-key-file", str(locked))
+    assert result.returncode == 1
+    assert f"cannot start: TLS key file {locked}: encrypted keys are not supported" in (
+        result.stderr
+    )

@@ -46,8 +46,9 @@ def _pem_key(key: CertificateIssuerPrivateKeyTypes) -> bytes:
     )
 
 
-def server_files(directory: Path, rsa_key: bool = False) -> ServerFiles:
-    """A test CA and a server certificate for localhost / 127.0.0.1 signed by it."""
+def server_files(directory: Path, rsa_bits: int | None = None) -> ServerFiles:
+    """A test CA and a server certificate for localhost / 127.0.0.1 signed by it; its
+    key is P-256, or RSA of ``rsa_bits``."""
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca = (
         _builder("epp test CA", "epp test CA", ca_key.public_key())
@@ -55,8 +56,8 @@ def server_files(directory: Path, rsa_key: bool = False) -> ServerFiles:
         .sign(ca_key, hashes.SHA256())
     )
     key: CertificateIssuerPrivateKeyTypes
-    if rsa_key:
-        key = rsa.generate_private_key(65537, 2048)
+    if rsa_bits:
+        key = rsa.generate_private_key(65537, rsa_bits)
     else:
         key = ec.generate_private_key(ec.SECP256R1())
     names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]

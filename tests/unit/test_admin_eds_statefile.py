@@ -164,7 +164,7 @@ async def test_admin_port_answers_unknown_paths_and_wrong_methods_in_json() -> N
     from epp.datastore import Datastore
 
     ds = Datastore()
-    app = make_admin_app(ds, EppMetrics(ds))
+    app = make_admin_app(ds, EppMetrics(ds), ready=lambda: True)
     async with TestServer(app) as server, aiohttp.ClientSession() as session:
         for method, path, status in (("GET", "/nope", 404), ("POST", "/metrics", 405)):
             async with session.request(method, server.make_url(path)) as resp:

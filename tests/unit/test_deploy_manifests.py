@@ -55,7 +55,7 @@ def epp_args() -> Any:
 
 def admin_app() -> web.Application:
     datastore = Datastore()
-    return make_admin_app(datastore, EppMetrics(datastore))
+    return make_admin_app(datastore, EppMetrics(datastore), ready=lambda: True)
 
 
 def container_ports(deployment: Doc) -> dict[str, int]:
