@@ -82,6 +82,14 @@ class EnvoyOptions:
     epp_tls: bool = False
 
 
+# Envoy ends every ext_proc stream with RST_STREAM unless told to half-close and wait
+# for the server's trailers (1 s at most). A reset makes each request end in an
+# exception on the EPP (grpclib: a traceback cycle per request, ~60 objects for the
+# cyclic GC; gen-2 passes then paused the EPP for 40-70 ms every few seconds at
+# 130 req/s of 220 KB prompts). Only the end of the side stream changes.
+GRACEFUL_CLOSE = {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}
+
+
 def _address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
@@ -235,6 +243,12 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
     if opts.epp_tls:
         epp["transport_socket"] = _unverified_tls()
     config = _bootstrap(opts, [ext_proc], [model_servers, epp])
+    config["layered_runtime"] = {
+        "layers": [
+            {"name": "static", "static_layer": GRACEFUL_CLOSE},
+            {"name": "admin", "admin_layer": {}},  # /runtime_modify still works
+        ]
+    }
     if opts.cluster == "eds":
         # xDS requires the proxy to name itself
         config = {"node": {"id": "envoy", "cluster": "inference"}, **config}

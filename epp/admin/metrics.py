@@ -23,6 +23,14 @@ class EppMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.streams = Counter(
+            "epp_extproc_streams",
+            "ext_proc streams ended, by how: complete (Envoy half-closed it), cancelled "
+            "(Envoy reset it: an Envoy without ext_proc graceful close, or one that gave "
+            "up), error (our handler failed).",
+            ["end"],
+            registry=self.registry,
+        )
         self.responses = Counter(
             "epp_responses",
             "Upstream responses seen on the response path, by endpoint and status class.",

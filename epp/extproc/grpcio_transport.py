@@ -13,7 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from epp.extproc.stream import ExtProcStream
+from epp.extproc.stream import ExtProcStream, StreamEnd
 from epp.extproc.transport import HEALTH_SERVICES, MAX_MESSAGE_BYTES, max_destinations
 from epp.router import Router
 from epp.xds.eds import EdsServer
@@ -31,16 +31,20 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
     ) -> AsyncIterator[ProcessingResponse]:
         metadata = context.invocation_metadata() or ()
         stream = ExtProcStream(self._router, max_destinations=max_destinations(metadata))
-        try:
+        end: StreamEnd = "cancelled"  # unless the loop ends or fails (CancelledError and
+        try:  # GeneratorExit are BaseExceptions)
             async for msg in request_iterator:
                 replies = stream.on_message(msg)
                 if not isinstance(replies, list):  # a prefill leg runs first
                     replies = await replies
                 for reply in replies:
                     yield reply
+            end = "complete"
+        except Exception:
+            end = "error"
+            raise
         finally:
-            # EOF, client cancel (CancelledError / GeneratorExit) or error: all end here.
-            stream.close()
+            stream.close(end)
 
 
 class EdsServicer(eds_pb2_grpc.EndpointDiscoveryServiceServicer):  # type: ignore[misc]

@@ -16,7 +16,7 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.server import Server, Stream
 
 from epp.extproc.h2frames import skip_hex_dumps_of_received_data
-from epp.extproc.stream import ExtProcStream
+from epp.extproc.stream import ExtProcStream, StreamEnd
 from epp.extproc.transport import EXT_PROC_SERVICE, HEALTH_SERVICES, max_destinations
 from epp.router import Router
 from epp.xds.eds import EDS_SERVICE, EdsServer
@@ -45,6 +45,7 @@ class _ExtProc:
         )
         self.active += 1
         self.idle.clear()
+        end: StreamEnd = "cancelled"  # unless the loop ends or fails (a reset cancels us)
         try:
             async for msg in stream:
                 replies = ext.on_message(msg)
@@ -52,11 +53,15 @@ class _ExtProc:
                     replies = await replies
                 for reply in replies:
                     await stream.send_message(reply)
+            end = "complete"
+        except Exception:
+            end = "error"
+            raise
         finally:
             self.active -= 1
             if not self.active:
                 self.idle.set()
-            ext.close()  # EOF, reset or cancel
+            ext.close(end)
 
 
 class _Eds:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from typing import Literal
 
 import orjson
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -41,6 +42,9 @@ UPSTREAM_ADDRESS = "upstream.address"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+# How an ext_proc stream ended: Envoy half-closed it, reset it, or our handler failed.
+StreamEnd = Literal["complete", "cancelled", "error"]
 
 # What a message gets back: the replies, or (a prefill leg running first) an awaitable.
 Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]]
@@ -125,9 +129,10 @@ class ExtProcStream:
         log.warning("ignoring unexpected ext_proc message %r", kind)
         return []
 
-    def close(self) -> None:
+    def close(self, end: StreamEnd = "complete") -> None:
         """The stream ended (EOF, cancel or error): release whatever the request holds."""
         self._finish()
+        self._router.metrics.streams.labels(end).inc()
 
     # -- request path -------------------------------------------------------------------
     def _on_request_headers(self, msg: HttpHeaders) -> Replies:

@@ -37,32 +37,38 @@ def block_hashes(model: str, prompt: str, block_chars: int, max_blocks: int) -> 
 
 
 class PrefixIndex:
+    """Each endpoint holding blocks gets a bit; the reverse index maps a hash to the
+    bitmask of its holders. Plain ints, not a set per hash: matching is a few integer
+    operations per block, and the index (hundreds of thousands of hashes) holds no
+    object the cyclic garbage collector has to walk."""
+
     def __init__(self, default_capacity: int) -> None:
         self.default_capacity = default_capacity
         self._lru: dict[str, OrderedDict[int, None]] = {}
-        self._holders: dict[int, set[str]] = {}
+        self._holders: dict[int, int] = {}  # hash -> bitmask of endpoints holding it
+        self._bit: dict[str, int] = {}  # address -> its bit (1 << index)
+        self._address: dict[int, str] = {}  # bit -> address
+        self._free: list[int] = []  # bits of forgotten endpoints, reused first
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """address -> number of leading blocks of ``hashes`` it holds (0s omitted)."""
         if not hashes:
             return {}
-        alive = self._holders.get(hashes[0])
+        holders_of = self._holders
+        alive = holders_of.get(hashes[0], 0)
         if not alive:
             return {}
-        alive = set(alive)
         matched: dict[str, int] = {}
-        holders_of = self._holders
         for i in range(1, len(hashes)):
-            holders = holders_of.get(hashes[i])
-            if holders is not None and alive <= holders:  # the usual case: nobody drops
+            still = alive & holders_of.get(hashes[i], 0)
+            if still == alive:  # the usual case: nobody drops
                 continue
-            still = alive & holders if holders else set()
-            for gone in alive - still:
+            for gone in self._addresses(alive ^ still):
                 matched[gone] = i
             alive = still
             if not alive:
                 break
-        for address in alive:
+        for address in self._addresses(alive):
             matched[address] = len(hashes)
         return matched
 
@@ -72,30 +78,46 @@ class PrefixIndex:
         lru = self._lru.get(address)
         if lru is None:
             lru = self._lru[address] = OrderedDict()
+            bit = 1 << self._free.pop() if self._free else 1 << len(self._bit)
+            self._bit[address], self._address[bit] = bit, address
+        bit = self._bit[address]
+        holders = self._holders
         for h in hashes:
             if h in lru:
                 lru.move_to_end(h)
             else:
                 lru[h] = None
-                self._holders.setdefault(h, set()).add(address)
+                holders[h] = holders.get(h, 0) | bit
         limit = max(capacity or self.default_capacity, 1)
         while len(lru) > limit:
             old, _ = lru.popitem(last=False)
-            self._drop(old, address)
+            self._drop(old, bit)
 
     def retain(self, addresses: set[str]) -> None:
         """Forget endpoints not in ``addresses`` (removed from the pool)."""
         for address in [a for a in self._lru if a not in addresses]:
+            bit = self._bit.pop(address)
             for h in self._lru.pop(address):
-                self._drop(h, address)
+                self._drop(h, bit)
+            del self._address[bit]
+            self._free.append(bit.bit_length() - 1)  # no hash has the bit any more
 
     def size(self) -> int:
         """Blocks held across all endpoints (memory is proportional to this)."""
         return sum(len(lru) for lru in self._lru.values())
 
-    def _drop(self, h: int, address: str) -> None:
-        holders = self._holders.get(h)
-        if holders is not None:
-            holders.discard(address)
-            if not holders:
-                del self._holders[h]
+    def _drop(self, h: int, bit: int) -> None:
+        mask = self._holders.get(h, 0) & ~bit
+        if mask:
+            self._holders[h] = mask
+        else:
+            self._holders.pop(h, None)
+
+    def _addresses(self, mask: int) -> list[str]:
+        """The addresses whose bits are set in ``mask``."""
+        found = []
+        while mask:
+            low = mask & -mask
+            found.append(self._address[low])
+            mask ^= low
+        return found

@@ -152,6 +152,39 @@ def test_in_flight_held_while_streaming_and_released_on_disconnect(stack: LocalS
     wait_for(lambda: epp_in_flight(stack.epp_http_url) == 0, what="in-flight back to zero")
 
 
+def stream_ends(stack: LocalStack) -> dict[str, float]:
+    """epp_extproc_streams_total by its ``end`` label."""
+    _, _, body = request(f"{stack.epp_http_url}/metrics")
+    ends = {}
+    for line in body.decode().splitlines():
+        if line.startswith('epp_extproc_streams_total{end="'):
+            label, value = line.rsplit(" ", 1)
+            ends[label.split('"')[1]] = float(value)
+    return ends
+
+
+def test_envoy_half_closes_every_ext_proc_stream(stack: LocalStack) -> None:
+    """Envoy's graceful close (our configs turn it on): a request's stream ends with a
+    half-close, also when the client walks away mid-response, not with the RST_STREAM
+    that left an exception (and, under grpclib, garbage cycles) behind per request."""
+    wait_for(lambda: epp_in_flight(stack.epp_http_url) == 0, what="earlier tests' streams")
+    before = stream_ends(stack)
+
+    def ended(end: str) -> float:
+        return stream_ends(stack).get(end, 0) - before.get(end, 0)
+
+    body = orjson.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 3})
+    for _ in range(5):
+        assert request(f"{stack.envoy_url}/v1/completions", body)[0] == 200
+    streaming = orjson.dumps(
+        {"model": MODEL, "prompt": "long stream", "max_tokens": 2000, "stream": True}
+    )
+    with open_raw_post(stack.envoy_url, "/v1/completions", streaming) as s:
+        assert b"200 OK" in s.recv(4096)  # then the client is gone
+    wait_for(lambda: ended("complete") == 6, what="6 streams half-closed")
+    assert ended("cancelled") == 0 and ended("error") == 0
+
+
 def test_no_endpoint_is_503() -> None:
     with LocalStack(ephemeral(servers=0)) as empty:
         status, headers, raw = request(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from collections.abc import Mapping
 
 import pytest
@@ -217,6 +218,49 @@ def test_prefix_index_match_counts_each_endpoints_leading_blocks(
         if leading:
             expected[address] = leading
     assert index.match(wanted) == expected
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("insert"), st.integers(0, 4), st.text(alphabet="ab", max_size=10)),
+            st.tuples(st.just("retain"), st.sets(st.integers(0, 4)), st.just("")),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    st.integers(1, 6),
+    st.text(alphabet="ab", max_size=10),
+)
+def test_prefix_index_follows_each_endpoints_lru_through_evictions_and_removals(
+    ops: list[tuple[str, object, str]], capacity: int, query: str
+) -> None:
+    """Against a model: one LRU per endpoint, forgotten endpoints gone (their slots in
+    the index are reused by later endpoints without inheriting anything)."""
+    index = PrefixIndex(default_capacity=capacity)
+    model: dict[str, OrderedDict[int, None]] = {}
+    for op, arg, prompt in ops:
+        if op == "insert":
+            address, hashes = f"e{arg}", block_hashes("m", prompt, 2, 256)
+            index.insert(address, hashes)
+            lru = model.setdefault(address, OrderedDict())
+            for h in hashes:
+                lru[h] = None
+                lru.move_to_end(h)
+            while len(lru) > capacity:
+                lru.popitem(last=False)
+        else:
+            keep = {f"e{i}" for i in arg}  # type: ignore[attr-defined]
+            index.retain(keep)
+            model = {a: lru for a, lru in model.items() if a in keep}
+    wanted = block_hashes("m", query, 2, 256)
+    expected = {}
+    for address, lru in model.items():
+        leading = next((i for i, h in enumerate(wanted) if h not in lru), len(wanted))
+        if leading:
+            expected[address] = leading
+    assert index.match(wanted) == expected
+    assert index.size() == sum(len(lru) for lru in model.values())
 
 
 def test_prefix_scorer_scores_matched_fraction_and_uses_reported_capacity() -> None:
