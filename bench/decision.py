@@ -39,57 +39,72 @@ def pool(n: int, rng: random.Random) -> Snapshot:
     return Snapshot(states, {s.address: rng.randint(0, 4) for s in states})
 
 
-def cycle_cost(
-    endpoints: int,
-    prompt_chars: int,
-    cycles: int,
-    seed: int = 0,
-    *,
-    vectorize_from: int = VECTORIZE_FROM,
-    churn: bool = False,
-) -> dict[str, Any]:
-    """Schedule ``cycles`` requests (10 shared system prompts + a unique tail, so the
-    prefix index is populated and matched) and time each cycle, routing included.
+class Cell:
+    """One table cell: a scheduler, a pool and its prefix index, timed cycle by cycle.
+    Prompts share one of 10 system prompts plus a unique tail, so the prefix index is
+    populated and matched; routing (the index update) is part of each cycle.
     ``vectorize_from``: candidates from which numpy scores (huge = the list path only).
     ``churn``: before each cycle one endpoint reports new metrics, so every cycle sees
     a new snapshot (as the datastore builds one per metrics update)."""
-    rng = random.Random(seed)
-    sched = build_scheduler(DEFAULT_CONFIG)
-    sched.vectorize_from = vectorize_from
-    snap = pool(endpoints, rng)
-    prefixes = ["".join(rng.choice("abcdefgh ") for _ in range(prompt_chars)) for _ in range(10)]
-    by_address = {s.address: s for s in snap.endpoints}
-    times = []
-    for i in range(cycles):
-        if churn:
-            states = list(snap.endpoints)
-            j = i % endpoints
-            m = states[j].metrics
-            assert m is not None
-            metrics = replace(m, updated_at=time.monotonic(), waiting=rng.randint(0, 8))
-            states[j] = replace(states[j], metrics=metrics)
-            by_address[states[j].address] = states[j]  # the datastore's live index
-            snap = Snapshot(tuple(states), snap.in_flight, by_address=by_address)
-        prompt = prefixes[i % 10][: prompt_chars - 12] + f"{i:012d}"
-        req = InferenceRequest(str(i), "model", "/v1/chat/completions", prompt=prompt)
-        t0 = time.perf_counter()
-        result = sched.schedule(req, snap, rng)
-        sched.on_routed(req, result, snap)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return {
-        "endpoints": endpoints,
-        "prompt_bytes": prompt_chars,
-        "cycles": cycles,
-        "churn": churn,
-        "vectorize_from": vectorize_from,
-        "p50_us": times[len(times) // 2] * 1e6,
-        "p99_us": times[int(len(times) * 0.99)] * 1e6,
-        "max_us": times[-1] * 1e6,
-    }
+
+    def __init__(
+        self,
+        endpoints: int,
+        prompt_chars: int,
+        seed: int = 0,
+        *,
+        vectorize_from: int = VECTORIZE_FROM,
+        churn: bool = False,
+    ) -> None:
+        self.endpoints, self.prompt_chars = endpoints, prompt_chars
+        self.vectorize_from, self.churn = vectorize_from, churn
+        self.rng = random.Random(seed)
+        self.sched = build_scheduler(DEFAULT_CONFIG)
+        self.sched.vectorize_from = vectorize_from
+        self.snap = pool(endpoints, self.rng)
+        self.prefixes = [
+            "".join(self.rng.choice("abcdefgh ") for _ in range(prompt_chars)) for _ in range(10)
+        ]
+        self.by_address = {s.address: s for s in self.snap.endpoints}
+        self.times: list[float] = []
+
+    def run(self, cycles: int) -> None:
+        rng, snap = self.rng, self.snap
+        for _ in range(cycles):
+            i = len(self.times)
+            if self.churn:
+                states = list(snap.endpoints)
+                j = i % self.endpoints
+                m = states[j].metrics
+                assert m is not None
+                metrics = replace(m, updated_at=time.monotonic(), waiting=rng.randint(0, 8))
+                states[j] = replace(states[j], metrics=metrics)
+                self.by_address[states[j].address] = states[j]  # the datastore's live index
+                snap = Snapshot(tuple(states), snap.in_flight, by_address=self.by_address)
+            prompt = self.prefixes[i % 10][: self.prompt_chars - 12] + f"{i:012d}"
+            req = InferenceRequest(str(i), "model", "/v1/chat/completions", prompt=prompt)
+            t0 = time.perf_counter()
+            result = self.sched.schedule(req, snap, rng)
+            self.sched.on_routed(req, result, snap)
+            self.times.append(time.perf_counter() - t0)
+        self.snap = snap
+
+    def summary(self) -> dict[str, Any]:
+        times = sorted(self.times)
+        return {
+            "endpoints": self.endpoints,
+            "prompt_bytes": self.prompt_chars,
+            "cycles": len(times),
+            "churn": self.churn,
+            "vectorize_from": self.vectorize_from,
+            "p50_us": times[len(times) // 2] * 1e6,
+            "p99_us": times[int(len(times) * 0.99)] * 1e6,
+            "max_us": times[-1] * 1e6,
+        }
 
 
 LIST_PATH = 10**9  # vectorize_from that never uses numpy
+ROUND = 500  # cycles a run takes before the other path's turn (few cold switches)
 
 
 def main() -> int:
@@ -97,16 +112,23 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    specs = [(n, p, False) for n in (10, 100, 1000) for p in (1024, 220 * 1024)]
+    specs += [(1000, 1024, True), (1000, 220 * 1024, True)]
     rows = []
-    cells = [(n, p, False) for n in (10, 100, 1000) for p in (1024, 220 * 1024)]
-    cells += [(1000, 1024, True), (1000, 220 * 1024, True)]
-    for endpoints, prompt, churn in cells:
-        # the list path in the same run, interleaved, as the baseline
-        lists = cycle_cost(endpoints, prompt, args.cycles, vectorize_from=LIST_PATH, churn=churn)
-        row = cycle_cost(endpoints, prompt, args.cycles, churn=churn)
+    for n, prompt, churn in specs:
+        # the cell with numpy and with the list path, advancing in turns of ROUND
+        # cycles, so a slow spell of the machine hits both alike
+        pair = (
+            Cell(n, prompt, churn=churn),
+            Cell(n, prompt, churn=churn, vectorize_from=LIST_PATH),
+        )
+        for done in range(0, args.cycles, ROUND):
+            for cell in pair:
+                cell.run(min(ROUND, args.cycles - done))
+        row, lists = pair[0].summary(), pair[1].summary()
         row["list_path"] = lists
-        note = ", new snapshot every cycle" if churn else ""
-        print(f"  {endpoints:5} endpoints, {prompt // 1024:4} KB{note}: "
+        note = ", new snapshot every cycle" if row["churn"] else ""
+        print(f"  {row['endpoints']:5} endpoints, {row['prompt_bytes'] // 1024:4} KB{note}: "
               f"p50 {row['p50_us']:.0f} µs, p99 {row['p99_us']:.0f} µs (list path: "
               f"p50 {lists['p50_us']:.0f}, p99 {lists['p99_us']:.0f})", flush=True)  # fmt: skip
         rows.append(row)
@@ -124,7 +146,9 @@ def main() -> int:
         f"Measured {meta['date']} on {meta['machine']} with `python -m bench.decision` "
         f"({args.cycles} cycles per cell, in process: snapshot -> filters -> queue, KV, "
         "in-flight and prefix-cache scorers -> picker -> prefix-index update; prompts share "
-        "one of 10 system prompts so the index is populated and matched).",
+        "one of 10 system prompts so the index is populated and matched). A cell's numpy and "
+        f"list-path runs take turns every {ROUND} cycles, so a slow spell of the machine "
+        "hits both alike.",
         "",
         f"From {VECTORIZE_FROM} candidates on, the built-in plugins score with numpy over "
         "metric columns built once per snapshot; below that, with Python lists. The "

@@ -11,6 +11,7 @@ bound. In-flight counts change on every request, so they are read per cycle.
 from __future__ import annotations
 
 import operator
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -104,10 +105,12 @@ def _role_code(state: EndpointState) -> int:
     return ROLES.index(state.endpoint.role)
 
 
-# The columns built last: the next snapshot (usually the same pool with one endpoint's
-# metrics replaced) starts from them. Only ever a shortcut: rows are reused for the
-# very same (immutable) state objects.
-_last: list[Columns] = []
+# The columns built last per pool (keyed by the datastore's live address index, which
+# all of a pool's snapshots share): the next snapshot of that pool (usually one
+# endpoint's metrics replaced) starts from them. Only ever a shortcut: rows are reused
+# for the very same (immutable) state objects. A few pools at most (benchmarks, tests).
+_LAST_POOLS = 4
+_last: OrderedDict[int, tuple[object, Columns]] = OrderedDict()
 
 
 def snapshot_columns(snapshot: Snapshot) -> Columns:
@@ -115,9 +118,14 @@ def snapshot_columns(snapshot: Snapshot) -> Columns:
     cols = snapshot.derived.get("columns")
     if cols is None:
         states = snapshot.endpoints
-        cols = _last[0].successor(states) if _last else Columns.build(states)
+        key = id(snapshot.by_address)  # held below, so the id is not reused meanwhile
+        last = _last.get(key)
+        cols = last[1].successor(states) if last else Columns.build(states)
         snapshot.derived["columns"] = cols
-        _last[:] = [cols]
+        _last[key] = (snapshot.by_address, cols)
+        _last.move_to_end(key)
+        if len(_last) > _LAST_POOLS:
+            _last.popitem(last=False)
     result: Columns = cols
     return result
 

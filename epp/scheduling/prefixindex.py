@@ -60,8 +60,11 @@ class PrefixIndex:
             return {}
         matched: dict[str, int] = {}
         for i in range(1, len(hashes)):
-            still = alive & holders_of.get(hashes[i], 0)
-            if still == alive:  # the usual case: nobody drops
+            holders = holders_of.get(hashes[i], 0)
+            if holders == alive:  # the usual case: the same holders (no new int made)
+                continue
+            still = alive & holders
+            if still == alive:  # nobody drops
                 continue
             for gone in self._addresses(alive ^ still):
                 matched[gone] = i

@@ -332,3 +332,21 @@ def test_a_successor_snapshots_columns_equal_columns_built_from_scratch(
     assert dict(successor.row_of_address) == dict(scratch.row_of_address)
     assert successor.addresses == scratch.addresses
     assert successor.roles.tolist() == scratch.roles.tolist()
+
+
+def test_each_pool_starts_its_next_columns_from_its_own_last_ones() -> None:
+    """Two pools (live indexes) alternating: each new snapshot reuses its own pool's
+    columns (shared address rows), never the other pool's."""
+    a_states = tuple(state(i, waiting=i) for i in range(1, 5))
+    b_states = tuple(state(i + 10, waiting=i) for i in range(1, 5))
+    a_live = {s.address: s for s in a_states}
+    b_live = {s.address: s for s in b_states}
+    a1 = snapshot_columns(Snapshot(a_states, {}, by_address=a_live))
+    b1 = snapshot_columns(Snapshot(b_states, {}, by_address=b_live))
+    a2_states = (state(1, waiting=7), *a_states[1:])
+    a2 = snapshot_columns(Snapshot(a2_states, {}, by_address=a_live))
+    b2 = snapshot_columns(Snapshot((*b_states[:3], state(14, waiting=0)), {}, by_address=b_live))
+    assert a2.row_of_address is a1.row_of_address  # a successor, not a rebuild
+    assert b2.row_of_address is b1.row_of_address
+    assert a2.fields["waiting"].tolist() == [7, 2, 3, 4]
+    assert b2.fields["waiting"].tolist() == [1, 2, 3, 0]
