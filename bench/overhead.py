@@ -200,11 +200,15 @@ def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]
             sim_pids = [sim.pid for sim in stack.sims]
 
             def via_epp(
-                name: str, port: int, processing: Processing, cluster: ClusterKind = "eds"
+                name: str,
+                port: int,
+                processing: Processing,
+                cluster: ClusterKind = "eds",
+                graceful_close: bool = True,
             ) -> EnvoyProcess:
                 opts = EnvoyOptions(
                     listen_port=0, admin_port=0, epp_port=port, processing=processing,
-                    cluster=cluster,
+                    cluster=cluster, graceful_close=graceful_close,
                 )  # fmt: skip
                 envoy = start_envoy(stack, name, epp_config(opts))
                 envoys.append(envoy)
@@ -236,6 +240,11 @@ def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]
                 Path_("EPP grpcio, full, asyncio loop (no uvloop)",
                       via_epp("full-asyncio", epp_asyncio.info["grpc_port"], "full"),
                       epp_asyncio.pid),
+                # last: the garbage its resets leave must not slow the rows above
+                Path_("EPP grpclib, full, Envoy resets streams (no graceful close)",
+                      via_epp("grpclib-full-reset", epp_grpclib.info["grpc_port"], "full",
+                              graceful_close=False),
+                      epp_grpclib.pid),
             ]  # fmt: skip
             for c in args.concurrency:
                 for path in paths:

@@ -80,6 +80,8 @@ class EnvoyOptions:
     # TLS to the EPP's gRPC port (ext_proc and EDS), without verifying its certificate
     # (the EPP's --tls-self-signed; the gateways' usual setting)
     epp_tls: bool = False
+    # ext_proc streams end with a half-close (False: Envoy's default reset; benchmarks)
+    graceful_close: bool = True
 
 
 # Envoy ends every ext_proc stream with RST_STREAM unless told to half-close and wait
@@ -87,7 +89,7 @@ class EnvoyOptions:
 # exception on the EPP (grpclib: a traceback cycle per request, ~60 objects for the
 # cyclic GC; gen-2 passes then paused the EPP for 40-70 ms every few seconds at
 # 130 req/s of 220 KB prompts). Only the end of the side stream changes.
-GRACEFUL_CLOSE = {"envoy.reloadable_features.ext_proc_graceful_grpc_close": True}
+GRACEFUL_CLOSE = "envoy.reloadable_features.ext_proc_graceful_grpc_close"
 
 
 def _address(host: str, port: int) -> dict[str, Any]:
@@ -245,7 +247,7 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
     config = _bootstrap(opts, [ext_proc], [model_servers, epp])
     config["layered_runtime"] = {
         "layers": [
-            {"name": "static", "static_layer": GRACEFUL_CLOSE},
+            {"name": "static", "static_layer": {GRACEFUL_CLOSE: opts.graceful_close}},
             {"name": "admin", "admin_layer": {}},  # /runtime_modify still works
         ]
     }
