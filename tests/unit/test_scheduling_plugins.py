@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 
 import pytest
 from hypothesis import given
@@ -196,6 +196,17 @@ def test_prefix_index_never_exceeds_its_bound(prompts: list[str], capacity: int)
     assert index.size() <= 3 * capacity
 
 
+def leading_blocks(held: Mapping[str, Container[int]], wanted: list[int]) -> dict[str, int]:
+    """What a prefix index should answer: per endpoint, how many of ``wanted``'s leading
+    blocks it holds (endpoints holding none left out)."""
+    expected = {}
+    for address, hashes in held.items():
+        leading = next((i for i, h in enumerate(wanted) if h not in hashes), len(wanted))
+        if leading:
+            expected[address] = leading
+    return expected
+
+
 @given(
     st.lists(
         st.tuples(st.integers(0, 3), st.text(alphabet="ab", max_size=12)), min_size=1, max_size=12
@@ -212,12 +223,7 @@ def test_prefix_index_match_counts_each_endpoints_leading_blocks(
         index.insert(f"e{endpoint}", hashes)
         held.setdefault(f"e{endpoint}", set()).update(hashes)
     wanted = block_hashes("m", query, 2, 256)
-    expected = {}
-    for address, hashes in held.items():
-        leading = next((i for i, h in enumerate(wanted) if h not in hashes), len(wanted))
-        if leading:
-            expected[address] = leading
-    assert index.match(wanted) == expected
+    assert index.match(wanted) == leading_blocks(held, wanted)
 
 
 @given(
@@ -254,12 +260,7 @@ def test_prefix_index_follows_each_endpoints_lru_through_evictions_and_removals(
             index.retain(keep)
             model = {a: lru for a, lru in model.items() if a in keep}
     wanted = block_hashes("m", query, 2, 256)
-    expected = {}
-    for address, lru in model.items():
-        leading = next((i for i, h in enumerate(wanted) if h not in lru), len(wanted))
-        if leading:
-            expected[address] = leading
-    assert index.match(wanted) == expected
+    assert index.match(wanted) == leading_blocks(model, wanted)
     assert index.size() == sum(len(lru) for lru in model.values())
 
 
