@@ -118,6 +118,10 @@ def test_epp_args_ports_probes_and_service_agree() -> None:
         else:
             get = container[probe]["httpGet"]
             assert ports[get["port"]] == args.http_port and get["path"] in routes
+    # a read-only root filesystem: nothing in these arguments writes a file (the TLS
+    # key goes through memfd: tests/unit/test_tls.py)
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert args.state_file is None and args.ready_file is None
     ready = container["readinessProbe"]
     assert ready.get("grpc", {}).get("service") == "readiness" or (
         ready["httpGet"]["path"] == "/ready"  # mirrors gRPC readiness (pool synced)
