@@ -195,7 +195,9 @@ def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]
                 stack, "epp-asyncio", ["--transport", "grpcio", "--no-uvloop"]
             )
             epp_grpclib = start_epp_for(stack, "epp-grpclib", ["--transport", "grpclib"])
-            extra += [epp_asyncio, epp_grpclib]
+            # its own process: the garbage the resets leave must not slow other rows
+            epp_resets = start_epp_for(stack, "epp-grpclib-resets", ["--transport", "grpclib"])
+            extra += [epp_asyncio, epp_grpclib, epp_resets]
             servers = [(h, int(p)) for h, p in (a.split(":") for a in stack.sim_addresses)]
             sim_pids = [sim.pid for sim in stack.sims]
 
@@ -240,11 +242,10 @@ def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]
                 Path_("EPP grpcio, full, asyncio loop (no uvloop)",
                       via_epp("full-asyncio", epp_asyncio.info["grpc_port"], "full"),
                       epp_asyncio.pid),
-                # last: the garbage its resets leave must not slow the rows above
                 Path_("EPP grpclib, full, Envoy resets streams (no graceful close)",
-                      via_epp("grpclib-full-reset", epp_grpclib.info["grpc_port"], "full",
+                      via_epp("grpclib-full-reset", epp_resets.info["grpc_port"], "full",
                               graceful_close=False),
-                      epp_grpclib.pid),
+                      epp_resets.pid),
             ]  # fmt: skip
             for c in args.concurrency:
                 for path in paths:

@@ -233,6 +233,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     background: list[_Background] = [ejector, membership]
     ejector.start()
     background += [*_start_data_layer(datastore, metrics, dl, ejector), probe]
+    stop_gc_watch = metrics.watch_gc()
     try:
         eds = EdsServer(datastore)
         transport = make_transport(opts.transport, router, eds)
@@ -300,6 +301,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
         await transport.stop(grace=opts.shutdown_grace_s)
         await runner.cleanup()
     finally:
+        stop_gc_watch()
         for task in background:
             await task.stop()
         await coordinator.close()

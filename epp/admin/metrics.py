@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -27,7 +29,7 @@ class EppMetrics:
             "epp_extproc_streams",
             "ext_proc streams ended, by how: complete (Envoy half-closed it), cancelled "
             "(Envoy reset it: an Envoy without ext_proc graceful close, or one that gave "
-            "up), error (our handler failed).",
+            "up), ended (grpcio transport: either of the two), error (our handler failed).",
             ["end"],
             registry=self.registry,
         )
@@ -88,6 +90,29 @@ class EppMetrics:
         self._datastore = datastore
         self._known: set[str] = set()
         datastore.on_change(self._forget_removed)
+
+    def watch_gc(self) -> Callable[[], None]:
+        """Time every pass of Python's cyclic garbage collector (it stops the event loop)
+        into ``epp_gc_pause_seconds{generation}``. Returns the function that stops it."""
+        pauses = Histogram(
+            "epp_gc_pause_seconds",
+            "Pauses of Python's cyclic garbage collector (the event loop waits), by "
+            "generation (2 = a full pass).",
+            ["generation"],
+            buckets=(1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=self.registry,
+        )
+        by_generation = [pauses.labels(str(g)) for g in range(3)]
+        started = [0.0]
+
+        def timed(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                by_generation[info["generation"]].observe(time.perf_counter() - started[0])
+
+        gc.callbacks.append(timed)
+        return lambda: gc.callbacks.remove(timed)
 
     def report_prefix_indexes(self, indexes: Mapping[str, PrefixIndex]) -> None:
         """Export the size of each prefix-cache scorer's index (by plugin name), read at

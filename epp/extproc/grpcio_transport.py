@@ -39,7 +39,7 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
                     replies = await replies
                 for reply in replies:
                     yield reply
-            end = "complete"
+            end = "ended"  # a half-close, or a reset: grpc.aio shows both the same way
         except Exception:
             end = "error"
             raise

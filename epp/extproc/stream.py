@@ -43,8 +43,10 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
-# How an ext_proc stream ended: Envoy half-closed it, reset it, or our handler failed.
-StreamEnd = Literal["complete", "cancelled", "error"]
+# How an ext_proc stream ended: Envoy half-closed it (complete), reset it (cancelled),
+# one of the two (ended: grpc.aio ends the request iterator alike for both), or our
+# handler failed (error).
+StreamEnd = Literal["complete", "cancelled", "ended", "error"]
 
 # What a message gets back: the replies, or (a prefill leg running first) an awaitable.
 Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]]

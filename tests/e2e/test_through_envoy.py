@@ -5,11 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import orjson
 import pytest
 
+from epp.envoyconfig import EnvoyOptions, epp_config
+from epp.envoyproc import EnvoyProcess, write_config
 from epp.stack import LocalStack
 from tests.e2e.conftest import MAX_BODY, ephemeral
 from tests.support.http import epp_in_flight, get_json, open_raw_post, request
@@ -163,10 +166,17 @@ def stream_ends(stack: LocalStack) -> dict[str, float]:
     return ends
 
 
+def transport(stack: LocalStack) -> str:
+    args = stack.opts.epp_args
+    return args[args.index("--transport") + 1]
+
+
 def test_envoy_half_closes_every_ext_proc_stream(stack: LocalStack) -> None:
     """Envoy's graceful close (our configs turn it on): a request's stream ends with a
     half-close, also when the client walks away mid-response, not with the RST_STREAM
-    that left an exception (and, under grpclib, garbage cycles) behind per request."""
+    that left an exception (and, under grpclib, garbage cycles) behind per request.
+    grpc.aio shows a half-close and a reset alike (``ended``): there only grpclib's
+    answer tells them apart."""
     wait_for(lambda: epp_in_flight(stack.epp_http_url) == 0, what="earlier tests' streams")
     before = stream_ends(stack)
 
@@ -181,8 +191,35 @@ def test_envoy_half_closes_every_ext_proc_stream(stack: LocalStack) -> None:
     )
     with open_raw_post(stack.envoy_url, "/v1/completions", streaming) as s:
         assert b"200 OK" in s.recv(4096)  # then the client is gone
-    wait_for(lambda: ended("complete") == 6, what="6 streams half-closed")
+    clean = "complete" if transport(stack) == "grpclib" else "ended"
+    wait_for(lambda: ended(clean) >= 6, what=f"6 streams {clean}")  # (+ late earlier ones)
     assert ended("cancelled") == 0 and ended("error") == 0
+
+
+def test_an_envoy_without_graceful_close_resets_every_stream(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    """What a gateway's Envoy without the runtime flag does: every stream reset, which
+    the metric tells apart on grpclib (``cancelled``)."""
+    if transport(stack) != "grpclib":
+        pytest.skip("grpc.aio ends the request iterator alike for a reset and a half-close")
+    wait_for(lambda: epp_in_flight(stack.epp_http_url) == 0, what="earlier tests' streams")
+    opts = EnvoyOptions(listen_port=0, admin_port=0, epp_port=stack.grpc_port, graceful_close=False)
+    envoy = EnvoyProcess(write_config(epp_config(opts), tmp_path / "envoy.yaml"), tmp_path)
+    envoy.start()
+    try:
+        before = stream_ends(stack)
+        body = orjson.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 3})
+        for _ in range(5):
+            status, _, reply = request(f"http://127.0.0.1:{envoy.port}/v1/completions", body)
+            assert status == 200, reply
+        wait_for(  # while this Envoy still runs: reset as each request ended
+            lambda: stream_ends(stack).get("cancelled", 0) - before.get("cancelled", 0) == 5,
+            what="5 streams reset",
+        )
+        assert stream_ends(stack).get("complete", 0) == before.get("complete", 0)
+    finally:
+        envoy.stop()
 
 
 def test_no_endpoint_is_503() -> None:
