@@ -264,6 +264,35 @@ def test_prefix_index_follows_each_endpoints_lru_through_evictions_and_removals(
     assert index.size() == sum(len(lru) for lru in model.values())
 
 
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.lists(st.integers(0, 9), max_size=8),  # raw hashes: repeats within one list
+            st.sampled_from([None, 1, 2, 3]),  # per-insert capacity (an endpoint's free KV)
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    st.lists(st.integers(0, 9), max_size=8),
+)
+def test_prefix_index_follows_the_lru_with_repeated_hashes_and_changing_capacity(
+    inserts: list[tuple[int, list[int], int | None]], wanted: list[int]
+) -> None:
+    index = PrefixIndex(default_capacity=4)
+    model: dict[str, OrderedDict[int, None]] = {}
+    for endpoint, hashes, capacity in inserts:
+        index.insert(f"e{endpoint}", hashes, capacity)
+        lru = model.setdefault(f"e{endpoint}", OrderedDict())
+        for h in hashes:
+            lru[h] = None
+            lru.move_to_end(h)
+        while len(lru) > (capacity or 4):
+            lru.popitem(last=False)
+    assert index.match(wanted) == leading_blocks(model, wanted)
+    assert index.size() == sum(len(lru) for lru in model.values())
+
+
 def test_prefix_scorer_scores_matched_fraction_and_uses_reported_capacity() -> None:
     scorer = prefix.prefix_cache_scorer(Params("t", {"blockSize": 4}))  # 16 chars/block
     states = [state(1, num_blocks=2, block_size=4), state(2)]
