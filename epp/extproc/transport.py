@@ -2,9 +2,9 @@
 :class:`ExtProcStream` and answer the standard gRPC health service.
 
 Two implementations, chosen with ``epp serve --transport``: ``grpclib`` (pure-Python
-asyncio HTTP/2, the default: ~35 % less EPP CPU per 1 KB request than grpc.aio at
-concurrency 1 in bench/results/overhead.md) and ``grpcio`` (grpc.aio, Google's
-implementation, whose C core frames HTTP/2: ~15-20 % less EPP CPU per 220 KB request in
+asyncio HTTP/2, the default: as little or less EPP CPU per 1 KB request than grpc.aio
+in bench/results/overhead.md) and ``grpcio`` (grpc.aio, Google's implementation, whose
+C core frames HTTP/2: ~10-20 % less EPP CPU per 220 KB request in
 bench/results/overhead-220kb.md). Each is
 imported only when chosen, because both ship a generated ``grpc.health.v1`` module and
 the two cannot share a process.

@@ -21,6 +21,10 @@ from epp.types import (
 CHARS_PER_TOKEN = 4
 
 
+# in-flight above this x the candidates' mean (+1) loses the prefix score (0 = off)
+LOAD_BOUND = 1.25
+
+
 class PrefixCacheScorer:
     """Score = matched leading blocks / the prompt's blocks (0..1).
 
@@ -42,7 +46,7 @@ class PrefixCacheScorer:
         max_blocks: int,
         capacity: int,
         shrink_with_kv_usage: bool = True,
-        load_bound: float = 1.25,
+        load_bound: float = LOAD_BOUND,
     ) -> None:
         self.block_tokens = block_tokens
         self.load_bound = load_bound
@@ -145,5 +149,5 @@ def prefix_cache_scorer(p: Params) -> PrefixCacheScorer:
         max_blocks=p.integer("maxPrefixBlocksToMatch", 256, minimum=1),
         capacity=p.integer("lruCapacityPerServer", 31_250, minimum=1),
         shrink_with_kv_usage=p.boolean("shrinkWithKvUsage", True),
-        load_bound=p.number("loadBound", 1.25, minimum=0.0),
+        load_bound=p.number("loadBound", LOAD_BOUND, minimum=0.0),
     )
