@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-routing clean
+.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-routing clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,8 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(BIN)/python -m pytest -q
 
-# All benchmarks (~10 minutes); results land in bench/results/.
-bench: bench-overhead bench-decision bench-routing
+# All benchmarks (~20 minutes); results land in bench/results/.
+bench: bench-overhead bench-decision bench-scrape bench-routing
 
 bench-overhead: $(STAMP)
 	$(BIN)/python -m bench.overhead
@@ -34,6 +34,9 @@ bench-overhead: $(STAMP)
 
 bench-decision: $(STAMP)
 	$(BIN)/python -m bench.decision
+
+bench-scrape: $(STAMP)
+	$(BIN)/python -m bench.scrape
 
 # Two cache settings: the stress one (the pool's free KV holds 1.25 copies of every
 # group's prefix) and a roomier one (2 copies); each compares round robin, least

@@ -87,6 +87,7 @@ admission:
 dataLayer:
   scrapeMetrics: true
   scrapeIntervalSeconds: 0.05
+  maxScrapesPerSecond: 400
   scrapeTimeoutSeconds: 1.0
   staleAfterSeconds: 2.0
   engine: vllm
@@ -138,6 +139,8 @@ class ProfileSpec:
 class DataLayerConfig:
     scrape_metrics: bool = True
     scrape_interval_s: float = 0.05
+    # all endpoints together; a larger pool is scraped less often (0 = no limit)
+    max_scrapes_per_s: float = 400.0
     scrape_timeout_s: float = 1.0
     stale_after_s: float = 2.0
     engine: str = "vllm"
@@ -340,6 +343,7 @@ def _data_layer(raw: Any, source: str) -> DataLayerConfig:
     cfg = DataLayerConfig(
         scrape_metrics=scrape,
         scrape_interval_s=p.number("scrapeIntervalSeconds", 0.05, minimum=0.001),
+        max_scrapes_per_s=p.number("maxScrapesPerSecond", 400.0, minimum=0.0),
         scrape_timeout_s=p.number("scrapeTimeoutSeconds", 1.0, minimum=0.001),
         stale_after_s=p.number("staleAfterSeconds", 2.0, minimum=0.001),
         engine=p.string("engine", "vllm", choices=tuple(ENGINES)),

@@ -322,6 +322,8 @@ def _start_data_layer(
             datastore,
             metrics,
             interval_s=dl.scrape_interval_s,
+            max_per_s=dl.max_scrapes_per_s,
+            stale_after_s=dl.stale_after_s,
             timeout_s=dl.scrape_timeout_s,
             on_unreachable=ejector.failure,
         )

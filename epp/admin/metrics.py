@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -51,11 +51,23 @@ class EppMetrics:
             buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1),
             registry=self.registry,
         )
+        self.scrapes = Counter(
+            "epp_scrapes",
+            "/metrics scrapes started, over all endpoints (failures are counted again "
+            "in epp_scrape_failures_total).",
+            registry=self.registry,
+        )
         self.scrape_failures = Counter(
             "epp_scrape_failures",
             "Failed /metrics scrapes of a model server (connect error, timeout, bad status "
             "or unparsable text), by endpoint.",
             ["endpoint"],
+            registry=self.registry,
+        )
+        self.scrape_interval = Gauge(
+            "epp_scrape_interval_seconds",
+            "Seconds between two /metrics scrapes of one endpoint: scrapeIntervalSeconds, "
+            "or longer when the pool is too large for maxScrapesPerSecond.",
             registry=self.registry,
         )
         self.orca_reports = Counter(

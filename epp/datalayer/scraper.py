@@ -12,6 +12,15 @@ that get no traffic.
 
 Logging stays quiet at 20 scrapes a second: a warning when an endpoint starts failing,
 debug while it keeps failing, info when it recovers.
+
+**Scrape budget.** A scrape costs the EPP about 0.3-0.6 ms of CPU (aiohttp, the kernel's
+loopback work, parsing; ``bench/results/scrape.md``), so 100 endpoints every 50 ms
+would take a core. ``max_per_s`` caps the scrapes of all loops together: every loop
+waits ``endpoints / max_per_s`` instead of ``interval_s`` when that is longer (see
+:func:`scrape_interval`), up to a quarter of ``stale_after_s`` (the scheduler's
+staleness bound), so a live endpoint's metrics never go stale between two scrapes; past
+that ceiling the budget gives way, with a warning. The interval in
+force is the gauge ``epp_scrape_interval_seconds``.
 """
 
 from __future__ import annotations
@@ -38,6 +47,18 @@ METRICS_PATH = "/metrics"
 # Classic text format, uncompressed: on a scrape every 50 ms, gzip would cost CPU in
 # the model server and here for bytes that mostly cross a fast network.
 REQUEST_HEADERS = {"Accept": "text/plain; version=0.0.4", "Accept-Encoding": "identity"}
+# however large the pool, every endpoint is scraped this many times within the
+# staleness bound (so one slow or lost scrape does not make it stale)
+SCRAPES_PER_STALE_BOUND = 4
+
+
+def scrape_interval(base_s: float, endpoints: int, max_per_s: float, ceiling_s: float) -> float:
+    """Seconds between two scrapes of one endpoint: ``base_s``, stretched so that
+    ``endpoints`` loops together make at most ``max_per_s`` scrapes a second (0 = no
+    limit), but never past ``ceiling_s`` (nor below ``base_s``)."""
+    if max_per_s <= 0:
+        return base_s
+    return max(base_s, min(endpoints / max_per_s, ceiling_s))
 
 
 class ScrapeError(Exception):
@@ -53,6 +74,8 @@ class MetricsScraper:
         eppmetrics: EppMetrics,
         *,
         interval_s: float = 0.05,
+        max_per_s: float = 0.0,
+        stale_after_s: float = 2.0,
         timeout_s: float = 1.0,
         jitter: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
@@ -61,15 +84,25 @@ class MetricsScraper:
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        if not max_per_s >= 0:
+            raise ValueError(f"max_per_s must be >= 0 (0 = no limit), got {max_per_s}")
+        if not stale_after_s > 0:
+            raise ValueError(f"stale_after_s must be > 0, got {stale_after_s}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if not 0 <= jitter < 1:
             raise ValueError(f"jitter must be in [0, 1), got {jitter}")
         self._datastore = datastore
         self._failures = eppmetrics.scrape_failures
+        self._scrapes = eppmetrics.scrapes
         # told (address, reason) when a server cannot be reached at all (failure ejection)
         self._on_unreachable = on_unreachable
-        self._interval_s = interval_s
+        self._base_s = interval_s
+        self._max_per_s = max_per_s
+        self._ceiling_s = stale_after_s / SCRAPES_PER_STALE_BOUND
+        self._interval_gauge = eppmetrics.scrape_interval
+        self._interval_gauge.set(interval_s)
+        self._over_budget = False
         self._timeout_s = timeout_s
         self._jitter = jitter
         self._clock = clock
@@ -117,6 +150,7 @@ class MetricsScraper:
         if session is None:
             raise RuntimeError("MetricsScraper.scrape_once() before start()")
         address = endpoint.address
+        self._scrapes.inc()
         try:
             names = engine_names(endpoint.engine)
             # asyncio.timeout, not aiohttp's ClientTimeout: when a cancel (endpoint
@@ -185,8 +219,32 @@ class MetricsScraper:
             exc_info=exc_info,
         )
 
+    def interval_s(self) -> float:
+        """Seconds between two scrapes of one endpoint, for the current pool size."""
+        return scrape_interval(self._base_s, self._tasks.count(), self._max_per_s, self._ceiling_s)
+
     def _delay(self) -> float:
-        return self._interval_s * self._rng.uniform(1 - self._jitter, 1 + self._jitter)
+        interval = self.interval_s()
+        self._interval_gauge.set(interval)
+        self._note_budget(interval)
+        return interval * self._rng.uniform(1 - self._jitter, 1 + self._jitter)
+
+    def _note_budget(self, interval: float) -> None:
+        """Warn once when the pool outgrows the scrape budget, info when it fits again."""
+        n = self._tasks.count()
+        over = self._max_per_s > 0 and n / interval > self._max_per_s * 1.0001
+        if over == self._over_budget:
+            return
+        self._over_budget = over
+        if over:
+            log.warning(
+                "%d endpoints scraped every %gs is %.0f scrapes/s, over the budget of %g "
+                "(dataLayer.maxScrapesPerSecond): the interval stops at %gs, a quarter of "
+                "dataLayer.staleAfterSeconds, so that metrics do not go stale",
+                n, interval, n / interval, self._max_per_s, interval,
+            )  # fmt: skip
+        else:
+            log.info("scrapes are within the budget of %g a second again", self._max_per_s)
 
     async def _run(self, endpoint: Endpoint) -> None:
         try:

@@ -55,6 +55,10 @@ class EndpointTasks:
         # gather, not per-task suppress: a cancel aimed at stop() itself must propagate
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def count(self) -> int:
+        """How many tasks run (one per endpoint)."""
+        return len(self._tasks)
+
     def addresses(self) -> list[str]:
         """Endpoints that currently have a task (for tests and /status)."""
         return sorted(self._tasks)

@@ -400,7 +400,14 @@ async def test_ipv6_endpoint(env: Env) -> None:
 def test_constructor_rejects_bad_settings() -> None:
     datastore = Datastore()
     metrics = EppMetrics(datastore)
-    for kwargs in ({"interval_s": 0}, {"timeout_s": -1}, {"jitter": 1.0}, {"jitter": -0.1}):
+    for kwargs in (
+        {"interval_s": 0},
+        {"timeout_s": -1},
+        {"jitter": 1.0},
+        {"jitter": -0.1},
+        {"max_per_s": -1},
+        {"stale_after_s": 0},
+    ):
         with pytest.raises(ValueError):
             MetricsScraper(datastore, metrics, **kwargs)  # type: ignore[arg-type]
 
@@ -410,3 +417,48 @@ def test_start_needs_a_running_loop() -> None:
     scraper = MetricsScraper(datastore, EppMetrics(datastore))
     with pytest.raises(RuntimeError):
         scraper.start()
+
+
+async def test_a_pool_over_the_budget_is_scraped_less_often(
+    closed_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unreachable endpoints (connection refused at once) still get one loop each, so
+    the loops' pace is the budget's alone."""
+    caplog.set_level(logging.INFO, SCRAPER_LOG)
+    datastore = Datastore()
+    metrics = EppMetrics(datastore)
+    scraper = MetricsScraper(datastore, metrics, interval_s=0.01, max_per_s=100, stale_after_s=0.4)
+
+    def gauge() -> float | None:
+        return metrics.registry.get_sample_value("epp_scrape_interval_seconds")
+
+    def scrapes() -> float:
+        return metrics.registry.get_sample_value("epp_scrapes_total") or 0.0
+
+    def budget_logs(level: int) -> list[str]:
+        return [m for m in scraper_records(caplog, level) if "budget" in m]
+
+    addresses = [f"127.0.0.{i + 2}" for i in range(20)]
+    for host in addresses[:5]:
+        datastore.add(Endpoint(host, closed_port))
+    scraper.start()
+    try:
+        await until(lambda: gauge() == pytest.approx(0.05), what="5 endpoints: 5 / 100 s")
+        for host in addresses[5:]:
+            datastore.add(Endpoint(host, closed_port))
+        await until(lambda: gauge() == pytest.approx(0.1), what="20 endpoints: stale after / 4")
+        await until(lambda: budget_logs(logging.WARNING), what="the over-budget warning")
+        assert "20 endpoints scraped every 0.1s is 200 scrapes/s" in budget_logs(logging.WARNING)[0]
+        # each loop waits >= 0.08 s (0.1 less 20 % jitter): <= 250 scrapes a second in
+        # all, where 20 loops every 10 ms would make 2,000
+        first, started = scrapes(), time.monotonic()
+        await asyncio.sleep(1.0)
+        elapsed = time.monotonic() - started
+        assert scrapes() - first <= 20 / 0.08 * elapsed + 20
+        for host in addresses[1:]:
+            datastore.remove(f"{host}:{closed_port}")
+        await until(lambda: gauge() == pytest.approx(0.01), what="one endpoint: the interval")
+        await until(lambda: budget_logs(logging.INFO), what="back within the budget")
+        assert len(budget_logs(logging.WARNING)) == 1  # once per excursion, not per loop
+    finally:
+        await scraper.stop()

@@ -43,6 +43,7 @@ def test_partial_file_keeps_defaults_for_the_rest() -> None:
     assert cfg.data_layer.scrape_interval_s == 0.2
     assert cfg.data_layer.orca_request_format == "TEXT"
     assert cfg.data_layer.stale_after_s == 2.0
+    assert cfg.data_layer.max_scrapes_per_s == 400
     assert len(cfg.profiles[0].plugins) == 6  # default profiles untouched
     assert cfg.disaggregation.prefill_timeout_s == 25
 
@@ -99,6 +100,7 @@ def test_plugins_without_profiles_form_one_default_profile() -> None:
         ("dataLayer: {orca: {oobPort: 70000}}", "oobPort: a port"),
         ("dataLayer: {scrapeMetrics: yes please}", "scrapeMetrics: expected true or false"),
         ("dataLayer: {colour: red}", "unknown parameter(s) ['colour']"),
+        ("dataLayer: {maxScrapesPerSecond: -1}", "maxScrapesPerSecond: must be >= 0"),
         ("endpoints: [{address: 'nowhere'}]", "endpoints[0].address:"),
         ("endpoints: [{address: '1.2.3.4:80', role: chef}]", "endpoints[0].role: unknown role"),
         ("endpoints: [{address: '1.2.3.4:80', colour: red}]", "unknown parameter(s) ['colour']"),
