@@ -1,12 +1,15 @@
-"""What the benchmarks read about the machine they run on (Linux /proc)."""
+"""What the benchmarks read about the machine they run on (Linux /proc) and the code
+they run (git)."""
 
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -37,3 +40,23 @@ def machine_description() -> str:
         f"{platform.machine()}, {os.cpu_count()} cores{f' ({model})' if model else ''}, "
         f"Python {platform.python_version()}"
     )
+
+
+def git_state() -> str:
+    """The commit the run used, marked dirty when the tree had uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "epp"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head} + uncommitted changes under epp/" if dirty else head

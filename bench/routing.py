@@ -69,7 +69,6 @@ import math
 import os
 import re
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Coroutine, Sequence
@@ -80,7 +79,7 @@ from typing import Any, TypeVar
 import aiohttp
 import orjson
 
-from bench.host import cpu_seconds, machine_cpu, machine_description
+from bench.host import cpu_seconds, git_state, machine_cpu, machine_description
 from bench.workload import WorkloadSpec, generate, system_prompts
 from epp import argtypes
 from epp.envoyconfig import (
@@ -796,26 +795,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_results(args.out, name, meta, rows, args.per_request)
     print(f"done in {elapsed:.0f} s; logs in {workdir}")
     return 0
-
-
-def git_state() -> str:
-    """The commit the run used, marked dirty when the tree had uncommitted changes."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--", "epp"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{head} + uncommitted changes under epp/" if dirty else head
 
 
 # ---------------------------------------------------------------- reporting

@@ -64,12 +64,6 @@ class EppMetrics:
             ["endpoint"],
             registry=self.registry,
         )
-        self.scrape_interval = Gauge(
-            "epp_scrape_interval_seconds",
-            "Seconds between two /metrics scrapes of one endpoint: scrapeIntervalSeconds, "
-            "or longer when the pool is too large for maxScrapesPerSecond.",
-            registry=self.registry,
-        )
         self.orca_reports = Counter(
             "epp_orca_reports",
             "ORCA load reports received, by source (header, oob) and result (ok, malformed).",
@@ -125,6 +119,16 @@ class EppMetrics:
 
         gc.callbacks.append(timed)
         return lambda: gc.callbacks.remove(timed)
+
+    def report_scrape_interval(self, interval: Callable[[], float]) -> None:
+        """Export the scrape interval in force (read at scrape time), once a scraper runs."""
+        gauge = Gauge(
+            "epp_scrape_interval_seconds",
+            "Seconds between two /metrics scrapes of one endpoint: scrapeIntervalSeconds, "
+            "or longer when the pool is too large for maxScrapesPerSecond.",
+            registry=self.registry,
+        )
+        gauge.set_function(interval)
 
     def report_prefix_indexes(self, indexes: Mapping[str, PrefixIndex]) -> None:
         """Export the size of each prefix-cache scorer's index (by plugin name), read at

@@ -13,14 +13,16 @@ that get no traffic.
 Logging stays quiet at 20 scrapes a second: a warning when an endpoint starts failing,
 debug while it keeps failing, info when it recovers.
 
-**Scrape budget.** A scrape costs the EPP about 0.3-0.6 ms of CPU (aiohttp, the kernel's
+**Scrape budget.** A scrape costs the EPP about 0.5-0.8 ms of CPU (aiohttp, the kernel's
 loopback work, parsing; ``bench/results/scrape.md``), so 100 endpoints every 50 ms
-would take a core. ``max_per_s`` caps the scrapes of all loops together: every loop
-waits ``endpoints / max_per_s`` instead of ``interval_s`` when that is longer (see
-:func:`scrape_interval`), up to a quarter of ``stale_after_s`` (the scheduler's
-staleness bound), so a live endpoint's metrics never go stale between two scrapes; past
-that ceiling the budget gives way, with a warning. The interval in
-force is the gauge ``epp_scrape_interval_seconds``.
+would take more than a core. ``max_per_s`` caps the scrapes of all loops together:
+every loop waits ``endpoints / max_per_s`` instead of ``interval_s`` when that is longer
+(:func:`scrape_interval`), but only as far as :func:`stretch_ceiling` allows, so that an
+endpoint whose scrape fails once (its timeout) is still fresh for the scheduler (its
+``stale_after_s``); past that the budget gives way, with a warning. A new loop's first
+scrape waits a random part of the stretch, so a pool that appears at once (start-up, an
+EDS push) is scraped at the budget's pace from the start. The interval in force is the
+gauge ``epp_scrape_interval_seconds``.
 """
 
 from __future__ import annotations
@@ -47,9 +49,14 @@ METRICS_PATH = "/metrics"
 # Classic text format, uncompressed: on a scrape every 50 ms, gzip would cost CPU in
 # the model server and here for bytes that mostly cross a fast network.
 REQUEST_HEADERS = {"Accept": "text/plain; version=0.0.4", "Accept-Encoding": "identity"}
-# however large the pool, every endpoint is scraped this many times within the
-# staleness bound (so one slow or lost scrape does not make it stale)
-SCRAPES_PER_STALE_BOUND = 4
+
+
+def stretch_ceiling(stale_after_s: float, timeout_s: float, jitter: float) -> float:
+    """The longest interval the budget may stretch to: an endpoint whose scrape fails
+    once, waiting out ``timeout_s``, is still fresh, because two waits (each up to
+    ``jitter`` longer than the interval) and the timeout fit within ``stale_after_s``.
+    0 (no stretching) when the timeout alone takes that long."""
+    return max(stale_after_s - timeout_s, 0.0) / (2 * (1 + jitter))
 
 
 def scrape_interval(base_s: float, endpoints: int, max_per_s: float, ceiling_s: float) -> float:
@@ -99,9 +106,8 @@ class MetricsScraper:
         self._on_unreachable = on_unreachable
         self._base_s = interval_s
         self._max_per_s = max_per_s
-        self._ceiling_s = stale_after_s / SCRAPES_PER_STALE_BOUND
-        self._interval_gauge = eppmetrics.scrape_interval
-        self._interval_gauge.set(interval_s)
+        self._ceiling_s = stretch_ceiling(stale_after_s, timeout_s, jitter)
+        self._stale_after_s = stale_after_s
         self._over_budget = False
         self._timeout_s = timeout_s
         self._jitter = jitter
@@ -109,6 +115,7 @@ class MetricsScraper:
         self._rng = rng if rng is not None else random.Random()
         self._session: aiohttp.ClientSession | None = None
         self._tasks = EndpointTasks("scrape", datastore, self._run)
+        eppmetrics.report_scrape_interval(self.interval_s)
         # endpoints whose last scrape failed (their failures log at debug level)
         self._failing: set[str] = set()
 
@@ -225,7 +232,6 @@ class MetricsScraper:
 
     def _delay(self) -> float:
         interval = self.interval_s()
-        self._interval_gauge.set(interval)
         self._note_budget(interval)
         return interval * self._rng.uniform(1 - self._jitter, 1 + self._jitter)
 
@@ -239,15 +245,19 @@ class MetricsScraper:
         if over:
             log.warning(
                 "%d endpoints scraped every %gs is %.0f scrapes/s, over the budget of %g "
-                "(dataLayer.maxScrapesPerSecond): the interval stops at %gs, a quarter of "
-                "dataLayer.staleAfterSeconds, so that metrics do not go stale",
-                n, interval, n / interval, self._max_per_s, interval,
+                "(dataLayer.maxScrapesPerSecond); a longer interval would let one failed "
+                "scrape (a %gs timeout) age an endpoint's metrics past "
+                "dataLayer.staleAfterSeconds (%gs)",
+                n, interval, n / interval, self._max_per_s, self._timeout_s,
+                self._stale_after_s,
             )  # fmt: skip
         else:
             log.info("scrapes are within the budget of %g a second again", self._max_per_s)
 
     async def _run(self, endpoint: Endpoint) -> None:
         try:
+            # 0 unless the budget stretches the interval: then spread the first round
+            await asyncio.sleep(self._rng.uniform(0.0, self.interval_s() - self._base_s))
             while True:
                 await self.scrape_once(endpoint)
                 await asyncio.sleep(self._delay())

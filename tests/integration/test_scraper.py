@@ -427,7 +427,10 @@ async def test_a_pool_over_the_budget_is_scraped_less_often(
     caplog.set_level(logging.INFO, SCRAPER_LOG)
     datastore = Datastore()
     metrics = EppMetrics(datastore)
-    scraper = MetricsScraper(datastore, metrics, interval_s=0.01, max_per_s=100, stale_after_s=0.4)
+    # stretched at most to (0.25 - 0.01) / 2.4 = 0.1 s
+    scraper = MetricsScraper(
+        datastore, metrics, interval_s=0.01, max_per_s=100, stale_after_s=0.25, timeout_s=0.01
+    )
 
     def gauge() -> float | None:
         return metrics.registry.get_sample_value("epp_scrape_interval_seconds")
@@ -446,7 +449,7 @@ async def test_a_pool_over_the_budget_is_scraped_less_often(
         await until(lambda: gauge() == pytest.approx(0.05), what="5 endpoints: 5 / 100 s")
         for host in addresses[5:]:
             datastore.add(Endpoint(host, closed_port))
-        await until(lambda: gauge() == pytest.approx(0.1), what="20 endpoints: stale after / 4")
+        await until(lambda: gauge() == pytest.approx(0.1), what="20 endpoints: the ceiling")
         await until(lambda: budget_logs(logging.WARNING), what="the over-budget warning")
         assert "20 endpoints scraped every 0.1s is 200 scrapes/s" in budget_logs(logging.WARNING)[0]
         # each loop waits >= 0.08 s (0.1 less 20 % jitter): <= 250 scrapes a second in
