@@ -69,7 +69,7 @@ def measure(
         ages = []
         while time.monotonic() - start < duration:
             time.sleep(1.0)
-            ages.append(epp_sample(epp)["max_age"])
+            ages.append(epp_sample(epp)["max_age"])  # NaN with no endpoints
         after, sims1, busy1 = epp_sample(epp), sum(cpu_seconds(s.pid) for s in sims), machine_cpu()
         wall = time.monotonic() - start
     finally:
@@ -86,7 +86,7 @@ def measure(
         "epp_us_per_scrape": epp_cpu / max(scrapes, 1) * 1e6,
         "sims_cores": (sims1 - sims0) / wall,
         "failures": after["failures"] - before["failures"],
-        "max_age_s": max(ages),
+        "max_age_s": max(ages, default=float("nan")),
         "machine_busy": (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1.0),
     }
 
@@ -111,29 +111,38 @@ def write_results(out: Path, rows: list[dict[str, Any]], args: argparse.Namespac
         "`scrapeTimeoutSeconds` 1). *Max metrics age* is the oldest endpoint's age, "
         "sampled once a second (stale after 2 s). The EPP's CPU includes answering those "
         "reads of its own /metrics (one line per endpoint and metric; ~12 ms for 512 "
-        "endpoints, ~1 % of a core). Rows of 5 s vary by about ±30 % in CPU per scrape "
-        "(the two 8-endpoint rows run the same schedule).",
+        "endpoints, ~1 % of a core). CPU per scrape varies by about ±30 % from row to row "
+        "(the two 8-endpoint rows run the same schedule). The first row is the EPP with "
+        "no endpoints; *above idle* subtracts its CPU from the others'.",
         "",
         "| endpoints | budget | interval s | scrapes/s (wanted at 0.05 s) | EPP cores | "
-        "EPP µs/scrape | simulators' cores | machine busy | max metrics age s | failures |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "EPP µs/scrape | above idle | simulators' cores | machine busy | "
+        "max metrics age s | failures |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    idle = next((r["epp_cores"] for r in rows if r["endpoints"] == 0), 0.0)
     for r in rows:
+        rate = r["scrapes_per_s"]
+        per = f"{r['epp_us_per_scrape']:.0f}" if rate else "-"
+        net = f"{(r['epp_cores'] - idle) / rate * 1e6:.0f}" if rate else "-"
+        age = "-" if r["max_age_s"] != r["max_age_s"] else f"{r['max_age_s']:.2f}"
         lines.append(
             f"| {r['endpoints']} | {r['budget']:g} | {r['interval_s']:.3f} | "
-            f"{r['scrapes_per_s']:.0f} ({r['wanted_per_s']:.0f}) | {r['epp_cores']:.2f} | "
-            f"{r['epp_us_per_scrape']:.0f} | {r['sims_cores']:.2f} | "
-            f"{r['machine_busy']:.0%} | {r['max_age_s']:.2f} | {r['failures']:.0f} |"
+            f"{rate:.0f} ({r['wanted_per_s']:.0f}) | {r['epp_cores']:.2f} | {per} | {net} | "
+            f"{r['sims_cores']:.2f} | {r['machine_busy']:.0%} | {age} | "
+            f"{r['failures']:.0f} |"
         )
     (out / "scrape.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--endpoints", type=int, nargs="+", default=[8, 32, 128, 512])
+    parser.add_argument(
+        "--endpoints", type=int, nargs="+", default=[8, 32, 128, 512], help="pool sizes"
+    )
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.0, DEFAULT_BUDGET])
     parser.add_argument("--sims", type=int, default=4, help="simulator processes")
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per row")
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per row")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     workdir = scratch_dir("epp-bench-scrape-")
@@ -146,16 +155,17 @@ def main() -> int:
     try:
         for sim in sims:
             sim.wait_ready()
-        for n in args.endpoints:
-            for budget in args.budgets:
-                print(f"  {n} endpoints, budget {budget:g} ...", end="", flush=True)
-                row = measure(workdir, sims, n, budget, args.duration)
-                print(
-                    f" {row['scrapes_per_s']:.0f} scrapes/s, EPP {row['epp_cores']:.2f} cores, "
-                    f"max age {row['max_age_s']:.2f} s",
-                    flush=True,
-                )
-                rows.append(row)
+        cells = [(0, DEFAULT_BUDGET)]  # the idle EPP first
+        cells += [(n, budget) for n in args.endpoints for budget in args.budgets]
+        for n, budget in cells:
+            print(f"  {n} endpoints, budget {budget:g} ...", end="", flush=True)
+            row = measure(workdir, sims, n, budget, args.duration)
+            print(
+                f" {row['scrapes_per_s']:.0f} scrapes/s, EPP {row['epp_cores']:.2f} cores, "
+                f"max age {row['max_age_s']:.2f} s",
+                flush=True,
+            )
+            rows.append(row)
     finally:
         for sim in sims:
             sim.stop()
