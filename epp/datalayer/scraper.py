@@ -256,8 +256,9 @@ class MetricsScraper:
 
     async def _run(self, endpoint: Endpoint) -> None:
         try:
-            # 0 unless the budget stretches the interval: then spread the first round
-            await asyncio.sleep(self._rng.uniform(0.0, self.interval_s() - self._base_s))
+            stretch = self.interval_s() - self._base_s
+            if stretch > 0:  # a pool the budget stretches: spread the first round over it
+                await asyncio.sleep(self._rng.uniform(0.0, stretch))
             while True:
                 await self.scrape_once(endpoint)
                 await asyncio.sleep(self._delay())

@@ -465,3 +465,24 @@ async def test_a_pool_over_the_budget_is_scraped_less_often(
         assert len(budget_logs(logging.WARNING)) == 1  # once per excursion, not per loop
     finally:
         await scraper.stop()
+
+
+@pytest.mark.parametrize(("budget", "first_round"), [(0.0, 20), (100.0, 0)])
+async def test_a_stretched_pool_spreads_its_first_scrapes(
+    closed_port: int, budget: float, first_round: int
+) -> None:
+    """Without the budget every new loop scrapes at once; with it (20 endpoints at 100/s
+    stretch 0.01 s to 0.1 s) each first waits a random part of the stretch."""
+    datastore = Datastore()
+    metrics = EppMetrics(datastore)
+    scraper = MetricsScraper(
+        datastore, metrics, interval_s=0.01, max_per_s=budget, stale_after_s=0.25, timeout_s=0.01
+    )
+    for i in range(20):
+        datastore.add(Endpoint(f"127.0.0.{i + 2}", closed_port))
+    scraper.start()
+    try:
+        await asyncio.sleep(0)  # every new loop takes its first step, then we go on
+        assert metrics.registry.get_sample_value("epp_scrapes_total") == first_round
+    finally:
+        await scraper.stop()
