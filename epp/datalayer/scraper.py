@@ -13,7 +13,7 @@ that get no traffic.
 Logging stays quiet at 20 scrapes a second: a warning when an endpoint starts failing,
 debug while it keeps failing, info when it recovers.
 
-**Scrape budget.** A scrape costs the EPP about 0.5-0.8 ms of CPU (aiohttp, the kernel's
+**Scrape budget.** A scrape costs the EPP about 0.5-1 ms of CPU (aiohttp, the kernel's
 loopback work, parsing; ``bench/results/scrape.md``), so 100 endpoints every 50 ms
 would take more than a core. ``max_per_s`` caps the scrapes of all loops together:
 every loop waits ``endpoints / max_per_s`` instead of ``interval_s`` when that is longer
