@@ -332,7 +332,8 @@ def _plugins(raw: Any, source: str, registry: Registry) -> tuple[PluginSpec, ...
 
 def _data_layer(raw: Any, source: str) -> DataLayerConfig:
     p = Params(f"{source}: dataLayer", raw)
-    scrape = p.boolean("scrapeMetrics", True)
+    d = DataLayerConfig()  # the defaults, written once
+    scrape = p.boolean("scrapeMetrics", d.scrape_metrics)
     orca = Params(f"{source}: dataLayer.orca", p._get("orca"))
     fmt = orca.string("requestFormat", "none", choices=("none", "TEXT", "JSON"))
     oob_port = orca._get("oobPort")
@@ -342,14 +343,16 @@ def _data_layer(raw: Any, source: str) -> DataLayerConfig:
         raise ConfigError(f"{source}: dataLayer.orca.oobPort: a port 1-65535 or null")
     cfg = DataLayerConfig(
         scrape_metrics=scrape,
-        scrape_interval_s=p.number("scrapeIntervalSeconds", 0.05, minimum=0.001),
-        max_scrapes_per_s=p.number("maxScrapesPerSecond", 400.0, minimum=0.0),
-        scrape_timeout_s=p.number("scrapeTimeoutSeconds", 1.0, minimum=0.001),
-        stale_after_s=p.number("staleAfterSeconds", 2.0, minimum=0.001),
-        engine=p.string("engine", "vllm", choices=tuple(ENGINES)),
+        scrape_interval_s=p.number("scrapeIntervalSeconds", d.scrape_interval_s, minimum=0.001),
+        max_scrapes_per_s=p.number("maxScrapesPerSecond", d.max_scrapes_per_s, minimum=0.0),
+        scrape_timeout_s=p.number("scrapeTimeoutSeconds", d.scrape_timeout_s, minimum=0.001),
+        stale_after_s=p.number("staleAfterSeconds", d.stale_after_s, minimum=0.001),
+        engine=p.string("engine", d.engine, choices=tuple(ENGINES)),
         orca_request_format=None if fmt == "none" else fmt,
         orca_oob_port=oob_port,
-        orca_report_interval_s=orca.number("reportIntervalSeconds", 1.0, minimum=0.01),
+        orca_report_interval_s=orca.number(
+            "reportIntervalSeconds", d.orca_report_interval_s, minimum=0.01
+        ),
     )
     orca.done()
     p.done()

@@ -48,6 +48,12 @@ def test_partial_file_keeps_defaults_for_the_rest() -> None:
     assert cfg.disaggregation.prefill_timeout_s == 25
 
 
+def test_the_embedded_default_matches_the_dataclass_defaults() -> None:
+    # the YAML default (what `epp config show` prints) and the code's defaults agree
+    assert config.load_text(config.DEFAULT_CONFIG, "d").data_layer == config.DataLayerConfig()
+    assert config.load_text("dataLayer: {}", "f").data_layer == config.DataLayerConfig()
+
+
 def test_plugins_without_profiles_form_one_default_profile() -> None:
     cfg = config.load_text("plugins: [{type: random-picker, name: r}]", "f")
     assert [(p.name, [r.plugin for r in p.plugins]) for p in cfg.profiles] == [("default", ["r"])]
