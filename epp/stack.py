@@ -34,6 +34,12 @@ from epp.procs import ManagedProcess, ProcessFailed, scratch_dir, spawn_epp
 
 HOST = "127.0.0.1"
 
+# Every simulator the stack starts reports usage.prompt_tokens_details.cached_tokens (off
+# by default in `epp sim`, as in vLLM): the EPP learns prefill cost from
+# prompt_tokens - cached_tokens, so the stack runs its servers as one would deploy vLLM
+# for it (--enable-prompt-tokens-details).
+SIM_BASE_ARGS = ("--enable-prompt-tokens-details",)
+
 # The simulators' KV connector that matches each coordinator (epp sim --kv-connector).
 SIM_CONNECTOR = {"nixl": "nixl", "sidecar": "nixl", "concurrent": "sglang", "kv-pool": "pool"}
 
@@ -186,7 +192,7 @@ class LocalStack:
         o = self.opts
         return spawn_epp(
             self.workdir, name, "sim", "--port", "0", "--model", o.model,
-            "--log-level", o.log_level, *o.sim_args, *extra,
+            "--log-level", o.log_level, *SIM_BASE_ARGS, *o.sim_args, *extra,
         )  # fmt: skip
 
     def stop(self) -> None:

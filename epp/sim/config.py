@@ -53,6 +53,9 @@ class SimConfig:
     time_scale: float = 1.0
     # ORCA response header on non-streaming responses: none | text | json | bin
     orca_format: str = "none"
+    # usage.prompt_tokens_details.cached_tokens, as vLLM --enable-prompt-tokens-details
+    # (off by default there too, so a router cannot come to rely on it unnoticed)
+    enable_prompt_tokens_details: bool = False
     # Prefill/decode disaggregation (epp.sim.handoff). The three times below are wall
     # time: ``time_scale`` does not apply, as they model protocol timeouts, not compute.
     role: Role = Role.BOTH

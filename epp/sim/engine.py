@@ -80,6 +80,18 @@ class EngineCounters:
     prefix_cache_hits_tokens: int = 0
 
 
+@dataclass(slots=True)
+class PromptReport:
+    """What a request's prefill found, filled in once it has its slot (for ``usage``).
+
+    ``cached_tokens``: leading prompt tokens not prefilled here, because the local prefix
+    cache held them or their KV was received from another instance (vLLM's
+    ``num_cached_tokens``, which counts both).
+    """
+
+    cached_tokens: int = 0
+
+
 @dataclass(slots=True, eq=False)
 class _Sequence:
     prompt_tokens: int
@@ -150,7 +162,12 @@ class Engine:
         return text_block_hashes(req.prompt_text, self.config.block_chars)
 
     async def generate(
-        self, req: GenerationRequest, *, received_tokens: int = 0, arrival: float | None = None
+        self,
+        req: GenerationRequest,
+        *,
+        received_tokens: int = 0,
+        arrival: float | None = None,
+        report: PromptReport | None = None,
     ) -> AsyncGenerator[int, None]:
         """Yield the indexes of ``req.max_tokens`` tokens, each at its simulated time.
 
@@ -160,6 +177,7 @@ class Engine:
         before a KV handoff. Close the generator (``contextlib.aclosing``) when
         abandoning it early, e.g. on client disconnect: that frees the slot and the
         sequence's KV blocks at once instead of whenever it is garbage-collected.
+        ``report``, when given, gets the prompt tokens that were not prefilled here.
         """
         start = self._clock() if arrival is None else arrival
         seq = _Sequence(req.prompt_tokens, self.block_hashes(req), start)
@@ -167,12 +185,10 @@ class Engine:
         await self._admit()
         try:
             self._schedule(seq)
-            delay = first_token_seconds(
-                self.config,
-                seq.prompt_tokens,
-                seq.cached_tokens,
-                min(received_tokens, seq.prompt_tokens),
-            )
+            received = min(received_tokens, seq.prompt_tokens)
+            if report is not None:
+                report.cached_tokens = max(seq.cached_tokens, received)
+            delay = first_token_seconds(self.config, seq.prompt_tokens, seq.cached_tokens, received)
             if delay > 0:
                 await self._sleep(delay)
             self.counters.prompt_tokens_total += seq.prompt_tokens

@@ -74,6 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.time_scale,
         help="multiplies every simulated latency (0 = answer instantly)",
     )
+    add(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens (the prompt tokens the prefix "
+        "cache or a KV transfer served without prefill), as vLLM's flag of that name; off "
+        "by default, as in vLLM",
+    )
     # ORCA load reports (epp.sim.orca)
     add(
         "--orca-format",
@@ -170,6 +177,7 @@ def config_from_args(args: argparse.Namespace, port: int) -> SimConfig:
         default_max_tokens=args.default_max_tokens,
         time_scale=args.time_scale,
         orca_format=args.orca_format,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         role=args.role,
         kv_connector=KvConnector(args.kv_connector),
         kv_hold_seconds=args.kv_hold_seconds,

@@ -46,19 +46,30 @@ def now_created() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """vLLM's ``usage`` object. ``cached_tokens`` is None unless the server reports prompt
+    token details (``--enable-prompt-tokens-details``); vLLM then fills
+    ``prompt_tokens_details`` only when some tokens were cached (0 stays null)."""
+    details = {"cached_tokens": cached_tokens} if cached_tokens else None
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": details,
     }
 
 
 def full_response(
-    req: GenerationRequest, rid: str, created: int, completion_tokens: int
+    req: GenerationRequest,
+    rid: str,
+    created: int,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The non-streaming body for ``completion_tokens`` generated tokens."""
+    """The non-streaming body for ``completion_tokens`` generated tokens (``cached_tokens``
+    as in :func:`usage`)."""
     text = generated_text(completion_tokens)
     choice: dict[str, Any] = {"index": 0}
     if req.kind is ApiKind.CHAT:
@@ -74,7 +85,7 @@ def full_response(
         "created": created,
         "model": req.model,
         "choices": [choice],
-        "usage": usage(req.prompt_tokens, completion_tokens),
+        "usage": usage(req.prompt_tokens, completion_tokens, cached_tokens),
     }
 
 
@@ -109,11 +120,15 @@ def token_chunk(
 
 
 def usage_chunk(
-    req: GenerationRequest, rid: str, created: int, completion_tokens: int
+    req: GenerationRequest,
+    rid: str,
+    created: int,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The ``include_usage`` chunk sent after the last token and before ``[DONE]``."""
     chunk = _chunk(req, rid, created, [])
-    chunk["usage"] = usage(req.prompt_tokens, completion_tokens)
+    chunk["usage"] = usage(req.prompt_tokens, completion_tokens, cached_tokens)
     return chunk
 
 

@@ -25,7 +25,7 @@ from multidict import CIMultiDictProxy
 
 from epp.sim import orca, responses
 from epp.sim.config import SimConfig
-from epp.sim.engine import Engine
+from epp.sim.engine import Engine, PromptReport
 from epp.sim.handoff import Handoff, Plan
 from epp.sim.kv_routes import KvRoutes
 from epp.sim.metrics import METRICS_CONTENT_TYPE, SimMetrics
@@ -129,23 +129,30 @@ class SimServer:
         )
         return response
 
-    def _tokens(self, plan: Plan, arrival: float) -> AsyncGenerator[int, None]:
+    def _tokens(
+        self, plan: Plan, arrival: float, report: PromptReport
+    ) -> AsyncGenerator[int, None]:
         """The engine's token indexes for ``plan``, running its after-prefill step."""
         tokens = self.engine.generate(
-            plan.req, received_tokens=plan.received_tokens, arrival=arrival
+            plan.req, received_tokens=plan.received_tokens, arrival=arrival, report=report
         )
         if plan.after_prefill is None:  # most requests: no extra generator per token
             return tokens
         return _after_first(tokens, plan.after_prefill)
 
+    def _cached(self, report: PromptReport) -> int | None:
+        """``cached_tokens`` for ``usage``: None unless prompt token details are on."""
+        return report.cached_tokens if self.config.enable_prompt_tokens_details else None
+
     async def _complete(self, plan: Plan, arrival: float) -> web.Response:
         req = plan.req
         rid, created = responses.response_id(req), responses.now_created()
         generated = 0
-        async with aclosing(self._tokens(plan, arrival)) as tokens:
+        report = PromptReport()
+        async with aclosing(self._tokens(plan, arrival, report)) as tokens:
             async for _ in tokens:
                 generated += 1
-        body = responses.full_response(req, rid, created, generated)
+        body = responses.full_response(req, rid, created, generated, self._cached(report))
         body.update(plan.response_fields)
         return json_response(body)
 
@@ -161,9 +168,10 @@ class SimServer:
         await resp.prepare(request)
         last = req.max_tokens - 1
         generated = 0
+        report = PromptReport()
         try:
             # aclosing: a disconnect must free the running slot now, not at GC time.
-            async with aclosing(self._tokens(plan, arrival)) as tokens:
+            async with aclosing(self._tokens(plan, arrival, report)) as tokens:
                 async for index in tokens:
                     if index == 0 and req.kind is ApiKind.CHAT:
                         # vLLM sends the role delta once the first output exists.
@@ -172,7 +180,7 @@ class SimServer:
                     await resp.write(responses.sse(chunk))
                     generated += 1
             if req.include_usage:
-                chunk = responses.usage_chunk(req, rid, created, generated)
+                chunk = responses.usage_chunk(req, rid, created, generated, self._cached(report))
                 await resp.write(responses.sse(chunk))
             await resp.write(responses.SSE_DONE)
             await resp.write_eof()

@@ -12,6 +12,7 @@ import pytest
 from epp.sim.config import SimConfig
 from epp.sim.engine import (
     Engine,
+    PromptReport,
     blocks_for,
     cached_tokens,
     first_token_seconds,
@@ -230,3 +231,20 @@ async def test_held_blocks_count_as_used_and_squeeze_the_cache() -> None:
     assert len(engine.prefix_cache) == 3
     engine.release_blocks(17)
     assert engine.kv_blocks_used == 0
+
+
+async def test_report_counts_cached_and_received_prompt_tokens() -> None:
+    fake = FakeTime()
+    engine = Engine(CONFIG, clock=fake.clock, sleep=fake.sleep)
+    prompt = "c" * 4000  # 1000 tokens: 62 full blocks = 992 tokens can be cached
+
+    async def cached(received: int = 0) -> int:
+        report = PromptReport()
+        gen = engine.generate(request(prompt, 1), received_tokens=received, report=report)
+        async with aclosing(gen) as tokens:
+            assert [i async for i in tokens] == [0]
+        return report.cached_tokens
+
+    assert await cached() == 0  # cold
+    assert await cached() == 992  # the prefix cache's full blocks
+    assert await cached(received=5000) == 1000  # KV received for the whole prompt (capped)

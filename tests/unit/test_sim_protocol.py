@@ -184,6 +184,18 @@ def test_chat_response_shapes() -> None:
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 2 + req.prompt_tokens
 
 
+def test_prompt_tokens_details_as_vllm_shapes_them() -> None:
+    req = chat([{"role": "user", "content": "x" * 400}])
+    # Off (vLLM's default) or nothing cached: null; otherwise the cached count.
+    assert responses.usage(100, 2)["prompt_tokens_details"] is None
+    assert responses.usage(100, 2, 0)["prompt_tokens_details"] is None
+    assert responses.usage(100, 2, 96)["prompt_tokens_details"] == {"cached_tokens": 96}
+    body = responses.full_response(req, "r", 1, 2, cached_tokens=96)
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 96}
+    chunk = responses.usage_chunk(req, "r", 1, 2, cached_tokens=96)
+    assert chunk["usage"]["prompt_tokens_details"] == {"cached_tokens": 96}
+
+
 def test_sse_framing() -> None:
     assert responses.sse({"a": 1}) == b'data: {"a":1}\n\n'
     assert responses.SSE_DONE == b"data: [DONE]\n\n"
