@@ -1,4 +1,5 @@
-"""bench/workload.py: the seeded shared-prefix workload of the routing benchmark."""
+"""bench/workload.py: the seeded workloads of the routing benchmark (groups, control,
+multi-turn)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,16 @@ import pytest
 
 from bench.workload import (
     CHARS_PER_TOKEN,
+    KINDS,
+    SESSION_HEADER,
+    TimedRequest,
     WorkloadSpec,
     arrival_offsets,
     generate,
+    generate_control,
+    generate_kind,
+    generate_multi_turn,
+    group_key,
     group_weights,
     system_prompts,
 )
@@ -107,8 +115,102 @@ def test_uniform_groups_by_default_and_skew_favours_first_groups() -> None:
         {"question_tokens": (0, 5)},
         {"output_tokens": (10, 5)},
         {"skew": -1.0},
+        {"turns": (0, 3)},
+        {"think_s": 0.0},
     ],
 )
 def test_spec_rejects_nonsense(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         WorkloadSpec(**kwargs)  # type: ignore[arg-type]
+
+
+def test_control_prompts_share_nothing_and_keep_the_lengths() -> None:
+    requests = generate_control(SPEC, rate=50, duration=10, seed=8)
+    assert requests == generate_control(SPEC, rate=50, duration=10, seed=8)
+    systems = [r.body["messages"][0]["content"] for r in requests]
+    assert all(len(s) == SPEC.prefix_tokens * CHARS_PER_TOKEN for s in systems)
+    assert len({s[:64] for s in systems}) == len(systems)  # distinct from the first block
+    other = generate_control(SPEC, rate=50, duration=10, seed=9)  # the next cell's
+    assert not {s[:64] for s in systems} & {r.body["messages"][0]["content"][:64] for r in other}
+    assert [r.group for r in requests] == list(range(len(requests)))
+    assert all(r.warm_prefixes == () and r.marks == () for r in requests)
+    lo, hi = SPEC.question_tokens
+    assert all(
+        lo * CHARS_PER_TOKEN <= len(r.body["messages"][1]["content"]) <= hi * CHARS_PER_TOKEN
+        for r in requests
+    )
+
+
+def test_groups_requests_mark_and_expect_their_system_prompt() -> None:
+    prompts = system_prompts(SPEC)
+    for r in generate(SPEC, rate=20, duration=2, seed=1):
+        assert r.warm_prefixes == ((group_key(r.group), len(prompts[r.group])),)
+        assert r.marks == (group_key(r.group),)
+
+
+MULTI = WorkloadSpec(
+    groups=4, prefix_tokens=100, question_tokens=(5, 10), output_tokens=(3, 6), turns=(2, 4)
+)
+
+
+def sessions_of(requests: list[TimedRequest]) -> dict[str, list[TimedRequest]]:
+    out: dict[str, list[TimedRequest]] = {}
+    for r in requests:
+        ((name, session),) = r.headers
+        assert name == SESSION_HEADER
+        out.setdefault(session, []).append(r)
+    return out
+
+
+def test_multi_turn_turns_extend_the_conversation() -> None:
+    requests = generate_multi_turn(MULTI, rate=10, duration=60, seed=3)
+    assert requests == generate_multi_turn(MULTI, rate=10, duration=60, seed=3)
+    offsets = [r.offset_s for r in requests]
+    assert offsets == sorted(offsets) and all(0 <= o < 60 for o in offsets)
+    prompts = system_prompts(MULTI)
+    sessions = sessions_of(requests)
+    complete = 0
+    for session, turns in sessions.items():
+        assert len({r.group for r in turns}) == 1
+        group = turns[0].group
+        for earlier, later in itertools.pairwise(turns):
+            before, after = earlier.body["messages"], later.body["messages"]
+            # everything sent before, the stand-in answer of that turn's length, a new question
+            assert after[: len(before)] == before
+            assert [m["role"] for m in after[len(before) :]] == ["assistant", "user"]
+            answer = after[len(before)]["content"]
+            assert len(answer) == earlier.body["max_tokens"] * CHARS_PER_TOKEN
+            prior = sum(len(m["content"]) for m in before)
+            assert later.warm_prefixes[0] == (earlier.marks[1], prior)
+        for r in turns:
+            messages = r.body["messages"]
+            assert messages[0] == {"role": "system", "content": prompts[group]}
+            assert messages[-1]["role"] == "user"
+            assert r.warm_prefixes[-1] == (group_key(group), len(prompts[group]))
+            assert r.marks[0] == group_key(group) and session in r.marks[1]
+        first_turn = len(turns[0].body["messages"]) == 2
+        complete += first_turn
+        if first_turn:
+            assert turns[0].warm_prefixes == ((group_key(group), len(prompts[group])),)
+    assert complete > 50  # most sessions start inside the window
+    # sessions start before 0 too: some are already under way (their first turn unsent)
+    assert complete < len(sessions)
+
+
+def test_multi_turn_rate_is_about_the_request_rate_and_sessions_are_distinct() -> None:
+    requests = generate_multi_turn(MULTI, rate=20, duration=200, seed=4)
+    assert len(requests) / 200 == pytest.approx(20, rel=0.1)
+    other = generate_multi_turn(MULTI, rate=20, duration=200, seed=5)
+    assert not set(sessions_of(requests)) & set(sessions_of(other))
+    turns = Counter(len(t) for t in sessions_of(requests).values())
+    assert set(turns) <= {1, 2, 3, 4}
+
+
+def test_generate_kind_dispatches() -> None:
+    for kind, make in (
+        ("groups", generate),
+        ("control", generate_control),
+        ("multi-turn", generate_multi_turn),
+    ):
+        assert generate_kind(kind, SPEC, 10, 5, 1) == make(SPEC, 10, 5, 1)  # type: ignore[operator]
+    assert KINDS == ("groups", "control", "multi-turn")

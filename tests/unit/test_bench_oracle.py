@@ -1,0 +1,63 @@
+"""bench/oracle.py: the ideal policy's group-to-server assignment, on plain data."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from bench.oracle import (
+    assign_groups,
+    destination,
+    groups_per_server,
+    max_over_mean,
+    server_loads,
+)
+from bench.workload import group_weights
+
+
+def test_lpt_balances_the_issue_zipf_setting() -> None:
+    weights = group_weights(16, 1.1)
+    assignment = assign_groups(weights, servers=4, per_server=6)
+    counts = Counter(assignment)
+    assert set(counts) == {0, 1, 2, 3} and max(counts.values()) <= 6
+    loads = server_loads(weights, assignment, 4)
+    assert sum(loads) == pytest.approx(1.0)
+    # the top group alone (~33 %) is above a fair share: its server is the busiest and
+    # gets nothing else while the others catch up
+    assert assignment[0] == 0 and loads[0] == max(loads)
+    assert max_over_mean(loads) == pytest.approx(4 * weights[0], rel=0.05)
+    # the other three end up within a few % of each other
+    rest = sorted(loads[1:])
+    assert rest[-1] - rest[0] < 0.03
+
+
+def test_lpt_by_hand() -> None:
+    # 0.4 -> s0; 0.3 -> s1; 0.2 -> s1 (0.3 < 0.4); 0.1 -> s0 (0.4 < 0.5)
+    assert assign_groups([0.4, 0.3, 0.2, 0.1], servers=2, per_server=2) == [0, 1, 1, 0]
+    # uniform weights: round-robin-like, ties to the lower index
+    assert assign_groups([0.25] * 4, servers=2, per_server=4) == [0, 1, 0, 1]
+
+
+def test_kv_share_caps_groups_per_server() -> None:
+    # capacity 1: one group per server, in weight order, whatever the loads
+    assert assign_groups([0.7, 0.1, 0.1, 0.1], servers=4, per_server=1) == [0, 1, 2, 3]
+    # without the cap s1 would take all three light groups; with it each server holds 2
+    assignment = assign_groups([0.5, 0.2, 0.2, 0.1], servers=2, per_server=2)
+    assert Counter(assignment) == Counter({0: 2, 1: 2})
+    # more groups than the pool can hold: the rest go to the least loaded anyway
+    over = assign_groups([0.3, 0.3, 0.2, 0.2], servers=2, per_server=1)
+    assert over[:2] == [0, 1] and sorted(over[2:]) == [0, 1]
+    with pytest.raises(ValueError):
+        assign_groups([1.0], servers=0, per_server=1)
+
+
+def test_groups_per_server_from_free_blocks() -> None:
+    assert groups_per_server(free_blocks=600, prefix_blocks=94) == 6
+    assert groups_per_server(free_blocks=50, prefix_blocks=94) == 1  # at least one
+
+
+def test_destination_pins_groups_and_round_robins_without_groups() -> None:
+    assignment = [2, 0, 1]
+    assert [destination(i, g, assignment, 3) for i, g in enumerate([0, 0, 1, 2])] == [2, 2, 0, 1]
+    assert [destination(i, 99, None, 3) for i in range(5)] == [0, 1, 2, 0, 1]
