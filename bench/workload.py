@@ -1,17 +1,17 @@
 """Seeded chat workloads for routing benchmarks (pure: no I/O, no clock).
 
-Three kinds (:data:`KINDS`, :func:`generate_kind`), all streaming chat completions with
+Three kinds (:data:`KINDS`, the ``kind`` of :func:`generate`), all streaming chat completions with
 ``stream_options.include_usage`` and an output length drawn per request:
 
-* ``groups`` (:func:`generate`): ``--groups`` groups of requests each share one long
+* ``groups`` (the default): ``--groups`` groups of requests each share one long
   system prompt (distinct text per group, ``prefix_tokens`` tokens at the simulator's 4
   characters per token). A request is its group's system prompt plus its own user
   question (length drawn per request). Groups are drawn per request, uniformly or
   Zipf-skewed (``skew`` = the Zipf exponent, 0 = uniform).
-* ``control`` (:func:`generate_control`): the same lengths, but every request's system
+* ``control``: the same lengths, but every request's system
   prompt is its own, so no two requests share even one prefix-cache block: prefix
   affinity cannot help, and least-request is the yardstick.
-* ``multi-turn`` (:func:`generate_multi_turn`): chat sessions. Each session belongs to a
+* ``multi-turn``: chat sessions. Each session belongs to a
   group (drawn as above) and opens with that group's system prompt; turn k sends every
   earlier turn's user message and assistant answer, then a new user message. The
   assistant answers are deterministic stand-ins as long as the answer asked for
@@ -152,15 +152,14 @@ def _body(spec: WorkloadSpec, messages: list[dict[str, str]], max_tokens: int) -
     }
 
 
-def _checked(spec: WorkloadSpec, prompts: list[str] | None) -> list[str]:
-    prompts = system_prompts(spec) if prompts is None else prompts
-    if len(prompts) != spec.groups:
-        raise ValueError("prompts must hold one system prompt per group")
-    return prompts
-
-
 def group_key(group: int) -> str:
     return f"group {group}"
+
+
+class _Window(NamedTuple):
+    rate: float
+    duration: float
+    seed: int
 
 
 def generate(
@@ -169,18 +168,32 @@ def generate(
     duration: float,
     seed: int,
     prompts: list[str] | None = None,
+    kind: Kind = "groups",
 ) -> list[TimedRequest]:
-    """The ``groups`` requests arriving in ``[0, duration)`` at mean ``rate``/s, in
-    arrival order: ``messages`` = [system prompt of the request's group, user question].
-    ``prompts`` lets callers pass :func:`system_prompts` (spec) once instead of
-    rebuilding it.
+    """The requests of workload ``kind`` arriving in ``[0, duration)`` at about ``rate``
+    per second, in arrival order. ``prompts`` lets callers pass :func:`system_prompts`
+    (spec) once instead of rebuilding it for every call.
     """
-    prompts = _checked(spec, prompts)
-    rng = random.Random(f"requests/{seed}")
+    prompts = system_prompts(spec) if prompts is None else prompts
+    if len(prompts) != spec.groups:
+        raise ValueError("prompts must hold one system prompt per group")
+    window = _Window(rate, duration, seed)
+    if kind == "groups":
+        return _groups(spec, window, prompts)
+    if kind == "control":
+        return _control(spec, window)
+    if kind == "multi-turn":
+        return _multi_turn(spec, window, prompts)
+    raise ValueError(f"unknown workload kind {kind!r}")
+
+
+def _groups(spec: WorkloadSpec, w: _Window, prompts: list[str]) -> list[TimedRequest]:
+    """``messages`` = [system prompt of the request's group, user question]."""
+    rng = random.Random(f"requests/{w.seed}")
     weights = group_weights(spec.groups, spec.skew)
     population = range(spec.groups)
     out: list[TimedRequest] = []
-    for i, offset in enumerate(arrival_offsets(rng, rate, duration)):
+    for i, offset in enumerate(arrival_offsets(rng, w.rate, w.duration)):
         group = rng.choices(population, weights)[0]
         question_chars = rng.randint(*spec.question_tokens) * CHARS_PER_TOKEN
         question = text_of_length(rng, question_chars, head=f"Question {i}: ")
@@ -201,16 +214,14 @@ def generate(
     return out
 
 
-def generate_control(
-    spec: WorkloadSpec, rate: float, duration: float, seed: int
-) -> list[TimedRequest]:
-    """As :func:`generate`, but each request's system prompt (``prefix_tokens`` long) is
-    its own, distinct from the first characters on: nothing is ever shared."""
-    rng = random.Random(f"control/{seed}")
+def _control(spec: WorkloadSpec, w: _Window) -> list[TimedRequest]:
+    """As ``groups``, but each request's system prompt (``prefix_tokens`` long) is its
+    own, distinct from the first characters on: nothing is ever shared."""
+    rng = random.Random(f"control/{w.seed}")
     chars = spec.prefix_tokens * CHARS_PER_TOKEN
     out: list[TimedRequest] = []
-    for i, offset in enumerate(arrival_offsets(rng, rate, duration)):
-        system = text_of_length(rng, chars, head=f"[request {seed}/{i}] You are unique. ")
+    for i, offset in enumerate(arrival_offsets(rng, w.rate, w.duration)):
+        system = text_of_length(rng, chars, head=f"[request {w.seed}/{i}] You are unique. ")
         question_chars = rng.randint(*spec.question_tokens) * CHARS_PER_TOKEN
         question = text_of_length(rng, question_chars, head=f"Question {i}: ")
         messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
@@ -224,29 +235,20 @@ def answer_text(session: str, turn: int, tokens: int) -> str:
     return text_of_length(rng, tokens * CHARS_PER_TOKEN, head=f"Answer {turn}: ")
 
 
-def generate_multi_turn(
-    spec: WorkloadSpec,
-    rate: float,
-    duration: float,
-    seed: int,
-    prompts: list[str] | None = None,
-) -> list[TimedRequest]:
-    """Chat sessions' turns arriving in ``[0, duration)``, about ``rate`` requests/s, in
-    arrival order.
-
-    Sessions start at ``rate`` / (mean turns) per second, from one mean session length
-    before 0 on (turns before 0 are not sent), so the rate is steady from the start.
-    Session ids (``x-session-id``) are ``{seed}-{n}``: distinct across cells.
+def _multi_turn(spec: WorkloadSpec, w: _Window, prompts: list[str]) -> list[TimedRequest]:
+    """Chat sessions' turns. Sessions start at ``rate`` / (mean turns) per second, from
+    one mean session length before 0 on (turns before 0 are not sent), so the request
+    rate is steady from the start. Session ids (``x-session-id``) are ``{seed}-{n}``:
+    distinct across cells.
     """
-    prompts = _checked(spec, prompts)
-    rng = random.Random(f"sessions/{seed}")
+    rng = random.Random(f"sessions/{w.seed}")
     weights = group_weights(spec.groups, spec.skew)
     mean_turns = (spec.turns[0] + spec.turns[1]) / 2
     lead = (mean_turns - 1) * spec.think_s
     out: list[TimedRequest] = []
-    starts = arrival_offsets(rng, rate / mean_turns, duration + lead)
+    starts = arrival_offsets(rng, w.rate / mean_turns, w.duration + lead)
     for n, start in enumerate(starts):
-        session = f"{seed}-{n}"
+        session = f"{w.seed}-{n}"
         group = rng.choices(range(spec.groups), weights)[0]
         messages = [{"role": "system", "content": prompts[group]}]
         offset = start - lead
@@ -259,7 +261,7 @@ def generate_multi_turn(
             messages.append({"role": "user", "content": text_of_length(rng, question_chars, head)})
             max_tokens = rng.randint(*spec.output_tokens)
             key = f"session {session} turn {turn}"
-            if 0 <= offset < duration:
+            if 0 <= offset < w.duration:
                 out.append(
                     TimedRequest(
                         offset,
@@ -276,19 +278,3 @@ def generate_multi_turn(
             )
     out.sort(key=lambda r: r.offset_s)
     return out
-
-
-def generate_kind(
-    kind: Kind,
-    spec: WorkloadSpec,
-    rate: float,
-    duration: float,
-    seed: int,
-    prompts: list[str] | None = None,
-) -> list[TimedRequest]:
-    """The requests of workload ``kind`` (one of :data:`KINDS`)."""
-    if kind == "groups":
-        return generate(spec, rate, duration, seed, prompts)
-    if kind == "control":
-        return generate_control(spec, rate, duration, seed)
-    return generate_multi_turn(spec, rate, duration, seed, prompts)

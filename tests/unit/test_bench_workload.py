@@ -17,9 +17,6 @@ from bench.workload import (
     WorkloadSpec,
     arrival_offsets,
     generate,
-    generate_control,
-    generate_kind,
-    generate_multi_turn,
     group_key,
     group_weights,
     system_prompts,
@@ -125,12 +122,12 @@ def test_spec_rejects_nonsense(kwargs: dict[str, object]) -> None:
 
 
 def test_control_prompts_share_nothing_and_keep_the_lengths() -> None:
-    requests = generate_control(SPEC, rate=50, duration=10, seed=8)
-    assert requests == generate_control(SPEC, rate=50, duration=10, seed=8)
+    requests = generate(SPEC, rate=50, duration=10, seed=8, kind="control")
+    assert requests == generate(SPEC, rate=50, duration=10, seed=8, kind="control")
     systems = [r.body["messages"][0]["content"] for r in requests]
     assert all(len(s) == SPEC.prefix_tokens * CHARS_PER_TOKEN for s in systems)
     assert len({s[:64] for s in systems}) == len(systems)  # distinct from the first block
-    other = generate_control(SPEC, rate=50, duration=10, seed=9)  # the next cell's
+    other = generate(SPEC, rate=50, duration=10, seed=9, kind="control")  # the next cell's
     assert not {s[:64] for s in systems} & {r.body["messages"][0]["content"][:64] for r in other}
     assert [r.group for r in requests] == list(range(len(requests)))
     assert all(r.warm_prefixes == () and r.marks == () for r in requests)
@@ -163,8 +160,8 @@ def sessions_of(requests: list[TimedRequest]) -> dict[str, list[TimedRequest]]:
 
 
 def test_multi_turn_turns_extend_the_conversation() -> None:
-    requests = generate_multi_turn(MULTI, rate=10, duration=60, seed=3)
-    assert requests == generate_multi_turn(MULTI, rate=10, duration=60, seed=3)
+    requests = generate(MULTI, rate=10, duration=60, seed=3, kind="multi-turn")
+    assert requests == generate(MULTI, rate=10, duration=60, seed=3, kind="multi-turn")
     offsets = [r.offset_s for r in requests]
     assert offsets == sorted(offsets) and all(0 <= o < 60 for o in offsets)
     prompts = system_prompts(MULTI)
@@ -198,19 +195,15 @@ def test_multi_turn_turns_extend_the_conversation() -> None:
 
 
 def test_multi_turn_rate_is_about_the_request_rate_and_sessions_are_distinct() -> None:
-    requests = generate_multi_turn(MULTI, rate=20, duration=200, seed=4)
+    requests = generate(MULTI, rate=20, duration=200, seed=4, kind="multi-turn")
     assert len(requests) / 200 == pytest.approx(20, rel=0.1)
-    other = generate_multi_turn(MULTI, rate=20, duration=200, seed=5)
+    other = generate(MULTI, rate=20, duration=200, seed=5, kind="multi-turn")
     assert not set(sessions_of(requests)) & set(sessions_of(other))
     turns = Counter(len(t) for t in sessions_of(requests).values())
     assert set(turns) <= {1, 2, 3, 4}
 
 
-def test_generate_kind_dispatches() -> None:
-    for kind, make in (
-        ("groups", generate),
-        ("control", generate_control),
-        ("multi-turn", generate_multi_turn),
-    ):
-        assert generate_kind(kind, SPEC, 10, 5, 1) == make(SPEC, 10, 5, 1)  # type: ignore[operator]
+def test_unknown_kind_is_refused() -> None:
     assert KINDS == ("groups", "control", "multi-turn")
+    with pytest.raises(ValueError):
+        generate(SPEC, 10, 5, 1, kind="other")  # type: ignore[arg-type]
