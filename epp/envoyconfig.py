@@ -227,20 +227,7 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
             "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
         },
     }
-    if opts.cluster == "eds":
-        model_servers = _eds_cluster(opts)
-    else:
-        model_servers = {
-            "name": MODEL_CLUSTER,
-            "type": "ORIGINAL_DST",
-            "lb_policy": "CLUSTER_PROVIDED",
-            "connect_timeout": f"{opts.connect_timeout_s:g}s",
-            "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
-            "original_dst_lb_config": {
-                "use_http_header": True,
-                "http_header_name": DESTINATION_HEADER,
-            },
-        }
+    model_servers = _eds_cluster(opts) if opts.cluster == "eds" else _original_dst_cluster(opts)
     epp = _static_cluster("epp", [(opts.epp_host, opts.epp_port)], http2=True)
     if opts.epp_tls:
         epp["transport_socket"] = _unverified_tls()
@@ -275,6 +262,21 @@ def _unverified_tls() -> dict[str, Any]:
         "typed_config": {
             "@type": _UPSTREAM_TLS,
             "common_tls_context": {"alpn_protocols": ["h2"]},
+        },
+    }
+
+
+def _original_dst_cluster(opts: EnvoyOptions) -> dict[str, Any]:
+    """The model servers as whatever single ``ip:port`` the destination header names."""
+    return {
+        "name": MODEL_CLUSTER,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": f"{opts.connect_timeout_s:g}s",
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+        "original_dst_lb_config": {
+            "use_http_header": True,
+            "http_header_name": DESTINATION_HEADER,
         },
     }
 
@@ -345,6 +347,13 @@ def _eds_cluster(opts: EnvoyOptions) -> dict[str, Any]:
 def baseline_config(opts: EnvoyOptions, servers: list[tuple[str, int]]) -> dict[str, Any]:
     """Envoy alone: a static round-robin cluster over ``servers``, no EPP (for benchmarks)."""
     return _bootstrap(opts, [], [_static_cluster("model_servers", servers, http2=False)])
+
+
+def client_routed_config(opts: EnvoyOptions) -> dict[str, Any]:
+    """Envoy alone, no EPP: each request goes to the one ``ip:port`` its client put in
+    ``x-gateway-destination-endpoint`` (ORIGINAL_DST; for benchmarks whose load generator
+    plays an oracle router)."""
+    return _bootstrap(opts, [], [_original_dst_cluster(opts)])
 
 
 # The configs committed under envoy/ (regenerate: python -m epp.envoyconfig envoy/).

@@ -26,6 +26,7 @@ from epp.envoyconfig import (
     EnvoyOptions,
     Processing,
     baseline_config,
+    client_routed_config,
     epp_config,
 )
 from epp.envoyproc import EnvoyProcess, write_config
@@ -61,7 +62,9 @@ class StackOptions:
     epp_args: list[str] = field(default_factory=list)
     log_level: str = "info"
     workdir: Path | None = None
-    # False: Envoy alone, round robin over the simulators (the benchmarks' baseline)
+    # False: Envoy alone (the benchmarks' baselines): round robin over the simulators, or
+    # with cluster "original-dst" to whatever address the client's
+    # x-gateway-destination-endpoint header names
     epp: bool = True
     # False: the EPP is not given the simulators as flags (--endpoint etc.); something else
     # registers them (e.g. a test's fake Kubernetes API with pods on those ports)
@@ -128,7 +131,11 @@ class LocalStack:
         )
         if not o.epp:
             servers = [(str(i["host"]), int(i["port"])) for i in (p.info for p in self.sims)]
-            config = baseline_config(envoy_opts, servers)
+            config = (
+                client_routed_config(envoy_opts)
+                if o.cluster == "original-dst"
+                else baseline_config(envoy_opts, servers)
+            )
             path = write_config(config, self.workdir / "envoy.yaml")
             self.envoy = EnvoyProcess(path, self.workdir, concurrency=o.envoy_concurrency).start()
             return

@@ -236,3 +236,18 @@ def test_original_dst_config_gets_exactly_one_address() -> None:
         served = headers["x-sim-instance"]
         _, _, raw = request(f"http://{served}/sim/last-request")
         assert json.loads(raw)["headers"]["x-gateway-destination-endpoint"] == served
+
+
+def test_client_routed_envoy_goes_where_the_header_says() -> None:
+    """No EPP, ORIGINAL_DST: the client's destination header picks the server (the
+    routing benchmark's oracle), and the simulators report cached tokens."""
+    opts = ephemeral(servers=2, cluster="original-dst", epp=False)
+    with LocalStack(opts) as routed:
+        assert routed.epp is None
+        body = orjson.dumps({"model": "sim-model", "prompt": "p" * 200, "max_tokens": 2})
+        for target in [*routed.sim_addresses, *reversed(routed.sim_addresses)]:
+            header = {"x-gateway-destination-endpoint": target}
+            status, headers, raw = request(f"{routed.envoy_url}/v1/completions", body, header)
+            assert (status, headers["x-sim-instance"]) == (200, target)
+        # the second visit to each server found the prompt's 3 full blocks cached
+        assert json.loads(raw)["usage"]["prompt_tokens_details"] == {"cached_tokens": 48}

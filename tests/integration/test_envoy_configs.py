@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from epp.envoyconfig import EXAMPLES, EnvoyOptions, baseline_config, epp_config, render_example
+from epp.envoyconfig import (
+    EXAMPLES,
+    EnvoyOptions,
+    baseline_config,
+    client_routed_config,
+    epp_config,
+    render_example,
+)
 from epp.envoyproc import validate, write_config
 
 ENVOY_DIR = Path(__file__).resolve().parents[2] / "envoy"
@@ -29,6 +37,16 @@ def test_generated_configs_are_valid(tmp_path: Path) -> None:
     validate(write_config(epp_config(tls), tmp_path / "epp-tls.yaml"))
     base = baseline_config(opts, [("127.0.0.1", 1), ("127.0.0.1", 2)])
     validate(write_config(base, tmp_path / "base.yaml"))
+    routed = client_routed_config(opts)
+    assert [f["name"] for f in http_filters(routed)] == ["envoy.filters.http.router"]  # no EPP
+    validate(write_config(routed, tmp_path / "client-routed.yaml"))
+
+
+def http_filters(config: dict[str, Any]) -> list[dict[str, Any]]:
+    listener = config["static_resources"]["listeners"][0]
+    hcm: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    filters: list[dict[str, Any]] = hcm["http_filters"]
+    return filters
 
 
 def test_epp_tls_puts_the_epp_cluster_on_unverified_tls() -> None:
