@@ -1,6 +1,7 @@
-"""Routing quality: TTFT and load balance of scheduling policies on a shared-prefix workload.
+"""Routing quality: TTFT, cache use and load balance of scheduling policies.
 
-Run: ``.venv/bin/python -m bench.routing`` (~5 min) or ``--quick`` (~1 min smoke run).
+Run: ``.venv/bin/python -m bench.routing`` (~5 min) or ``--quick`` (~1 min smoke run);
+``make bench-routing-matrix`` runs issue 13's matrix (see the Makefile).
 Writes bench/results/routing.{md,json} and routing_ttft.png / routing_load.png
 (``--quick``: routing-quick.*; ``--per-request`` adds every request's result).
 
@@ -9,6 +10,12 @@ What runs. For each policy, in turn and against the same fresh simulators' setti
 * ``round-robin``: Envoy alone with a static round-robin cluster (no EPP).
 * ``least-request``: Envoy + ``epp serve --config configs/least-request.yaml`` (least
   outstanding requests; plain ``epp serve`` where that file does not exist).
+* ``ideal``: the reference. Envoy alone with an ORIGINAL_DST cluster (no EPP); the load
+  generator names each request's server in ``x-gateway-destination-endpoint``, from an
+  oracle that knows the request's group (bench/oracle.py): each server keeps a fixed
+  share of the groups, at most as many as its free KV holds under load, balanced by
+  longest-processing-time-first on the groups' Zipf weights. Multi-turn: a session goes
+  to its group's server. Control: there are no groups, so it is round robin by request.
 * ``NAME=ARGS`` (``--policy``, repeatable): Envoy + ``epp serve ARGS`` (shell-split), e.g.
   ``--policy "random=--config configs/random.yaml"``. ``NAME=`` is plain
   ``epp serve``. Without ``--policy`` the policies are round-robin, least-request and
@@ -20,14 +27,27 @@ way), then each rate in increasing order, with the caches carried over from rate
 rate. Every policy sees exactly the same requests at the same times (the workload is
 seeded), so the only difference between policies is where requests went.
 
-The load is open-loop (bench/workload.py): Poisson arrivals, each request sent at its
-arrival time whatever happens to earlier ones, as a streaming chat completion. TTFT is
+The load is open-loop (bench/workload.py, ``--workload``): Poisson arrivals, each request
+sent at its arrival time whatever happens to earlier ones, as a streaming chat
+completion. ``groups`` (default): requests share their group's system prompt;
+``control``: every prompt is unique (no prefix to reuse: least request is the yardstick);
+``multi-turn``: chat sessions resending their history, ``x-session-id`` header. TTFT is
 measured from the *scheduled* arrival time (so a lagging client cannot hide queueing)
 to the first SSE chunk with non-empty ``delta.content``; e2e to the end of the stream.
 After ``--duration`` seconds of arrivals, outstanding requests get ``--drain-timeout``
 seconds, then are cancelled and counted as errors (``timeout``).
 
-Simulator settings (each a flag) and why:
+Warm misses (bench/warmth.py): every response's final usage chunk carries
+``usage.prompt_tokens_details.cached_tokens``. A request whose prefix (its group's system
+prompt; multi-turn: its session's previous turn) an earlier request of the run had
+already prefilled (warm-up included) is *warm*; a warm request whose cached tokens fall
+short of the prefix's full KV blocks is a *warm miss*: it paid that prefill again.
+
+Simulator settings are pinned: every ``epp sim`` flag that moves latency or caching is
+passed explicitly (``SimSettings.argv``: the ones below plus ``--time-scale=1.0`` and
+``--enable-prompt-tokens-details``, which the warm-miss count needs), so a later change
+of the simulator's defaults cannot move a baseline unnoticed; a new such flag belongs in
+``SimSettings`` too. Each a flag here, and why:
 
 * ``--max-num-seqs 8``: finite capacity per server; beyond it requests queue FIFO, so
   piling load on one server shows up as queueing in TTFT.
@@ -47,7 +67,11 @@ Simulator settings (each a flag) and why:
   keeps evicting prefixes. This is the stress setting: a popular group has no room for
   a second home. ``--prefix-copies 2`` (1592 blocks: a loaded server caches half the
   groups, the pool two copies of each) is the roomier setting that
-  bench/results/routing-roomy.md reports.
+  bench/results/routing-roomy.md reports. Issue 13's setting (``make
+  bench-routing-matrix``): ``--max-num-seqs 4`` and 1.6 copies, so a loaded server's
+  free KV holds 6 of the 16 groups' prefixes; 2.5 copies (10 groups) is its roomier
+  variant. The derivation assumes a groups request; multi-turn prompts grow with their
+  history, so there the running sequences hold more and the cache keeps less.
 
 Rates: ``--loads`` (default 0.4 0.6 0.8 1.0 1.2) are fractions of round robin's capacity,
 measured first by a calibration run (``--calibrate`` seconds of Envoy alone round robin
@@ -80,13 +104,16 @@ import aiohttp
 import orjson
 
 from bench.host import cpu_seconds, git_state, machine_cpu, machine_description
-from bench.routing_report import mean_range, write_results
-from bench.workload import WorkloadSpec, generate, system_prompts
+from bench.oracle import assign_groups, destination, groups_per_server, server_loads
+from bench.routing_report import mean_range, percent, write_results
+from bench.warmth import Visit, WarmTracker
+from bench.workload import KINDS, Kind, WorkloadSpec, generate, group_weights, system_prompts
 from epp import argtypes
 from epp.envoyconfig import (
     PROCESSING_MODES,
     Processing,
 )
+from epp.extproc.messages import DESTINATION_HEADER
 from epp.procs import scratch_dir
 from epp.stack import LocalStack, StackOptions
 
@@ -118,29 +145,39 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Policy:
     name: str
-    epp_args: tuple[str, ...] | None  # None: Envoy alone, round robin
+    epp_args: tuple[str, ...] | None  # None: Envoy alone (round robin, or the oracle)
+    oracle: bool = False  # ideal: the load generator names each request's server
 
     def describe(self) -> str:
+        if self.oracle:
+            return (
+                "Envoy alone, ORIGINAL_DST cluster, no EPP: the load generator sets "
+                "`x-gateway-destination-endpoint` from an oracle (bench/oracle.py: each "
+                "server a fixed, KV-sized share of the groups, balanced by "
+                "longest-processing-time-first on their Zipf weights; multi-turn: a "
+                "session's server is its group's; control: round robin by request)"
+            )
         if self.epp_args is None:
             return "Envoy alone, static ROUND_ROBIN cluster, no EPP"
         return "Envoy + `epp serve" + "".join(f" {shlex.quote(a)}" for a in self.epp_args) + "`"
 
 
 def parse_policy(text: str) -> Policy:
-    """``round-robin`` | ``least-request`` | ``NAME=EPP SERVE ARGS`` (``NAME=``: no args)."""
+    """``round-robin`` | ``least-request`` | ``ideal`` | ``NAME=EPP SERVE ARGS``
+    (``NAME=``: no args)."""
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name):
         raise argparse.ArgumentTypeError(f"policy name must be [A-Za-z0-9_.+-]+, got {name!r}")
-    if name == "round-robin":
+    if name in ("round-robin", "ideal"):
         if sep:
-            raise argparse.ArgumentTypeError("round-robin is Envoy alone: it takes no EPP args")
-        return Policy(name, None)
+            raise argparse.ArgumentTypeError(f"{name} is Envoy alone: it takes no EPP args")
+        return Policy(name, None, oracle=name == "ideal")
     if not sep:
         if name == "least-request":
             return Policy(name, tuple(least_request_args()))
         raise argparse.ArgumentTypeError(
-            f"unknown policy {name!r}: use round-robin, least-request or NAME=EPP_SERVE_ARGS"
+            f"unknown policy {name!r}: use round-robin, least-request, ideal or NAME=EPP_SERVE_ARGS"
         )
     try:
         return Policy(name, tuple(shlex.split(rest)))
@@ -150,6 +187,9 @@ def parse_policy(text: str) -> Policy:
 
 @dataclass(frozen=True)
 class SimSettings:
+    """Every `epp sim` setting that moves latency or caching, passed explicitly (see the
+    module docstring: a change of the simulator's defaults must not move a baseline)."""
+
     max_num_seqs: int
     kv_blocks: int
     block_size: int
@@ -157,9 +197,21 @@ class SimSettings:
     prefill_ms_per_token: float
     decode_ms_per_token: float
     itl_ms_per_running_seq: float
+    time_scale: float = 1.0
+    # usage.prompt_tokens_details.cached_tokens: the warm-miss count reads it
+    enable_prompt_tokens_details: bool = True
 
     def argv(self) -> list[str]:
-        return [f"--{name.replace('_', '-')}={value}" for name, value in self.__dict__.items()]
+        out = []
+        for name, value in self.__dict__.items():
+            flag = f"--{name.replace('_', '-')}"
+            if isinstance(value, bool):
+                if not value:  # a switch that is off by default: nothing to pass
+                    continue
+                out.append(flag)
+            else:
+                out.append(f"{flag}={value}")
+        return out
 
 
 def derived_kv_blocks(
@@ -167,11 +219,9 @@ def derived_kv_blocks(
 ) -> int:
     """Running working set + ``copies`` x the prefixes of one server's share of the
     groups (so the pool's free KV holds ``copies`` copies of every group's prefix)."""
-    request_tokens = spec.prefix_tokens + mean_range(spec.question_tokens)
-    request_tokens += mean_range(spec.output_tokens)
     prefix_blocks = math.ceil(spec.prefix_tokens / block_size)
     share = math.ceil(spec.groups / servers)
-    return max_num_seqs * math.ceil(request_tokens / block_size) + math.ceil(
+    return running_blocks(spec, max_num_seqs, block_size) + math.ceil(
         copies * share * prefix_blocks
     )
 
@@ -190,7 +240,8 @@ def estimated_capacity(spec: WorkloadSpec, servers: int, sim: SimSettings) -> fl
 
 class Deployment(LocalStack):
     """One policy's stack: fresh simulators, ``epp serve`` with the policy's arguments
-    (or none: Envoy alone, round robin), Envoy with one worker thread."""
+    (or none: Envoy alone, round robin or routed by the client's destination header),
+    Envoy with one worker thread."""
 
     def __init__(
         self,
@@ -215,6 +266,7 @@ class Deployment(LocalStack):
                 log_level="warning",
                 workdir=workdir,
                 epp=policy.epp_args is not None,
+                cluster="original-dst" if policy.oracle else "eds",
                 envoy_concurrency=1,
             )
         )
@@ -244,21 +296,38 @@ class Deployment(LocalStack):
 class Record:
     group: int
     max_tokens: int
+    due: float = 0.0  # the event loop's time the request was scheduled for
     lag_s: float = 0.0
     status: int = 0
     server: str = ""
     ttft_s: float | None = None
     e2e_s: float | None = None
     error: str | None = None
+    cached_tokens: int | None = None  # from the final usage chunk; None: none seen
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One request of a cell, ready to send: the workload's request (bench.workload's
+    TimedRequest) as bytes, and the server the ``ideal`` oracle picks for it."""
+
+    offset_s: float
+    data: bytes
+    group: int
+    max_tokens: int
+    headers: dict[str, str]
+    warm_prefixes: tuple[tuple[str, int], ...]
+    marks: tuple[str, ...]
+    target: int  # index into the deployment's simulators
 
 
 @dataclass
 class Cell:
-    """One rate's requests: (offset_s, body bytes, group, max_tokens) in arrival order."""
+    """One rate's requests in arrival order."""
 
     rate: float
     duration: float
-    requests: list[tuple[float, bytes, int, int]] = field(default_factory=list)
+    requests: list[Planned] = field(default_factory=list)
 
 
 def _has_content(event: bytes) -> bool:
@@ -271,25 +340,40 @@ def _has_content(event: bytes) -> bool:
     return any((c.get("delta") or {}).get("content") or c.get("text") for c in choices)
 
 
-def _completion_tokens(tail: bytes) -> int | None:
+def final_usage(tail: bytes) -> dict[str, Any]:
+    """The ``usage`` object of the stream's last usage chunk ({} when there is none)."""
     for event in reversed(tail.split(b"\n\n")):
         if event.startswith(b"data: {") and b'"usage"' in event:
             try:
-                usage = orjson.loads(event[6:]).get("usage") or {}
+                usage = orjson.loads(event[6:]).get("usage")
             except orjson.JSONDecodeError:
-                return None
-            tokens = usage.get("completion_tokens")
-            return tokens if isinstance(tokens, int) else None
-    return None
+                return {}
+            return usage if isinstance(usage, dict) else {}
+    return {}
+
+
+def cached_tokens(usage: dict[str, Any]) -> int | None:
+    """``prompt_tokens_details.cached_tokens`` of a usage object. The simulators run with
+    --enable-prompt-tokens-details, where vLLM leaves the details null when nothing was
+    cached: that is 0. None when the usage itself is missing."""
+    if "prompt_tokens" not in usage:
+        return None
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return cached if isinstance(cached, int) else None
 
 
 async def one_request(
-    session: aiohttp.ClientSession, url: str, data: bytes, due: float, rec: Record
+    session: aiohttp.ClientSession,
+    url: str,
+    data: bytes,
+    headers: dict[str, str],
+    rec: Record,
 ) -> None:
     loop = asyncio.get_running_loop()
+    due = rec.due
     rec.lag_s = loop.time() - due
     try:
-        async with session.post(url, data=data, headers=HEADERS) as resp:
+        async with session.post(url, data=data, headers=headers) as resp:
             rec.status = resp.status
             rec.server = resp.headers.get("x-sim-instance", "")
             if resp.status != 200:
@@ -310,32 +394,43 @@ async def one_request(
                 else:
                     tail = (tail + chunk)[-TAIL_BYTES:]
             rec.e2e_s = loop.time() - due
+        usage = final_usage(tail)
+        rec.cached_tokens = cached_tokens(usage)
         if rec.ttft_s is None:
             rec.error = "no-content"
         elif not tail.rstrip().endswith(b"data: [DONE]"):
             rec.error = "truncated"
-        elif _completion_tokens(tail) != rec.max_tokens:
+        elif usage.get("completion_tokens") != rec.max_tokens:
             rec.error = "short"
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         rec.error = type(exc).__name__
 
 
 async def run_cell(
-    session: aiohttp.ClientSession, url: str, cell: Cell, drain_timeout: float
-) -> tuple[list[Record], float]:
-    """Send every request at its time; wait for them (bounded); (records, start time)."""
+    session: aiohttp.ClientSession,
+    url: str,
+    cell: Cell,
+    drain_timeout: float,
+    servers: list[str] | None = None,
+) -> list[Record]:
+    """Send every request at its time; wait for them (bounded). With ``servers`` (the
+    ``ideal`` policy) each request names ``servers[its target]`` in its destination
+    header."""
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.05
     records: list[Record] = []
     tasks: list[asyncio.Task[None]] = []
-    for offset, data, group, max_tokens in cell.requests:
-        due = start + offset
+    for p in cell.requests:
+        due = start + p.offset_s
         delay = due - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        rec = Record(group, max_tokens)
+        headers = {**HEADERS, **p.headers}
+        if servers is not None:
+            headers[DESTINATION_HEADER] = servers[p.target]
+        rec = Record(p.group, p.max_tokens, due)
         records.append(rec)
-        tasks.append(loop.create_task(one_request(session, url, data, due, rec)))
+        tasks.append(loop.create_task(one_request(session, url, p.data, headers, rec)))
     if tasks:
         deadline = start + cell.duration + drain_timeout
         _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
@@ -345,7 +440,7 @@ async def run_cell(
         for rec, task in zip(records, tasks, strict=True):
             if task in pending:
                 rec.error, rec.e2e_s = "timeout", None
-    return records, start
+    return records
 
 
 async def sim_stats(session: aiohttp.ClientSession, urls: list[str]) -> list[dict[str, Any]]:
@@ -374,29 +469,57 @@ def client_session() -> aiohttp.ClientSession:
 
 
 async def drive(
-    dep: Deployment, warmup: Cell | None, cells: list[Cell], drain_timeout: float
+    dep: Deployment,
+    warmup: Cell | None,
+    cells: list[Cell],
+    drain_timeout: float,
+    block_size: int,
 ) -> list[dict[str, Any]]:
     rows = []
+    servers = dep.sim_addresses if dep.policy.oracle else None
+    warm = WarmTracker(block_size)
     async with client_session() as session:
         if warmup is not None and warmup.requests:
             print(f"    warmup {warmup.rate:g} req/s for {warmup.duration:g} s", flush=True)
-            await run_cell(session, dep.url, warmup, drain_timeout)
+            records = await run_cell(session, dep.url, warmup, drain_timeout, servers)
+            warm.account(visits(warmup, records))
         for cell in cells:
             stats0, cpu0 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
-            records, _ = await run_cell(session, dep.url, cell, drain_timeout)
+            records = await run_cell(session, dep.url, cell, drain_timeout, servers)
             stats1, cpu1 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
             row = summarize(dep.policy, cell, records, stats0, stats1, cpu0, cpu1)
+            count = warm.account(visits(cell, records))
+            row |= {
+                "warm_requests": count.warm,
+                "warm_misses": count.misses,
+                "warm_miss_rate": count.miss_rate,
+            }
             row["requests"] = raw_records(records)
             rows.append(row)
             print(
                 f"    {cell.rate:6.1f} req/s -> {row['throughput_rps']:6.1f} ok/s, "
                 f"TTFT p50 {row['ttft_p50_ms']:7.1f} p90 {row['ttft_p90_ms']:7.1f} ms, "
-                f"hit {row['prefix_hit_rate']:.0%}, load max/mean {row['load_max_mean']:.2f}, "
+                f"hit {row['prefix_hit_rate']:.0%}, warm miss {percent(count.miss_rate)} "
+                f"({count.misses}/{count.warm}), load max/mean {row['load_max_mean']:.2f}, "
                 f"errors {row['errors']}, CPU {row['cpu']['machine']:.0f}% "
                 f"(benchmark {row['cpu']['benchmark']:.0f}%)",
                 flush=True,
             )
     return rows
+
+
+def visits(cell: Cell, records: list[Record]) -> list[Visit]:
+    """The warm-miss view of a cell's requests (bench.warmth)."""
+    return [
+        Visit(
+            due=r.due,
+            first_token=None if r.ttft_s is None else r.due + r.ttft_s,
+            warm_prefixes=p.warm_prefixes,
+            marks=p.marks,
+            cached_tokens=r.cached_tokens,
+        )
+        for p, r in zip(cell.requests, records, strict=True)
+    ]
 
 
 async def calibrate(dep: Deployment, cell: Cell, mean_output_tokens: float) -> float:
@@ -407,12 +530,12 @@ async def calibrate(dep: Deployment, cell: Cell, mean_output_tokens: float) -> f
     few seconds swings by several % with the mix of long and short outputs.
     """
     async with client_session() as session:
-        records, _ = await run_cell(session, dep.url, cell, drain_timeout=0.0)
+        records = await run_cell(session, dep.url, cell, drain_timeout=0.0)
     t0, t1 = cell.duration / 3, cell.duration
     tokens = sum(
-        max_tokens
-        for (offset, _, _, max_tokens), r in zip(cell.requests, records, strict=True)
-        if r.error is None and r.e2e_s is not None and t0 <= offset + r.e2e_s < t1
+        p.max_tokens
+        for p, r in zip(cell.requests, records, strict=True)
+        if r.error is None and r.e2e_s is not None and t0 <= p.offset_s + r.e2e_s < t1
     )
     return tokens / (t1 - t0) / mean_output_tokens
 
@@ -429,6 +552,7 @@ def raw_records(records: list[Record]) -> dict[str, list[Any]]:
         "ttft_ms": [ms(r.ttft_s) for r in records],
         "e2e_ms": [ms(r.e2e_s) for r in records],
         "lag_ms": [ms(r.lag_s) for r in records],
+        "cached_tokens": [r.cached_tokens for r in records],
         "error": [r.error for r in records],
     }
 
@@ -440,8 +564,8 @@ def departure_rate(cell: Cell, records: list[Record], t0: float, t1: float) -> f
     """Successful completions per second between ``t0`` and ``t1`` (seconds after start)."""
     done = sum(
         1
-        for (offset, *_), r in zip(cell.requests, records, strict=True)
-        if r.error is None and r.e2e_s is not None and t0 <= offset + r.e2e_s < t1
+        for p, r in zip(cell.requests, records, strict=True)
+        if r.error is None and r.e2e_s is not None and t0 <= p.offset_s + r.e2e_s < t1
     )
     return done / (t1 - t0)
 
@@ -543,7 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         type=parse_policy,
         metavar="SPEC",
-        help="round-robin | least-request | NAME=EPP_SERVE_ARGS (repeatable; default: "
+        help="round-robin | least-request | ideal | NAME=EPP_SERVE_ARGS (repeatable; default: "
         + ", ".join(DEFAULT_POLICIES)
         + ")",
     )
@@ -595,6 +719,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--seed", type=int, default=1, help="seed of arrivals, groups and lengths")
     w = p.add_argument_group("workload")
+    w.add_argument(
+        "--workload",
+        choices=KINDS,
+        default="groups",
+        help="groups: shared system prompts per group; control: every prompt unique (no "
+        "prefix to reuse); multi-turn: chat sessions that resend their history",
+    )
     w.add_argument("--groups", type=argtypes.positive_int, default=16)
     w.add_argument(
         "--prefix-tokens",
@@ -602,26 +733,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=1500,
         help="system prompt length per group",
     )
-    w.add_argument(
-        "--question-tokens",
-        type=argtypes.positive_int,
-        nargs=2,
-        default=[20, 200],
-        metavar=("MIN", "MAX"),
-    )
-    w.add_argument(
-        "--output-tokens",
-        type=argtypes.positive_int,
-        nargs=2,
-        default=[10, 100],
-        metavar=("MIN", "MAX"),
-    )
+    for flag, default, what in (
+        ("--question-tokens", [20, 200], "user question length"),
+        ("--output-tokens", [10, 100], "max_tokens of each request"),
+        ("--turns", [2, 6], "multi-turn: turns per session"),
+    ):
+        w.add_argument(
+            flag, type=argtypes.positive_int, nargs=2, default=default, metavar=("MIN", "MAX"),
+            help=f"{what} (inclusive range, drawn uniformly)",
+        )  # fmt: skip
     w.add_argument(
         "--skew",
         type=argtypes.non_negative_float,
         default=0.0,
         help="Zipf exponent of the group popularity (0 = uniform)",
     )
+    w.add_argument(
+        "--think-s", type=argtypes.positive_float, default=3.0,
+        help="multi-turn: mean seconds from one turn's arrival to the next (exponential)",
+    )  # fmt: skip
     s = p.add_argument_group("simulators")
     s.add_argument("--max-num-seqs", type=argtypes.positive_int, default=8)
     s.add_argument(
@@ -674,13 +804,43 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         return runner.run(coro)
 
 
-def make_cell(
-    spec: WorkloadSpec, prompts: list[str], rate: float, duration: float, seed: int
-) -> Cell:
-    cell = Cell(rate, duration)
-    for r in generate(spec, rate, duration, seed, prompts):
-        cell.requests.append((r.offset_s, orjson.dumps(r.body), r.group, r.body["max_tokens"]))
-    return cell
+@dataclass(frozen=True)
+class Workload:
+    """What every cell draws from: the kind, its spec and prompts, and the oracle's
+    group-to-server assignment (None: round robin by request)."""
+
+    kind: Kind
+    spec: WorkloadSpec
+    prompts: list[str]
+    assignment: list[int] | None
+    servers: int
+
+    def cell(self, rate: float, duration: float, seed: int) -> Cell:
+        cell = Cell(rate, duration)
+        requests = generate(self.spec, rate, duration, seed, self.prompts, self.kind)
+        for i, r in enumerate(requests):
+            target = destination(i, r.group, self.assignment, self.servers)
+            cell.requests.append(
+                Planned(
+                    r.offset_s,
+                    orjson.dumps(r.body),
+                    r.group,
+                    r.body["max_tokens"],
+                    dict(r.headers),
+                    r.warm_prefixes,
+                    r.marks,
+                    target,
+                )
+            )
+        return cell
+
+
+def running_blocks(spec: WorkloadSpec, max_num_seqs: int, block_size: int) -> int:
+    """KV blocks a server's running sequences hold when every slot is busy (a mean
+    groups request: system prompt, question and answer)."""
+    request_tokens = spec.prefix_tokens + mean_range(spec.question_tokens)
+    request_tokens += mean_range(spec.output_tokens)
+    return max_num_seqs * math.ceil(request_tokens / block_size)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -699,6 +859,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         question_tokens=(args.question_tokens[0], args.question_tokens[1]),
         output_tokens=(args.output_tokens[0], args.output_tokens[1]),
         skew=args.skew,
+        turns=(args.turns[0], args.turns[1]),
+        think_s=args.think_s,
     )
     kv_blocks = args.kv_blocks or derived_kv_blocks(
         spec, args.servers, args.max_num_seqs, args.block_size, args.prefix_copies
@@ -713,8 +875,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         itl_ms_per_running_seq=args.itl_ms_per_running_seq,
     )
     estimate = estimated_capacity(spec, args.servers, sim)
-    prompts = system_prompts(spec)
-    all_prefixes = args.groups * math.ceil(args.prefix_tokens / args.block_size)
+    prefix_blocks = math.ceil(args.prefix_tokens / args.block_size)
+    all_prefixes = args.groups * prefix_blocks
+    free = kv_blocks - running_blocks(spec, args.max_num_seqs, args.block_size)
+    per_server = groups_per_server(free, prefix_blocks)
+    weights = group_weights(spec.groups, spec.skew)
+    assignment = assign_groups(weights, args.servers, per_server)
+    workload = Workload(
+        args.workload,
+        spec,
+        system_prompts(spec),
+        None if args.workload == "control" else assignment,
+        args.servers,
+    )
     print(
         f"routing: {len(policies)} policies; kv-blocks {kv_blocks} (all {args.groups} "
         f"prefixes: {all_prefixes}); round-robin capacity from the model {estimate:.1f} req/s",
@@ -728,7 +901,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates = sorted(args.rates)
     else:
         if calibrate_s > 0:
-            cell = make_cell(spec, prompts, 1.5 * estimate, calibrate_s, args.seed + 2000)
+            cell = workload.cell(1.5 * estimate, calibrate_s, args.seed + 2000)
             rr = Policy("calibration", None)
             with Deployment(
                 rr, workdir / "calibration", args.servers, sim, args.processing, spec.model
@@ -741,8 +914,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         base = calibrated or estimate
         rates = sorted(round(load * base, 1) for load in loads)
-    cells = [make_cell(spec, prompts, r, duration, args.seed + i) for i, r in enumerate(rates)]
-    warmup = make_cell(spec, prompts, rates[0], warmup_s, args.seed + 1000) if warmup_s else None
+    cells = [workload.cell(r, duration, args.seed + i) for i, r in enumerate(rates)]
+    warmup = workload.cell(rates[0], warmup_s, args.seed + 1000) if warmup_s else None
     print(f"  rates {rates} req/s, {duration:g} s each", flush=True)
     rows: list[dict[str, Any]] = []
     for policy in policies:
@@ -751,7 +924,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Deployment(
             policy, workdir / safe, args.servers, sim, args.processing, spec.model
         ) as dep:
-            rows += run_async(drive(dep, warmup, cells, args.drain_timeout))
+            rows += run_async(drive(dep, warmup, cells, args.drain_timeout, args.block_size))
     elapsed = time.monotonic() - began
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -765,7 +938,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "servers": args.servers,
         "sim": sim.__dict__,
         "sim_argv": sim.argv(),
-        "workload": {**spec.__dict__, "seed": args.seed},
+        "workload": {**spec.__dict__, "seed": args.seed, "kind": args.workload},
+        "oracle": {
+            "groups_per_server": per_server,
+            "assignment": workload.assignment,
+            "server_loads": [round(x, 4) for x in server_loads(weights, assignment, args.servers)],
+        },
         "duration_s": duration,
         "warmup_s": warmup_s,
         "drain_timeout_s": args.drain_timeout,

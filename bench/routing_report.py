@@ -63,12 +63,102 @@ def reading(meta: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[float, li
         lines.append(
             f"- **{name}**: p90 TTFT {r['ttft_p90_ms']:.0f} ms = "
             f"{r['ttft_p90_ms'] / base['ttft_p90_ms']:.2f}x {ref} "
-            f"(p50 {r['ttft_p50_ms']:.0f} ms, prefix-cache hit rate {r['prefix_hit_rate']:.0%}); "
+            f"(p50 {r['ttft_p50_ms']:.0f} ms, prefix-cache hit rate {r['prefix_hit_rate']:.0%}, "
+            f"warm misses {percent(r.get('warm_miss_rate'))}); "
             f"busiest server {r['load_max_mean']:.2f}x the mean load, "
             + (f"**{', '.join(over)} above 2x the mean**" if over else "none above 2x the mean")
             + f"; {r['errors']} errors."
         )
-    return rate, lines
+    return rate, lines + ratio_table(meta, rows)
+
+
+def percent(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:.0%}"
+
+
+def ratio_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Every policy's p90 TTFT over ``ideal``'s and round robin's, at every rate."""
+    names = list(meta["policies"])
+    refs = [r for r in ("ideal", "round-robin") if r in names]
+    if not refs:
+        return []
+    p90 = {(r["policy"], r["rate"]): r["ttft_p90_ms"] for r in rows}
+    rates = meta["rates"]
+    lines = [
+        "",
+        "p90 TTFT of each policy divided by "
+        + " and by ".join(f"**{r}**'s at the same rate" for r in refs)
+        + " (below 1: faster):",
+        "",
+        "| policy | " + " | ".join(f"{rate:g} req/s" for rate in rates) + " |",
+        "|---|" + "---:|" * len(rates),
+    ]
+    for name in names:
+        cells = []
+        for rate in rates:
+            mine = p90.get((name, rate), math.nan)
+            cells.append(
+                " / ".join(f"{mine / p90.get((ref, rate), math.nan):.2f}x" for ref in refs)
+            )
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def describe_workload(wl: dict[str, Any]) -> str:
+    """One Markdown sentence on the workload of ``meta["workload"]``."""
+    kind = wl.get("kind", "groups")
+    groups_how = f"Zipf(s={wl['skew']:g})" if wl["skew"] else "uniformly"
+    lengths = (
+        f"a {wl['question_tokens'][0]}-{wl['question_tokens'][1]}-token question, "
+        f"{wl['output_tokens'][0]}-{wl['output_tokens'][1]} output tokens asked for (uniform "
+        "draws)"
+    )
+    tail = (
+        "; streaming chat completions with `stream_options.include_usage`; Poisson "
+        "arrivals, open loop."
+    )
+    if kind == "control":
+        return (
+            f"every request has a system prompt of its own ({wl['prefix_tokens']} tokens, "
+            f"shared with no other request) and {lengths}: no prefix can be reused, so "
+            "prefix affinity cannot help (least request is the yardstick; `ideal` is round "
+            "robin by request here)" + tail
+        )
+    if kind == "multi-turn":
+        return (
+            f"chat sessions, each opening with the system prompt of one of {wl['groups']} "
+            f"groups ({wl['prefix_tokens']} tokens, group chosen {groups_how}); "
+            f"{wl['turns'][0]}-{wl['turns'][1]} turns per session, each with {lengths}; turn "
+            "k resends every earlier turn's question and (stand-in) answer; sessions start "
+            f"as a Poisson process, {wl['think_s']:g} s mean (exponential) from one turn's "
+            "arrival to the next, the session in `x-session-id`; `ideal` pins a session to "
+            "its group's server" + tail
+        )
+    return (
+        f"{wl['groups']} groups, each with its own {wl['prefix_tokens']}-token system prompt; "
+        f"each request adds {lengths}, group chosen {groups_how}" + tail
+    )
+
+
+def oracle_line(meta: dict[str, Any]) -> list[str]:
+    """What the ``ideal`` oracle assigned, when it ran."""
+    oracle = meta.get("oracle")
+    if "ideal" not in meta["policies"] or not oracle:
+        return []
+    if oracle["assignment"] is None:
+        return ["- **ideal**: round robin by request (no groups to keep together)."]
+    servers: dict[int, list[int]] = {}
+    for group, server in enumerate(oracle["assignment"]):
+        servers.setdefault(server, []).append(group)
+    shares = "; ".join(
+        f"server {k}: groups {', '.join(map(str, gs))} ({oracle['server_loads'][k]:.0%})"
+        for k, gs in sorted(servers.items())
+    )
+    return [
+        f"- **ideal**: at most {oracle['groups_per_server']} groups per server (what its "
+        f"free KV under load holds), groups by popularity onto the least loaded server "
+        f"(share of the traffic in parentheses): {shares}."
+    ]
 
 
 def write_results(
@@ -87,7 +177,7 @@ def write_results(
     plot_ttft(out / f"{name}_ttft.png", meta, rows)
     plot_load(out / f"{name}_load.png", meta, rows, rate80)
     wl, sim = meta["workload"], meta["sim"]
-    groups_how = f"Zipf(s={wl['skew']:g})" if wl["skew"] else "uniformly"
+    kind = wl.get("kind", "groups")
     calibration = f"{meta['estimated_capacity_rps']:.1f} req/s from the latency model"
     if meta["calibrated_capacity_rps"] is not None:
         calibration = (
@@ -99,7 +189,7 @@ def write_results(
     if meta["loads"]:
         calibration += f"; the rates are {', '.join(f'{x:g}' for x in meta['loads'])} x that"
     lines = [
-        "# Routing quality: TTFT and load balance on a shared-prefix workload",
+        f"# Routing quality: TTFT, cache use and load balance ({kind} workload)",
         "",
         f"Measured {meta['date']} on {meta['machine']}, code at {meta['git']}, in "
         f"{meta['elapsed_s']:.0f} s, with",
@@ -114,13 +204,7 @@ def write_results(
         "",
         "## Setup",
         "",
-        f"- **Workload** (bench/workload.py, seed {wl['seed']}): {wl['groups']} groups, each "
-        f"with its own {wl['prefix_tokens']}-token system prompt; each request adds a "
-        f"{wl['question_tokens'][0]}-{wl['question_tokens'][1]}-token question and asks for "
-        f"{wl['output_tokens'][0]}-{wl['output_tokens'][1]} output tokens (uniform draws), "
-        f"group chosen {groups_how}; "
-        "streaming chat completions with `stream_options.include_usage`; Poisson arrivals, "
-        "open loop.",
+        f"- **Workload** (bench/workload.py `{kind}`, seed {wl['seed']}): " + describe_workload(wl),
         f"- **Simulators**: {meta['servers']} x `epp sim {' '.join(meta['sim_argv'])}`. "
         f"KV capacity {sim['kv_blocks']} blocks; all groups' prefixes need "
         f"{meta['all_prefix_blocks']}. Under load ({sim['max_num_seqs']} sequences holding "
@@ -141,9 +225,14 @@ def write_results(
         "over the last three quarters of the arrival window (the offered rate below "
         "capacity, the capacity above it); load = requests per server (`x-sim-instance`), "
         "max/mean; prefix-cache hit rate = cached / prompt tokens over all simulators "
-        "(`/sim/stats`); servers/group = distinct servers each group's requests went to.",
+        "(`/sim/stats`); servers/group = distinct servers each group's requests went to; "
+        "warm miss = of the requests whose prefix (group system prompt; multi-turn: the "
+        "session's previous turn) an earlier request had already prefilled (warm-up "
+        "included), the share whose `usage.prompt_tokens_details.cached_tokens` fell short "
+        "of that prefix's full KV blocks (bench/warmth.py).",
         f"- **Envoy**: one per policy, `--concurrency 1`; EPP policies use processing mode "
         f"`{meta['processing']}`.",
+        *oracle_line(meta),
         "",
         "| policy | what ran |",
         "|---|---|",
@@ -152,19 +241,21 @@ def write_results(
         "## Results",
         "",
         "| policy | offered (arrived) req/s | achieved req/s | TTFT p50 ms | TTFT p90 ms "
-        "| e2e p50 ms | errors | load max/mean | prefix hit | servers/group "
-        "| CPU % envoy/epp/sims/loadgen | CPU % other/machine |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| TTFT p99 ms | e2e p50 ms | errors | load max/mean | prefix hit | warm miss "
+        "| servers/group | CPU % envoy/epp/sims/loadgen | CPU % other/machine |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         c = r["cpu"]
         lines.append(
             f"| {r['policy']} | {r['rate']:g} ({r['sent'] / r['duration_s']:.1f}) "
             f"| {r['throughput_rps']:.1f} "
-            f"| {r['ttft_p50_ms']:.0f} | {r['ttft_p90_ms']:.0f} | {r['e2e_p50_ms']:.0f} "
+            f"| {r['ttft_p50_ms']:.0f} | {r['ttft_p90_ms']:.0f} | {r['ttft_p99_ms']:.0f} "
+            f"| {r['e2e_p50_ms']:.0f} "
             f"| {r['errors']}{' ' + str(r['error_kinds']) if r['errors'] else ''} "
             f"| {r['load_max_mean']:.2f} | {r['prefix_hit_rate']:.0%} "
-            f"| {r['servers_per_group']:.1f} "
+            f"| {percent(r.get('warm_miss_rate'))} "
+            f"| {'n/a' if kind == 'control' else format(r['servers_per_group'], '.1f')} "
             f"| {c['envoy']:.0f}/{c.get('epp', 0):.0f}/{c['sims']:.0f}/{c['loadgen']:.0f} "
             f"| {c['other']:.0f}/{c['machine']:.0f} |"
         )

@@ -1,0 +1,49 @@
+"""bench/routing.py's pure parts: pinned simulator flags, usage parsing, policies."""
+
+from __future__ import annotations
+
+import argparse
+
+import orjson
+import pytest
+
+from bench.routing import SimSettings, cached_tokens, final_usage, parse_policy
+from epp.sim.flags import add_arguments, config_from_args
+
+# max_num_seqs, kv_blocks, block_size, then the latency model's four numbers
+SIM = SimSettings(4, 1026, 16, 5.0, 0.1, 8.0, 0.5)
+
+
+def test_every_pinned_setting_reaches_the_simulator_config() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(SIM.argv()), port=1)
+    for name, value in SIM.__dict__.items():
+        assert getattr(config, name) == value, name
+    assert "--enable-prompt-tokens-details" in SIM.argv() and "--time-scale=1.0" in SIM.argv()
+
+
+def test_cached_tokens_from_the_final_usage_chunk() -> None:
+    def tail(usage: object) -> bytes:
+        chunk = {"choices": [], "usage": usage}
+        return (
+            b'data: {"choices":[{"text":"x"}]}\n\ndata: '
+            + orjson.dumps(chunk)
+            + (b"\n\ndata: [DONE]\n\n")
+        )
+
+    hit = final_usage(tail({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 8}}))
+    assert cached_tokens(hit) == 8
+    # vLLM leaves the details null when nothing was cached
+    miss = final_usage(tail({"prompt_tokens": 10, "prompt_tokens_details": None}))
+    assert cached_tokens(miss) == 0
+    assert final_usage(b"data: [DONE]\n\n") == {} and cached_tokens({}) is None
+
+
+def test_ideal_and_round_robin_take_no_epp_args() -> None:
+    ideal = parse_policy("ideal")
+    assert ideal.oracle and ideal.epp_args is None and "ORIGINAL_DST" in ideal.describe()
+    assert not parse_policy("round-robin").oracle
+    assert parse_policy("default=").epp_args == ()
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_policy("ideal=--config x.yaml")
