@@ -49,7 +49,7 @@ bench-routing: $(STAMP)
 	$(BIN)/python -m bench.routing $(ROUTING_POLICIES)
 	$(BIN)/python -m bench.routing $(ROUTING_POLICIES) --prefix-copies 2 --name routing-roomy
 
-# Issue 13's matrix (~10 minutes per workload and KV size with four policies): 16 groups of
+# Issue 13's matrix (~12 minutes per workload and KV size with five policies): 16 groups of
 # 1,500-token system prompts, 75-225-token questions, 16-48 output tokens, Zipf skew 1.1,
 # 4 sequences per server; 0.4, 0.7 and 0.95 of round robin's capacity and 1.2 (past it);
 # free KV for 1.6 copies of all prefixes (the stress setting: 6 groups per server) and
@@ -59,7 +59,8 @@ bench-routing: $(STAMP)
 #     MATRIX_POLICIES='--policy ideal --policy "new=--config configs/new.yaml"'
 MATRIX_SETTING := --groups 16 --prefix-tokens 1500 --question-tokens 75 225 \
 	--output-tokens 16 48 --skew 1.1 --max-num-seqs 4 --loads 0.4 0.7 0.95 1.2
-MATRIX_POLICIES ?= --policy round-robin --policy least-request --policy default= --policy ideal
+MATRIX_POLICIES ?= --policy round-robin --policy least-request --policy default= \
+	--policy ideal --policy ideal-split
 MATRIX_DURATION ?= 30
 MATRIX_WORKLOADS ?= groups control multi-turn
 MATRIX_COPIES ?= 1.6 2.5

@@ -1,20 +1,28 @@
-"""The ``ideal`` reference policy of bench.routing: an oracle that knows every request's
-group (pure: plain data in, server indexes out).
+"""The oracle reference policies of bench.routing, which know every request's group
+(pure: plain data in, server indexes out).
 
-Each server gets a fixed share of the groups, at most as many as its KV cache can keep
-(``per_server``). Groups are taken by popularity (Zipf weight, heaviest first) and each
-goes to the server with the least weight so far that still has room
+``ideal``: each server gets a fixed share of the groups, at most as many as its KV cache
+can keep (``per_server``). Groups are taken by popularity (Zipf weight, heaviest first)
+and each goes to the server with the least weight so far that still has room
 (longest-processing-time-first), so the servers' loads come out as even as whole groups
-allow. A group heavier than 1 / servers of the traffic still has one home: its server
-saturates first (with Zipf s = 1.1 over 16 groups the top group is ~33 % of the traffic,
-1.3x a server's fair share), which this reference accepts rather than splitting a group
-and paying its prefix twice.
+allow. A group heavier than 1 / servers of the traffic still has one home, so its server
+saturates first: with Zipf s = 1.1 over 16 groups on 4 servers the top group is ~33 % of
+the traffic, 1.3x a server's fair share.
+
+``ideal-split``: the same, but a group heavier than a fair share is first cut into
+ceil(weight x servers) equal pieces, each on a different server (a copy of its prefix
+per piece, counted against ``per_server``); its requests take turns over its homes
+(multi-turn: a session keeps one home). Balance at the price of a second prefix copy.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
+
+Assignment = list[tuple[int, ...]]  # group index -> its servers (its homes)
+ORACLES = ("ideal", "ideal-split")
 
 
 def groups_per_server(free_blocks: int, prefix_blocks: int) -> int:
@@ -22,41 +30,58 @@ def groups_per_server(free_blocks: int, prefix_blocks: int) -> int:
     return max(1, free_blocks // max(prefix_blocks, 1))
 
 
-def assign_groups(weights: Sequence[float], servers: int, per_server: int) -> list[int]:
-    """Group index -> server index, longest-processing-time-first on ``weights``.
+def assign_groups(
+    weights: Sequence[float], servers: int, per_server: int, split: bool = False
+) -> Assignment:
+    """Group index -> its servers, longest-processing-time-first on ``weights``.
 
-    Ties go to the lower server index. When every server already holds ``per_server``
-    groups (the groups do not fit the pool's KV at all), the rest go to the least loaded
-    server regardless.
+    Ties go to the lower server index. With ``split``, a group heavier than 1 / servers
+    is cut into ceil(weight x servers) pieces on distinct servers. A piece goes to the
+    least loaded server that has room (fewer than ``per_server`` groups) and does not
+    hold the group yet; when none has room (the groups do not fit the pool's KV at all),
+    to the least loaded server that does not hold it.
     """
     if servers < 1 or per_server < 1:
         raise ValueError("servers and per_server must be >= 1")
+    pieces: list[tuple[float, int]] = []  # (weight, group)
+    for group, weight in enumerate(weights):
+        count = min(servers, max(1, math.ceil(weight * servers - 1e-9))) if split else 1
+        pieces += [(weight / count, group)] * count
     load = [0.0] * servers
-    count = [0] * servers
-    out = [0] * len(weights)
-    for group in sorted(range(len(weights)), key=lambda g: (-weights[g], g)):
-        room = [s for s in range(servers) if count[s] < per_server] or list(range(servers))
+    held: list[set[int]] = [set() for _ in range(servers)]
+    homes: list[list[int]] = [[] for _ in weights]
+    for weight, group in sorted(pieces, key=lambda p: (-p[0], p[1])):
+        free = [s for s in range(servers) if group not in held[s]]
+        room = [s for s in free if len(held[s]) < per_server] or free
         best = min(room, key=lambda s: (load[s], s))
-        out[group] = best
-        load[best] += weights[group]
-        count[best] += 1
-    return out
+        homes[group].append(best)
+        held[best].add(group)
+        load[best] += weight
+    return [tuple(h) for h in homes]
 
 
-def server_loads(weights: Sequence[float], assignment: Sequence[int], servers: int) -> list[float]:
-    """Each server's share of the traffic under ``assignment``."""
+def server_loads(weights: Sequence[float], assignment: Assignment, servers: int) -> list[float]:
+    """Each server's share of the traffic under ``assignment`` (a group's traffic split
+    evenly over its homes)."""
     load = [0.0] * servers
-    for group, server in enumerate(assignment):
-        load[server] += weights[group]
+    for group, homes in enumerate(assignment):
+        for server in homes:
+            load[server] += weights[group] / len(homes)
     return load
 
 
-def destination(index: int, group: int, assignment: Sequence[int] | None, servers: int) -> int:
-    """The server the oracle sends request ``index`` of ``group`` to; without an
-    assignment (the control workload, where groups mean nothing) round robin by request."""
+def destination(
+    index: int, group: int, assignment: Assignment | None, servers: int, session: str = ""
+) -> int:
+    """The server an oracle sends request ``index`` of ``group`` to: one of the group's
+    homes, taking turns by request, or by ``session`` (a session keeps its home).
+    Without an assignment (the control workload, where groups mean nothing) round robin
+    by request."""
     if assignment is None:
         return index % servers
-    return assignment[group]
+    homes = assignment[group]
+    turn = zlib.crc32(session.encode()) if session else index
+    return homes[turn % len(homes)]
 
 
 def max_over_mean(loads: Sequence[float]) -> float:

@@ -16,6 +16,10 @@ What runs. For each policy, in turn and against the same fresh simulators' setti
   share of the groups, at most as many as its free KV holds under load, balanced by
   longest-processing-time-first on the groups' Zipf weights. Multi-turn: a session goes
   to its group's server. Control: there are no groups, so it is round robin by request.
+* ``ideal-split``: as ``ideal``, but a group heavier than a server's fair share gets
+  several homes (one prefix copy each) and its requests take turns over them (a session
+  keeps one): ``ideal`` leaves the top Zipf group's server ~1.3x busier than the mean,
+  so past ~0.7 of capacity that server queues and ``ideal`` stops being the best case.
 * ``NAME=ARGS`` (``--policy``, repeatable): Envoy + ``epp serve ARGS`` (shell-split), e.g.
   ``--policy "random=--config configs/random.yaml"``. ``NAME=`` is plain
   ``epp serve``. Without ``--policy`` the policies are round-robin, least-request and
@@ -104,10 +108,25 @@ import aiohttp
 import orjson
 
 from bench.host import cpu_seconds, git_state, machine_cpu, machine_description
-from bench.oracle import assign_groups, destination, groups_per_server, server_loads
+from bench.oracle import (
+    ORACLES,
+    Assignment,
+    assign_groups,
+    destination,
+    groups_per_server,
+    server_loads,
+)
 from bench.routing_report import mean_range, percent, write_results
 from bench.warmth import Visit, WarmTracker
-from bench.workload import KINDS, Kind, WorkloadSpec, generate, group_weights, system_prompts
+from bench.workload import (
+    KINDS,
+    SESSION_HEADER,
+    Kind,
+    WorkloadSpec,
+    generate,
+    group_weights,
+    system_prompts,
+)
 from epp import argtypes
 from epp.envoyconfig import (
     PROCESSING_MODES,
@@ -145,10 +164,15 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Policy:
     name: str
-    epp_args: tuple[str, ...] | None  # None: Envoy alone (round robin, or the oracle)
-    oracle: bool = False  # ideal: the load generator names each request's server
+    epp_args: tuple[str, ...] | None  # None: Envoy alone (round robin, or an oracle)
+    oracle: str | None = None  # ideal, ideal-split: the load generator names the server
 
     def describe(self) -> str:
+        if self.oracle == "ideal-split":
+            return (
+                "as ideal, but a group above a fair share of the traffic has several "
+                "homes (one prefix copy each), its requests (sessions) spread over them"
+            )
         if self.oracle:
             return (
                 "Envoy alone, ORIGINAL_DST cluster, no EPP: the load generator sets "
@@ -163,21 +187,22 @@ class Policy:
 
 
 def parse_policy(text: str) -> Policy:
-    """``round-robin`` | ``least-request`` | ``ideal`` | ``NAME=EPP SERVE ARGS``
-    (``NAME=``: no args)."""
+    """``round-robin`` | ``least-request`` | ``ideal`` | ``ideal-split`` |
+    ``NAME=EPP SERVE ARGS`` (``NAME=``: no args)."""
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name):
         raise argparse.ArgumentTypeError(f"policy name must be [A-Za-z0-9_.+-]+, got {name!r}")
-    if name in ("round-robin", "ideal"):
+    if name == "round-robin" or name in ORACLES:
         if sep:
             raise argparse.ArgumentTypeError(f"{name} is Envoy alone: it takes no EPP args")
-        return Policy(name, None, oracle=name == "ideal")
+        return Policy(name, None, oracle=name if name in ORACLES else None)
     if not sep:
         if name == "least-request":
             return Policy(name, tuple(least_request_args()))
         raise argparse.ArgumentTypeError(
-            f"unknown policy {name!r}: use round-robin, least-request, ideal or NAME=EPP_SERVE_ARGS"
+            f"unknown policy {name!r}: use round-robin, least-request, ideal, ideal-split "
+            "or NAME=EPP_SERVE_ARGS"
         )
     try:
         return Policy(name, tuple(shlex.split(rest)))
@@ -309,7 +334,7 @@ class Record:
 @dataclass(frozen=True, slots=True)
 class Planned:
     """One request of a cell, ready to send: the workload's request (bench.workload's
-    TimedRequest) as bytes, and the server the ``ideal`` oracle picks for it."""
+    TimedRequest) as bytes, and the server each oracle policy picks for it."""
 
     offset_s: float
     data: bytes
@@ -318,7 +343,7 @@ class Planned:
     headers: dict[str, str]
     warm_prefixes: tuple[tuple[str, int], ...]
     marks: tuple[str, ...]
-    target: int  # index into the deployment's simulators
+    targets: dict[str, int]  # oracle name -> index into the deployment's simulators
 
 
 @dataclass
@@ -411,11 +436,11 @@ async def run_cell(
     url: str,
     cell: Cell,
     drain_timeout: float,
-    servers: list[str] | None = None,
+    oracle: tuple[str, list[str]] | None = None,
 ) -> list[Record]:
-    """Send every request at its time; wait for them (bounded). With ``servers`` (the
-    ``ideal`` policy) each request names ``servers[its target]`` in its destination
-    header."""
+    """Send every request at its time; wait for them (bounded). With ``oracle`` (name,
+    servers) each request names ``servers[its target for that oracle]`` in its
+    destination header."""
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.05
     records: list[Record] = []
@@ -426,8 +451,8 @@ async def run_cell(
         if delay > 0:
             await asyncio.sleep(delay)
         headers = {**HEADERS, **p.headers}
-        if servers is not None:
-            headers[DESTINATION_HEADER] = servers[p.target]
+        if oracle is not None:
+            headers[DESTINATION_HEADER] = oracle[1][p.targets[oracle[0]]]
         rec = Record(p.group, p.max_tokens, due)
         records.append(rec)
         tasks.append(loop.create_task(one_request(session, url, p.data, headers, rec)))
@@ -476,16 +501,16 @@ async def drive(
     block_size: int,
 ) -> list[dict[str, Any]]:
     rows = []
-    servers = dep.sim_addresses if dep.policy.oracle else None
+    oracle = (dep.policy.oracle, dep.sim_addresses) if dep.policy.oracle else None
     warm = WarmTracker(block_size)
     async with client_session() as session:
         if warmup is not None and warmup.requests:
             print(f"    warmup {warmup.rate:g} req/s for {warmup.duration:g} s", flush=True)
-            records = await run_cell(session, dep.url, warmup, drain_timeout, servers)
+            records = await run_cell(session, dep.url, warmup, drain_timeout, oracle)
             warm.account(visits(warmup, records))
         for cell in cells:
             stats0, cpu0 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
-            records = await run_cell(session, dep.url, cell, drain_timeout, servers)
+            records = await run_cell(session, dep.url, cell, drain_timeout, oracle)
             stats1, cpu1 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
             row = summarize(dep.policy, cell, records, stats0, stats1, cpu0, cpu1)
             count = warm.account(visits(cell, records))
@@ -667,9 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         type=parse_policy,
         metavar="SPEC",
-        help="round-robin | least-request | ideal | NAME=EPP_SERVE_ARGS (repeatable; default: "
-        + ", ".join(DEFAULT_POLICIES)
-        + ")",
+        help="round-robin | least-request | ideal | ideal-split | NAME=EPP_SERVE_ARGS "
+        "(repeatable; default: " + ", ".join(DEFAULT_POLICIES) + ")",
     )
     add(
         "--quick",
@@ -806,20 +830,24 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 @dataclass(frozen=True)
 class Workload:
-    """What every cell draws from: the kind, its spec and prompts, and the oracle's
+    """What every cell draws from: the kind, its spec and prompts, and each oracle's
     group-to-server assignment (None: round robin by request)."""
 
     kind: Kind
     spec: WorkloadSpec
     prompts: list[str]
-    assignment: list[int] | None
+    assignments: dict[str, Assignment | None]
     servers: int
 
     def cell(self, rate: float, duration: float, seed: int) -> Cell:
         cell = Cell(rate, duration)
         requests = generate(self.spec, rate, duration, seed, self.prompts, self.kind)
         for i, r in enumerate(requests):
-            target = destination(i, r.group, self.assignment, self.servers)
+            session = dict(r.headers).get(SESSION_HEADER, "")
+            targets = {
+                name: destination(i, r.group, assignment, self.servers, session)
+                for name, assignment in self.assignments.items()
+            }
             cell.requests.append(
                 Planned(
                     r.offset_s,
@@ -829,7 +857,7 @@ class Workload:
                     dict(r.headers),
                     r.warm_prefixes,
                     r.marks,
-                    target,
+                    targets,
                 )
             )
         return cell
@@ -880,12 +908,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     free = kv_blocks - running_blocks(spec, args.max_num_seqs, args.block_size)
     per_server = groups_per_server(free, prefix_blocks)
     weights = group_weights(spec.groups, spec.skew)
-    assignment = assign_groups(weights, args.servers, per_server)
+    assignments = {
+        name: assign_groups(weights, args.servers, per_server, split=name == "ideal-split")
+        for name in ORACLES
+    }
     workload = Workload(
         args.workload,
         spec,
         system_prompts(spec),
-        None if args.workload == "control" else assignment,
+        {n: None if args.workload == "control" else a for n, a in assignments.items()},
         args.servers,
     )
     print(
@@ -941,8 +972,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "workload": {**spec.__dict__, "seed": args.seed, "kind": args.workload},
         "oracle": {
             "groups_per_server": per_server,
-            "assignment": workload.assignment,
-            "server_loads": [round(x, 4) for x in server_loads(weights, assignment, args.servers)],
+            **{
+                name: {
+                    "assignment": workload.assignments[name],
+                    "server_loads": [round(x, 4) for x in server_loads(weights, a, args.servers)],
+                }
+                for name, a in assignments.items()
+            },
         },
         "duration_s": duration,
         "warmup_s": warmup_s,

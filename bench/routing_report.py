@@ -141,24 +141,29 @@ def describe_workload(wl: dict[str, Any]) -> str:
 
 
 def oracle_line(meta: dict[str, Any]) -> list[str]:
-    """What the ``ideal`` oracle assigned, when it ran."""
-    oracle = meta.get("oracle")
-    if "ideal" not in meta["policies"] or not oracle:
-        return []
-    if oracle["assignment"] is None:
-        return ["- **ideal**: round robin by request (no groups to keep together)."]
-    servers: dict[int, list[int]] = {}
-    for group, server in enumerate(oracle["assignment"]):
-        servers.setdefault(server, []).append(group)
-    shares = "; ".join(
-        f"server {k}: groups {', '.join(map(str, gs))} ({oracle['server_loads'][k]:.0%})"
-        for k, gs in sorted(servers.items())
-    )
-    return [
-        f"- **ideal**: at most {oracle['groups_per_server']} groups per server (what its "
-        f"free KV under load holds), groups by popularity onto the least loaded server "
-        f"(share of the traffic in parentheses): {shares}."
-    ]
+    """What the oracle policies assigned, for those that ran."""
+    oracle = meta.get("oracle") or {}
+    lines = []
+    for name in meta["policies"]:
+        if name not in oracle:
+            continue
+        if oracle[name]["assignment"] is None:
+            lines.append(f"- **{name}**: round robin by request (no groups to keep together).")
+            continue
+        servers: dict[int, list[int]] = {}
+        for group, homes in enumerate(oracle[name]["assignment"]):
+            for server in homes:
+                servers.setdefault(server, []).append(group)
+        shares = "; ".join(
+            f"server {k}: groups {', '.join(map(str, gs))} ({oracle[name]['server_loads'][k]:.0%})"
+            for k, gs in sorted(servers.items())
+        )
+        lines.append(
+            f"- **{name}**: at most {oracle['groups_per_server']} groups per server (what "
+            "its free KV under load holds), groups by popularity onto the least loaded "
+            f"server (share of the traffic in parentheses): {shares}."
+        )
+    return lines
 
 
 def write_results(

@@ -43,7 +43,8 @@ def test_cached_tokens_from_the_final_usage_chunk() -> None:
 def test_ideal_and_round_robin_take_no_epp_args() -> None:
     ideal = parse_policy("ideal")
     assert ideal.oracle and ideal.epp_args is None and "ORIGINAL_DST" in ideal.describe()
-    assert not parse_policy("round-robin").oracle
+    assert parse_policy("ideal-split").oracle == "ideal-split"
+    assert parse_policy("round-robin").oracle is None
     assert parse_policy("default=").epp_args == ()
     with pytest.raises(argparse.ArgumentTypeError):
         parse_policy("ideal=--config x.yaml")
