@@ -20,6 +20,7 @@ import yaml
 from epp.datalayer.engines import ENGINES
 from epp.disagg.coordinators import COORDINATORS
 from epp.scheduling.base import ReferencesPlugins, RoutingObserver
+from epp.scheduling.latency import LatencyModel, LatencyPriors
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.profile import Profile, WeightedScorer
 from epp.scheduling.registry import Registry, register_builtin_plugins
@@ -95,6 +96,15 @@ dataLayer:
     requestFormat: none
     oobPort: null
     reportIntervalSeconds: 1.0
+latencyModel:
+  overheadMs: 10.0
+  prefillMsPerToken: 0.1
+  decodeMsPerToken: 20.0
+  decodeMsPerRunning: 0.5
+  outputTokens: 128
+  priorSamples: 4
+  window: 128
+  maxNumSeqs: null
 disaggregation:
   coordinator: nixl
   prefillTimeoutSeconds: 25
@@ -111,6 +121,7 @@ _TOP_KEYS = {
     "saturationDetector",
     "admission",
     "dataLayer",
+    "latencyModel",
     "disaggregation",
     "endpoints",
 }
@@ -170,6 +181,7 @@ class EppConfig:
     admission: AdmissionConfig
     data_layer: DataLayerConfig
     disaggregation: DisaggConfig = field(default_factory=DisaggConfig)
+    latency: LatencyPriors = field(default_factory=LatencyPriors)
     # static endpoints (beside `epp serve --decode/--prefill` flags and discovery)
     endpoints: tuple[Endpoint, ...] = ()
     raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
@@ -200,7 +212,8 @@ def with_defaults(doc: Mapping[str, Any], source: str, registry: Registry) -> di
     if unknown:
         raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(_TOP_KEYS)}")
     merged = dict(default)
-    merged.update({k: v for k, v in doc.items() if k not in ("dataLayer", "disaggregation")})
+    sections = ("dataLayer", "disaggregation", "latencyModel")
+    merged.update({k: v for k, v in doc.items() if k not in sections})
     if "plugins" in doc and "schedulingProfiles" not in doc:
         # like the Inference Extension: one profile "default" using every plugin but
         # the profile handler
@@ -222,6 +235,9 @@ def with_defaults(doc: Mapping[str, Any], source: str, registry: Registry) -> di
     disagg = dict(default["disaggregation"])
     disagg.update(_mapping(doc.get("disaggregation"), f"{source}: disaggregation"))
     merged["disaggregation"] = disagg
+    latency = dict(default["latencyModel"])
+    latency.update(_mapping(doc.get("latencyModel"), f"{source}: latencyModel"))
+    merged["latencyModel"] = latency
     return merged
 
 
@@ -302,6 +318,7 @@ def validate(doc: Mapping[str, Any], source: str, registry: Registry) -> EppConf
         admission=admission,
         data_layer=data_layer,
         disaggregation=_disaggregation(doc.get("disaggregation"), source),
+        latency=_latency(doc.get("latencyModel"), source),
         endpoints=_endpoints(doc.get("endpoints"), source, data_layer.engine),
         raw=doc,
     )
@@ -398,6 +415,26 @@ def _disaggregation(raw: Any, source: str) -> DisaggConfig:
     return cfg
 
 
+def _latency(raw: Any, source: str) -> LatencyPriors:
+    p = Params(f"{source}: latencyModel", raw)
+    d = LatencyPriors()  # the defaults, written once
+    slots = p._get("maxNumSeqs")
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
+        raise ConfigError(f"{source}: latencyModel.maxNumSeqs: an integer >= 1 or null")
+    cfg = LatencyPriors(
+        overhead_ms=p.number("overheadMs", d.overhead_ms, minimum=0.0),
+        prefill_ms_per_token=p.number("prefillMsPerToken", d.prefill_ms_per_token, minimum=0.0),
+        decode_ms_per_token=p.number("decodeMsPerToken", d.decode_ms_per_token, minimum=0.0),
+        decode_ms_per_running=p.number("decodeMsPerRunning", d.decode_ms_per_running, minimum=0.0),
+        output_tokens=p.number("outputTokens", d.output_tokens, minimum=1.0),
+        prior_samples=p.number("priorSamples", d.prior_samples, minimum=0.001),
+        window=p.integer("window", d.window, minimum=8),
+        max_num_seqs=slots,
+    )
+    p.done()
+    return cfg
+
+
 def _spec(plugins: tuple[PluginSpec, ...], name: str) -> PluginSpec:
     return next(p for p in plugins if p.name == name)
 
@@ -464,6 +501,7 @@ def instantiate(
         clock=clock,
         observers=observers,
         plugins=instances,
+        latency=LatencyModel(cfg.latency),
     )
 
 

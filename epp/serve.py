@@ -197,6 +197,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     for endpoint in opts.endpoints:  # flags name no engine: the config's applies
         datastore.add(replace(endpoint, engine=cfg.data_layer.engine))
     metrics = EppMetrics(datastore)
+    metrics.report_latency_model(scheduler.latency)
     if isinstance(scheduler, ProfileScheduler):
         metrics.report_prefix_indexes(
             {n: p.index for n, p in scheduler.plugins.items() if isinstance(p, PrefixCacheScorer)}
@@ -249,6 +250,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
             ApiKeyAuth(opts.membership.admin_api_key),
             ejector.state,
             cfg.data_layer.engine,
+            scheduler.latency,
         )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

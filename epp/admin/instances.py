@@ -21,6 +21,7 @@ from epp.admin.auth import ApiKeyAuth
 from epp.admin.replies import error, ok
 from epp.datastore import Datastore, Member, Status
 from epp.discovery.runtime import Outcome, RuntimeMembership
+from epp.scheduling.latency import LatencyModel
 from epp.types import Endpoint, Role, parse_host_port
 
 # what /status reports for each member, and how many failures it has had
@@ -87,7 +88,9 @@ def _summary(datastore: Datastore) -> dict[str, list[str]]:
     return {"current_prefill_instances": prefill, "current_decode_instances": decode}
 
 
-def status_doc(datastore: Datastore, failures: FailureState) -> dict[str, Any]:
+def status_doc(
+    datastore: Datastore, failures: FailureState, latency: LatencyModel | None = None
+) -> dict[str, Any]:
     summary = _summary(datastore)
     prefill, decode = summary["current_prefill_instances"], summary["current_decode_instances"]
     return {
@@ -95,11 +98,13 @@ def status_doc(datastore: Datastore, failures: FailureState) -> dict[str, Any]:
         "decode_node_count": len(decode),
         "prefill_nodes": prefill,
         "decode_nodes": decode,
-        "endpoints": [_member_doc(m, datastore, failures) for m in datastore.members()],
+        "endpoints": [_member_doc(m, datastore, failures, latency) for m in datastore.members()],
     }
 
 
-def _member_doc(m: Member, datastore: Datastore, failures: FailureState) -> dict[str, Any]:
+def _member_doc(
+    m: Member, datastore: Datastore, failures: FailureState, latency: LatencyModel | None
+) -> dict[str, Any]:
     count, retry_in = failures(m.address)
     doc: dict[str, Any] = {
         "instance": m.address,
@@ -120,6 +125,9 @@ def _member_doc(m: Member, datastore: Datastore, failures: FailureState) -> dict
             "kv_cache_usage": metrics.kv_usage,
             "age_s": round(max(time.monotonic() - metrics.updated_at, 0.0), 3),
         }
+    learned = latency.status(m.address) if latency is not None else None
+    if learned is not None:
+        doc["latency_model"] = learned
     return doc
 
 
@@ -151,6 +159,7 @@ def add_routes(
     auth: ApiKeyAuth,
     failures: FailureState,
     engine: str,
+    latency: LatencyModel | None = None,
 ) -> None:
     async def read(request: web.Request) -> tuple[Role, list[Endpoint]] | web.Response:
         refusal = auth.refusal(request)
@@ -189,7 +198,7 @@ def add_routes(
         return ok(doc, status=200 if found else 404)
 
     async def status(_: web.Request) -> web.Response:
-        return ok(status_doc(datastore, failures))
+        return ok(status_doc(datastore, failures, latency))
 
     app.router.add_post("/instances/add", add)
     app.router.add_post("/instances/remove", remove)

@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp.datastore import Datastore
+from epp.scheduling.latency import LatencyModel
 from epp.scheduling.prefixindex import PrefixIndex
 
 
@@ -91,6 +92,20 @@ class EppMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
+        self.ttft_error = Histogram(
+            "epp_ttft_prediction_error_seconds",
+            "Observed minus predicted time to first token of streamed requests (the "
+            "latency model's error; negative = faster than predicted).",
+            buckets=(-1, -0.25, -0.1, -0.05, -0.02, -0.01, 0, 0.01, 0.02, 0.05, 0.1, 0.25, 1),
+            registry=self.registry,
+        )
+        self.slo_predictions = Counter(
+            "epp_slo_predictions",
+            "Requests with SLO headers, by whether the chosen endpoint was predicted to "
+            "meet them (met, missed: no endpoint could; best effort).",
+            ["prediction"],
+            registry=self.registry,
+        )
         self.registry.register(_DatastoreCollector(datastore))
         # per-endpoint series go when their endpoint goes (membership changes at runtime)
         self._datastore = datastore
@@ -135,6 +150,10 @@ class EppMetrics:
         scrape time: the index is bounded per endpoint, and this shows by how much."""
         if indexes:
             self.registry.register(_PrefixIndexCollector(indexes))
+
+    def report_latency_model(self, model: LatencyModel) -> None:
+        """Export what the latency model has learned per endpoint, read at scrape time."""
+        self.registry.register(_LatencyCollector(model))
 
     def _forget_removed(self) -> None:
         current = {s.address for s in self._datastore.snapshot().endpoints}
@@ -218,3 +237,23 @@ class _PrefixIndexCollector(Collector):
         for name, index in sorted(self._indexes.items()):
             blocks.add_metric([name], index.size())
         yield blocks
+
+
+class _LatencyCollector(Collector):
+    def __init__(self, model: LatencyModel) -> None:
+        self._model = model
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        learned = GaugeMetricFamily(
+            "epp_latency_model",
+            "The latency model's current values per endpoint, by parameter "
+            "(overhead_ms, prefill_ms_per_token, decode_ms_per_token, "
+            "decode_ms_per_running, slot_s, slots, ttft_abs_error_ms).",
+            labels=["endpoint", "parameter"],
+        )
+        for address in sorted(self._model.addresses()):
+            values = self._model.status(address) or {}
+            for name, value in values.items():
+                if value is not None and name not in ("ttft_samples", "completions"):
+                    learned.add_metric([address, name], float(value))
+        yield learned

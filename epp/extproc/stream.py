@@ -271,11 +271,14 @@ class ExtProcStream:
         return [messages.EMPTY_RESPONSE_HEADERS]
 
     def _on_response_body(self, data: bytes, end: bool) -> list[ProcessingResponse]:
-        self._req.tail = keep_tail(self._req.tail, data)
+        req = self._req
+        routed = req.routed
+        if routed is not None and data and not req.tail:
+            self._router.first_byte_seen(routed)
+        req.tail = keep_tail(req.tail, data)
         if end:
-            usage = find_usage(self._req.tail)
-            if usage is not None:
-                self._router.usage_seen(usage)
+            if routed is not None and not routed.ticket.released:
+                self._router.completed(routed, req.status, req.served, find_usage(req.tail))
             self._finish()
         if self._envoy.response_body_mode == _FULL_DUPLEX:
             return [messages.response_body_echo(data, end)]

@@ -105,6 +105,11 @@ class PrefixIndex:
             del self._address[bit]
             self._free.append(bit.bit_length() - 1)  # no hash has the bit any more
 
+    def held(self, address: str) -> int:
+        """Blocks ``address`` is thought to hold."""
+        lru = self._lru.get(address)
+        return 0 if lru is None else len(lru)
+
     def size(self) -> int:
         """Blocks held across all endpoints (memory is proportional to this)."""
         return sum(len(lru) for lru in self._lru.values())

@@ -132,6 +132,12 @@ class PrefixCacheScorer:
             capacity = self._capacity(state.metrics if state is not None else None)
             self.index.insert(target.address, hashes, capacity)
 
+    def free_blocks(self, state: EndpointState) -> int:
+        """Blocks (of ours) ``state`` can still cache before it must evict some of
+        what it is thought to hold (its capacity as :meth:`_capacity` reckons it)."""
+        capacity = self._capacity(state.metrics) or self.index.default_capacity
+        return max(capacity - self.index.held(state.address), 0)
+
     def _capacity(self, m: EndpointMetrics | None) -> int | None:
         """Blocks (of ours) the endpoint can keep cached: its KV geometry, less what its
         running requests occupy (they evict cached prefixes first); None = default."""

@@ -1,0 +1,323 @@
+"""A latency model per endpoint, learned online from what the EPP sees (pure: no I/O,
+no clock of its own; callers pass times in seconds).
+
+For one request on one endpoint it predicts the time to first token::
+
+    TTFT = queue wait + overhead + prefill cost per token x uncached prompt tokens
+
+* **Prefill** (``overhead``, ``per token``): a robust line fitted to the TTFTs of
+  requests that found a free slot (no queue), against their uncached prompt tokens
+  (the server's ``usage.prompt_tokens_details.cached_tokens`` when it reports it, else
+  the prefix index's estimate at routing time).
+* **Decode** (time per output token against the running batch): a robust line fitted
+  to (end - first byte) / (output tokens - 1) of streamed responses.
+* **Slot time**: how long a request holds one of the endpoint's slots (prefill +
+  decode), a moving average of what was observed.
+* **Slots** (``max_num_seqs``; vLLM does not export it): an endpoint label or the
+  config, else learned as the highest running count reported while requests waited.
+  Until it is known, only the engine's own reported queue predicts a wait.
+* **Queue wait**: with ``load`` requests on the endpoint (the EPP's in-flight count, or
+  the engine's running + waiting when that is higher) and ``slots`` slots, a newcomer
+  waits for ``load - slots + 1`` slots to free, each freeing every ``slot time / slots``
+  seconds on average.
+
+Until an endpoint has samples, configured priors stand in; each prior weighs as much as
+``priorSamples`` observations, so a few observations move it and many replace it.
+Outliers (a request stuck behind a GC pause, a retried request) are trimmed from each fit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from epp.types import EndpointMetrics, EndpointState, Prediction
+
+# An endpoint label that sets how many sequences the server runs at once (vLLM's
+# --max-num-seqs), for pools whose servers differ and whose queues the EPP cannot see.
+MAX_NUM_SEQS_LABEL = "epp.dev/max-num-seqs"
+# CycleContext.cache key where a scorer leaves address -> uncached prompt tokens, so the
+# scheduler's prediction for the chosen endpoint uses the same estimate
+UNCACHED_KEY = "latency/uncached"
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyPriors:
+    """The ``latencyModel`` config section: what the model assumes before it has seen
+    an endpoint serve (every default written here once)."""
+
+    overhead_ms: float = 10.0  # fixed time to first token of every request
+    prefill_ms_per_token: float = 0.1  # per uncached prompt token
+    decode_ms_per_token: float = 20.0  # time per output token with an empty batch
+    decode_ms_per_running: float = 0.5  # added per running sequence
+    output_tokens: float = 128.0  # mean output length, for the first slot-time guess
+    prior_samples: float = 4.0  # how many observations each prior weighs
+    window: int = 128  # observations kept per endpoint for each fit
+    max_num_seqs: int | None = None  # slots of every endpoint; None = label, else learn
+
+
+class RobustLine:
+    """``y = a + b x`` over a window of observations, pulled toward a prior line and
+    refitted without the points whose residuals are far beyond the typical one.
+
+    The prior enters as pseudo-observations, half at ``x = 0`` and half at ``x = x_ref``,
+    so it fixes both the intercept and the slope until data do. The fit
+    never returns a negative intercept or slope (costs cannot be negative)."""
+
+    __slots__ = ("_points", "a", "a0", "b", "b0", "weight", "x_ref")
+
+    def __init__(self, a0: float, b0: float, x_ref: float, weight: float, window: int) -> None:
+        self.a0, self.b0, self.x_ref, self.weight = a0, b0, x_ref, weight
+        self.a, self.b = a0, b0
+        self._points: deque[tuple[float, float]] = deque(maxlen=max(window, 2))
+
+    @property
+    def samples(self) -> int:
+        return len(self._points)
+
+    def __call__(self, x: float) -> float:
+        return self.a + self.b * x
+
+    def add(self, x: float, y: float) -> None:
+        if not (math.isfinite(x) and math.isfinite(y)):
+            return
+        self._points.append((x, y))
+        points = list(self._points)
+        a, b = self._fit(points)
+        for _ in range(2):  # trim what lies far beyond the typical residual, refit
+            if len(points) < 8:  # too few to tell an outlier from the rest
+                break
+            residuals = [abs(py - a - b * px) for px, py in points]
+            spread = sorted(residuals)[len(residuals) // 2] * 1.4826  # MAD -> sigma
+            limit = 3.0 * max(spread, 1e-3 * max(abs(a), 1e-3))
+            kept = [p for p, r in zip(points, residuals, strict=True) if r <= limit]
+            if len(kept) == len(points):
+                break
+            points = kept
+            a, b = self._fit(points)
+        self.a, self.b = a, b
+
+    def _fit(self, points: Iterable[tuple[float, float]]) -> tuple[float, float]:
+        """Weighted least squares over the points plus the prior's pseudo-points, whose
+        weight fades as points accumulate (``weight`` while there are fewer, then
+        ``weight^2 / points``): a wrong prior must not bias a well-fed fit."""
+        points = list(points)
+        weight = self.weight * min(1.0, self.weight / max(len(points), 1))
+        half = weight / 2
+        x_ref, y_ref = self.x_ref, self.a0 + self.b0 * self.x_ref
+        n = 2 * half
+        sx = half * x_ref
+        sy = half * self.a0 + half * y_ref
+        sxx = half * x_ref * x_ref
+        sxy = half * x_ref * y_ref
+        for x, y in points:
+            n += 1
+            sx += x
+            sy += y
+            sxx += x * x
+            sxy += x * y
+        det = n * sxx - sx * sx
+        if n <= 0 or det <= 1e-12 * max(n * sxx, 1e-300):
+            mean = sy / n if n > 0 else self.a0
+            return max(mean - self.b0 * (sx / n if n > 0 else 0.0), 0.0), self.b0
+        b = (n * sxy - sx * sy) / det
+        if b < 0:  # a cost cannot fall with size: the best flat line instead
+            return max(sy / n, 0.0), 0.0
+        a = (sy - b * sx) / n
+        if a < 0:  # through the origin instead
+            return 0.0, max(sxy / sxx, 0.0) if sxx > 0 else self.b0
+        return a, b
+
+
+@dataclass(slots=True)
+class EndpointLatency:
+    """One endpoint's learned latencies (seconds)."""
+
+    prefill: RobustLine  # TTFT without a queue, against uncached prompt tokens
+    decode: RobustLine  # time per output token, against the running batch
+    slot_s: float  # mean time a request holds a slot (moving average)
+    configured_slots: int | None = None
+    learned_slots: int = 0  # highest running count reported while requests waited
+    ttft_samples: int = 0
+    completions: int = 0
+    abs_error_s: float = 0.0  # moving average of |observed - predicted| TTFT
+
+    @property
+    def slots(self) -> int | None:
+        return self.configured_slots or self.learned_slots or None
+
+    def wait_s(self, load: float, metrics: EndpointMetrics | None) -> float:
+        """Expected queue wait of a request arriving behind ``load`` requests."""
+        slots = self.slots
+        if slots is not None:
+            ahead = load - slots + 1
+            return ahead * self.slot_s / slots if ahead > 0 else 0.0
+        # slots unknown: only the engine's own queue says the endpoint is full
+        if metrics is None or not metrics.waiting or metrics.waiting <= 0:
+            return 0.0
+        running = max(metrics.running or 1.0, 1.0)
+        return (metrics.waiting + 1) * self.slot_s / running
+
+
+@dataclass(slots=True)
+class Dispatch:
+    """A request as it left for an endpoint: what the model needs to learn from how it
+    went (kept by the caller, handed back to :meth:`LatencyModel.observe`)."""
+
+    address: str
+    sent_at: float
+    prediction: Prediction
+    prompt_tokens: int
+    streaming: bool
+    first_byte_at: float | None = None
+
+
+@dataclass
+class LatencyModel:
+    """Every endpoint's :class:`EndpointLatency`, created on first use from the priors."""
+
+    priors: LatencyPriors = field(default_factory=LatencyPriors)
+    _endpoints: dict[str, EndpointLatency] = field(default_factory=dict)
+
+    def endpoint(self, state: EndpointState) -> EndpointLatency:
+        found = self._endpoints.get(state.address)
+        if found is None:
+            p = self.priors
+            found = self._endpoints[state.address] = EndpointLatency(
+                prefill=RobustLine(
+                    p.overhead_ms / 1000,
+                    p.prefill_ms_per_token / 1000,
+                    1000.0,
+                    p.prior_samples,
+                    p.window,
+                ),
+                decode=RobustLine(
+                    p.decode_ms_per_token / 1000,
+                    p.decode_ms_per_running / 1000,
+                    16.0,
+                    p.prior_samples,
+                    p.window,
+                ),
+                slot_s=(p.overhead_ms + p.output_tokens * p.decode_ms_per_token) / 1000,
+            )
+        found.configured_slots = _configured_slots(state, self.priors)
+        return found
+
+    def get(self, address: str) -> EndpointLatency | None:
+        return self._endpoints.get(address)
+
+    def retain(self, addresses: set[str]) -> None:
+        """Forget endpoints that left the pool."""
+        for address in [a for a in self._endpoints if a not in addresses]:
+            del self._endpoints[address]
+
+    def predict(
+        self,
+        state: EndpointState,
+        metrics: EndpointMetrics | None,
+        in_flight: int,
+        uncached_tokens: int,
+    ) -> Prediction:
+        """TTFT of a request with ``uncached_tokens`` to prefill on this endpoint now
+        (``metrics``: its fresh report or None; ``in_flight``: the EPP's count there)."""
+        model = self.endpoint(state)
+        load = in_flight
+        if metrics is not None:
+            reported = (metrics.running or 0.0) + (metrics.waiting or 0.0)
+            load = max(load, math.ceil(reported))
+        wait = model.wait_s(load, metrics)
+        slots = model.slots
+        batch = min(load + 1, slots) if slots else load + 1
+        return Prediction(
+            ttft_s=wait + model.prefill(uncached_tokens),
+            wait_s=wait,
+            uncached_tokens=uncached_tokens,
+            tpot_s=model.decode(batch),
+            load=load,
+        )
+
+    def observe_load(self, state: EndpointState, metrics: EndpointMetrics | None) -> None:
+        """Learn the endpoint's slots from a report: while requests wait, the running
+        count is the most the engine runs at once."""
+        if metrics is None or not metrics.waiting or metrics.running is None:
+            return
+        model = self.endpoint(state)
+        model.learned_slots = max(model.learned_slots, int(metrics.running))
+
+    def observe(
+        self,
+        dispatch: Dispatch,
+        finished_at: float,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+        completion_tokens: int | None,
+    ) -> float | None:
+        """Learn from a request that completed successfully; returns the TTFT error
+        (observed - predicted, seconds) when the TTFT was observable, else None.
+
+        The TTFT is observable for streamed responses whose body the EPP sees (the
+        first body chunk carries the first token); a non-streamed body arrives whole at
+        the end, so it only teaches the slot time."""
+        model = self._endpoints.get(dispatch.address)
+        if model is None:  # left the pool meanwhile
+            return None
+        model.completions += 1
+        pred = dispatch.prediction
+        uncached = pred.uncached_tokens
+        if prompt_tokens is not None and cached_tokens is not None:
+            uncached = max(prompt_tokens - cached_tokens, 0)
+        prefill_s = model.prefill(uncached)
+        error = None
+        first = dispatch.first_byte_at if dispatch.streaming else None
+        if first is not None:
+            ttft = first - dispatch.sent_at
+            error = ttft - pred.ttft_s
+            model.ttft_samples += 1
+            model.abs_error_s += (abs(error) - model.abs_error_s) / min(model.ttft_samples, 32)
+            if pred.wait_s == 0.0:  # found a free slot: the TTFT is all prefill
+                model.prefill.add(uncached, ttft)
+            if completion_tokens is not None and completion_tokens >= 2:
+                tpot = (finished_at - first) / (completion_tokens - 1)
+                model.decode.add(
+                    pred.load + 1 if model.slots is None else min(pred.load + 1, model.slots), tpot
+                )
+            in_slot = finished_at - first + prefill_s
+        else:
+            in_slot = finished_at - dispatch.sent_at - pred.wait_s
+        if in_slot > 0:
+            model.slot_s += (in_slot - model.slot_s) / min(model.completions, 32)
+        return error
+
+    def status(self, address: str) -> dict[str, float | int | None] | None:
+        """The endpoint's learned values, for ``/status`` (None: never seen)."""
+        m = self._endpoints.get(address)
+        if m is None:
+            return None
+        return {
+            "overhead_ms": round(m.prefill.a * 1000, 3),
+            "prefill_ms_per_token": round(m.prefill.b * 1000, 5),
+            "decode_ms_per_token": round(m.decode.a * 1000, 3),
+            "decode_ms_per_running": round(m.decode.b * 1000, 4),
+            "slot_s": round(m.slot_s, 4),
+            "slots": m.slots,
+            "ttft_samples": m.ttft_samples,
+            "completions": m.completions,
+            "ttft_abs_error_ms": round(m.abs_error_s * 1000, 2),
+        }
+
+    def addresses(self) -> Mapping[str, EndpointLatency]:
+        return self._endpoints
+
+
+def _configured_slots(state: EndpointState, priors: LatencyPriors) -> int | None:
+    label = state.endpoint.labels.get(MAX_NUM_SEQS_LABEL)
+    if label is not None:
+        try:
+            value = int(label)
+        except ValueError:
+            value = 0
+        if value > 0:
+            return value
+    return priors.max_num_seqs
