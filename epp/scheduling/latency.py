@@ -31,8 +31,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import numpy as np
+
+from epp.scheduling.columns import CandidateView, FloatArray, IndexArray
 from epp.types import EndpointMetrics, EndpointState, Prediction
 
 # An endpoint label that sets how many sequences the server runs at once (vLLM's
@@ -148,17 +151,17 @@ class EndpointLatency:
     def slots(self) -> int | None:
         return self.configured_slots or self.learned_slots or None
 
-    def wait_s(self, load: float, metrics: EndpointMetrics | None) -> float:
-        """Expected queue wait of a request arriving behind ``load`` requests."""
+    def wait_s(self, load: float, waiting: float, running: float) -> float:
+        """Expected queue wait of a request arriving behind ``load`` requests (the
+        engine reporting ``waiting`` and ``running``, 0 when unknown)."""
         slots = self.slots
         if slots is not None:
             ahead = load - slots + 1
             return ahead * self.slot_s / slots if ahead > 0 else 0.0
         # slots unknown: only the engine's own queue says the endpoint is full
-        if metrics is None or not metrics.waiting or metrics.waiting <= 0:
+        if waiting <= 0:
             return 0.0
-        running = max(metrics.running or 1.0, 1.0)
-        return (metrics.waiting + 1) * self.slot_s / running
+        return (waiting + 1) * self.slot_s / max(running, 1.0)
 
 
 @dataclass(slots=True)
@@ -174,44 +177,85 @@ class Dispatch:
     first_byte_at: float | None = None
 
 
-@dataclass
 class LatencyModel:
-    """Every endpoint's :class:`EndpointLatency`, created on first use from the priors."""
+    """Every endpoint's :class:`EndpointLatency`, created on first use from the priors.
 
-    priors: LatencyPriors = field(default_factory=LatencyPriors)
-    _endpoints: dict[str, EndpointLatency] = field(default_factory=dict)
+    The values the predictions use are also kept as columns (one row per endpoint), so
+    :meth:`predict_view` prices 1,000 candidates with a few numpy operations; a row is
+    rewritten whenever its endpoint learns something."""
+
+    _COLUMNS = ("overhead", "rate", "slot_s", "slots")
+
+    def __init__(self, priors: LatencyPriors | None = None) -> None:
+        self.priors = priors or LatencyPriors()
+        self._endpoints: dict[str, EndpointLatency] = {}
+        self._row: dict[str, int] = {}
+        self._free_rows: list[int] = []
+        self._columns = {name: np.zeros(8) for name in self._COLUMNS}
+        self._epoch = 0  # bumped when rows are handed out or freed
+        # (id(addresses), epoch) -> (addresses, model rows): held, so the id stays unique
+        self._rows_memo: dict[tuple[int, int], tuple[tuple[str, ...], IndexArray]] = {}
 
     def endpoint(self, state: EndpointState) -> EndpointLatency:
         found = self._endpoints.get(state.address)
         if found is None:
-            p = self.priors
-            found = self._endpoints[state.address] = EndpointLatency(
-                prefill=RobustLine(
-                    p.overhead_ms / 1000,
-                    p.prefill_ms_per_token / 1000,
-                    1000.0,
-                    p.prior_samples,
-                    p.window,
-                ),
-                decode=RobustLine(
-                    p.decode_ms_per_token / 1000,
-                    p.decode_ms_per_running / 1000,
-                    16.0,
-                    p.prior_samples,
-                    p.window,
-                ),
-                slot_s=(p.overhead_ms + p.output_tokens * p.decode_ms_per_token) / 1000,
-            )
-        found.configured_slots = _configured_slots(state, self.priors)
+            found = self._create(state)
         return found
+
+    def _create(self, state: EndpointState) -> EndpointLatency:
+        p = self.priors
+        model = self._endpoints[state.address] = EndpointLatency(
+            prefill=RobustLine(
+                p.overhead_ms / 1000,
+                p.prefill_ms_per_token / 1000,
+                1000.0,
+                p.prior_samples,
+                p.window,
+            ),
+            decode=RobustLine(
+                p.decode_ms_per_token / 1000,
+                p.decode_ms_per_running / 1000,
+                16.0,
+                p.prior_samples,
+                p.window,
+            ),
+            slot_s=(p.overhead_ms + p.output_tokens * p.decode_ms_per_token) / 1000,
+            configured_slots=_configured_slots(state, p),
+        )
+        if self._free_rows:
+            row = self._free_rows.pop()
+        else:
+            row = len(self._row)
+            size = len(self._columns["overhead"])
+            if row >= size:
+                for name, column in self._columns.items():
+                    self._columns[name] = np.concatenate([column, np.zeros(size)])
+        self._row[state.address] = row
+        self._epoch += 1
+        self._rows_memo.clear()
+        self._sync(state.address, model)
+        return model
+
+    def _sync(self, address: str, model: EndpointLatency) -> None:
+        row = self._row[address]
+        cols = self._columns
+        cols["overhead"][row] = model.prefill.a
+        cols["rate"][row] = model.prefill.b
+        cols["slot_s"][row] = model.slot_s
+        cols["slots"][row] = model.slots or 0
 
     def get(self, address: str) -> EndpointLatency | None:
         return self._endpoints.get(address)
 
     def retain(self, addresses: set[str]) -> None:
         """Forget endpoints that left the pool."""
-        for address in [a for a in self._endpoints if a not in addresses]:
+        gone = [a for a in self._endpoints if a not in addresses]
+        for address in gone:
             del self._endpoints[address]
+            self._free_rows.append(self._row.pop(address))
+        if gone:
+            self._epoch += 1
+            self._rows_memo.clear()
 
     def predict(
         self,
@@ -223,11 +267,11 @@ class LatencyModel:
         """TTFT of a request with ``uncached_tokens`` to prefill on this endpoint now
         (``metrics``: its fresh report or None; ``in_flight``: the EPP's count there)."""
         model = self.endpoint(state)
-        load = in_flight
+        waiting = running = 0.0
         if metrics is not None:
-            reported = (metrics.running or 0.0) + (metrics.waiting or 0.0)
-            load = max(load, math.ceil(reported))
-        wait = model.wait_s(load, metrics)
+            waiting, running = _known(metrics.waiting), _known(metrics.running)
+        load = max(in_flight, math.ceil(running + waiting))
+        wait = model.wait_s(load, waiting, running)
         slots = model.slots
         batch = min(load + 1, slots) if slots else load + 1
         return Prediction(
@@ -238,13 +282,58 @@ class LatencyModel:
             load=load,
         )
 
+    def predict_view(
+        self, view: CandidateView, in_flight: Mapping[str, int], uncached: FloatArray
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """:meth:`predict` for every candidate of ``view`` at once: (TTFT, load, prefill
+        rate per token) arrays, the same numbers as the scalar path."""
+        rows = self._rows(view)
+        cols = self._columns
+        waiting, running = (
+            _known_array(view.metric("waiting")),
+            _known_array(view.metric("running")),
+        )
+        load = np.maximum(view.counts(in_flight), np.ceil(running + waiting))
+        slots, slot_s = cols["slots"][rows], cols["slot_s"][rows]
+        known = slots > 0
+        per_slot = slot_s / np.where(known, slots, 1.0)
+        wait_known = np.maximum(load - slots + 1, 0.0) * per_slot
+        wait_queue = np.where(waiting > 0, (waiting + 1) * slot_s / np.maximum(running, 1.0), 0.0)
+        wait = np.where(known, wait_known, wait_queue)
+        rate = cols["rate"][rows]
+        ttft: FloatArray = wait + cols["overhead"][rows] + rate * uncached
+        return ttft, load, rate
+
+    def _rows(self, view: CandidateView) -> IndexArray:
+        """The model rows of ``view``'s candidates (creating missing endpoints), found
+        once per column set and epoch: successive snapshots share their addresses."""
+        addresses = view.columns.addresses
+        key = (id(addresses), self._epoch)
+        memo = self._rows_memo.get(key)
+        if memo is None or memo[0] is not addresses:
+            row = self._row
+            if any(a not in row for a in addresses):
+                for state in view.columns.states:
+                    if state.address not in row:
+                        self._create(state)
+                key = (id(addresses), self._epoch)
+            rows = np.fromiter(map(row.__getitem__, addresses), np.intp, len(addresses))
+            if len(self._rows_memo) >= 8:
+                self._rows_memo.clear()
+            memo = self._rows_memo[key] = (addresses, rows)
+        result: IndexArray = memo[1][view.rows]
+        return result
+
     def observe_load(self, state: EndpointState, metrics: EndpointMetrics | None) -> None:
         """Learn the endpoint's slots from a report: while requests wait, the running
         count is the most the engine runs at once."""
-        if metrics is None or not metrics.waiting or metrics.running is None:
+        if metrics is None or _known(metrics.waiting) <= 0:
             return
+        running = int(min(_known(metrics.running), 1e6))
         model = self.endpoint(state)
-        model.learned_slots = max(model.learned_slots, int(metrics.running))
+        if running > model.learned_slots:
+            model.learned_slots = running
+            self._sync(state.address, model)
 
     def observe(
         self,
@@ -280,14 +369,14 @@ class LatencyModel:
                 model.prefill.add(uncached, ttft)
             if completion_tokens is not None and completion_tokens >= 2:
                 tpot = (finished_at - first) / (completion_tokens - 1)
-                model.decode.add(
-                    pred.load + 1 if model.slots is None else min(pred.load + 1, model.slots), tpot
-                )
+                slots = model.slots
+                model.decode.add(min(pred.load + 1, slots) if slots else pred.load + 1, tpot)
             in_slot = finished_at - first + prefill_s
         else:
             in_slot = finished_at - dispatch.sent_at - pred.wait_s
         if in_slot > 0:
             model.slot_s += (in_slot - model.slot_s) / min(model.completions, 32)
+        self._sync(dispatch.address, model)
         return error
 
     def status(self, address: str) -> dict[str, float | int | None] | None:
@@ -309,6 +398,17 @@ class LatencyModel:
 
     def addresses(self) -> Mapping[str, EndpointLatency]:
         return self._endpoints
+
+
+def _known(value: float | None) -> float:
+    """A reported count, 0 when unreported or not a finite number."""
+    return value if value is not None and math.isfinite(value) else 0.0
+
+
+def _known_array(values: FloatArray) -> FloatArray:
+    """:func:`_known` for an array (NaN = unreported)."""
+    result: FloatArray = np.where(np.isfinite(values), values, 0.0)
+    return result
 
 
 def _configured_slots(state: EndpointState, priors: LatencyPriors) -> int | None:
