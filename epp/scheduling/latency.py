@@ -41,6 +41,8 @@ from epp.types import EndpointMetrics, EndpointState, Prediction
 # An endpoint label that sets how many sequences the server runs at once (vLLM's
 # --max-num-seqs), for pools whose servers differ and whose queues the EPP cannot see.
 MAX_NUM_SEQS_LABEL = "epp.dev/max-num-seqs"
+# a TTFT this far (at least) above its prefill says the request queued for a slot
+QUEUED_MIN_S = 0.03
 # CycleContext.cache key where a scorer leaves address -> uncached prompt tokens, so the
 # scheduler's prediction for the chosen endpoint uses the same estimate
 UNCACHED_KEY = "latency/uncached"
@@ -143,13 +145,25 @@ class EndpointLatency:
     slot_s: float  # mean time a request holds a slot (moving average)
     configured_slots: int | None = None
     learned_slots: int = 0  # highest running count reported while requests waited
+    running_seen: int = 0  # highest running count ever reported: slots are at least this
+    queued_at: int = 0  # fewest requests on it at which a request was seen to queue
     ttft_samples: int = 0
     completions: int = 0
     abs_error_s: float = 0.0  # moving average of |observed - predicted| TTFT
 
     @property
     def slots(self) -> int | None:
-        return self.configured_slots or self.learned_slots or None
+        """Sequences it runs at once: configured, else the running count reported while
+        requests waited, else the load at which a request was seen to queue (never below
+        a running count reported), else unknown."""
+        if self.configured_slots or self.learned_slots:
+            return self.configured_slots or self.learned_slots
+        return max(self.queued_at, self.running_seen) if self.queued_at else None
+
+    @property
+    def surely_free(self) -> int:
+        """Below this many requests on it, a newcomer certainly finds a free slot."""
+        return self.configured_slots or self.learned_slots or max(self.running_seen, 1)
 
     def wait_s(self, load: float, waiting: float, running: float) -> float:
         """Expected queue wait of a request arriving behind ``load`` requests (the
@@ -184,7 +198,8 @@ class LatencyModel:
     :meth:`predict_view` prices 1,000 candidates with a few numpy operations; a row is
     rewritten whenever its endpoint learns something."""
 
-    _COLUMNS = ("overhead", "rate", "slot_s", "slots")
+    # slots: 0 = unknown; capacity: slots, else the most seen running (for pool_means)
+    _COLUMNS = ("overhead", "rate", "slot_s", "slots", "capacity", "alive")
 
     def __init__(self, priors: LatencyPriors | None = None) -> None:
         self.priors = priors or LatencyPriors()
@@ -243,6 +258,8 @@ class LatencyModel:
         cols["rate"][row] = model.prefill.b
         cols["slot_s"][row] = model.slot_s
         cols["slots"][row] = model.slots or 0
+        cols["capacity"][row] = model.slots or model.running_seen
+        cols["alive"][row] = 1.0
 
     def get(self, address: str) -> EndpointLatency | None:
         return self._endpoints.get(address)
@@ -252,7 +269,9 @@ class LatencyModel:
         gone = [a for a in self._endpoints if a not in addresses]
         for address in gone:
             del self._endpoints[address]
-            self._free_rows.append(self._row.pop(address))
+            row = self._row.pop(address)
+            self._columns["alive"][row] = 0.0
+            self._free_rows.append(row)
         if gone:
             self._epoch += 1
             self._rows_memo.clear()
@@ -281,6 +300,16 @@ class LatencyModel:
             tpot_s=model.decode(batch),
             load=load,
         )
+
+    def pool_means(self) -> tuple[float, float]:
+        """(mean slot time, mean slots) over the endpoints known (slots: as learned,
+        else the most seen running; 0 when nothing is known yet)."""
+        cols = self._columns
+        alive = cols["alive"] > 0
+        n = int(alive.sum())
+        if not n:
+            return 0.0, 0.0
+        return float(cols["slot_s"][alive].mean()), float(cols["capacity"][alive].mean())
 
     def predict_view(
         self, view: CandidateView, in_flight: Mapping[str, int], uncached: FloatArray
@@ -327,12 +356,16 @@ class LatencyModel:
     def observe_load(self, state: EndpointState, metrics: EndpointMetrics | None) -> None:
         """Learn the endpoint's slots from a report: while requests wait, the running
         count is the most the engine runs at once."""
-        if metrics is None or _known(metrics.waiting) <= 0:
+        if metrics is None:
             return
         running = int(min(_known(metrics.running), 1e6))
         model = self.endpoint(state)
-        if running > model.learned_slots:
-            model.learned_slots = running
+        changed = False
+        if running > model.running_seen:
+            model.running_seen, changed = running, True
+        if _known(metrics.waiting) > 0 and running > model.learned_slots:
+            model.learned_slots, changed = running, True
+        if changed:
             self._sync(state.address, model)
 
     def observe(
@@ -365,8 +398,15 @@ class LatencyModel:
             error = ttft - pred.ttft_s
             model.ttft_samples += 1
             model.abs_error_s += (abs(error) - model.abs_error_s) / min(model.ttft_samples, 32)
-            if pred.wait_s == 0.0:  # found a free slot: the TTFT is all prefill
+            if pred.load < model.surely_free:  # found a free slot: the TTFT is all prefill
                 model.prefill.add(uncached, ttft)
+            elif not (model.configured_slots or model.learned_slots):
+                # waited far beyond its prefill: every slot was taken at this load
+                waited = ttft - prefill_s
+                if waited > max(0.5 * model.slot_s / pred.load, QUEUED_MIN_S) and (
+                    not model.queued_at or pred.load < model.queued_at
+                ):
+                    model.queued_at = pred.load
             if completion_tokens is not None and completion_tokens >= 2:
                 tpot = (finished_at - first) / (completion_tokens - 1)
                 slots = model.slots

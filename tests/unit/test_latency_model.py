@@ -269,3 +269,26 @@ def test_scorer_parameters_are_checked() -> None:
         predicted_latency_scorer(Params("p", {"evictionWeight": -1}))
     with pytest.raises(ConfigError, match="prefixPlugin"):
         predicted_latency_scorer(Params("p", {"prefixPlugin": 3}))
+
+
+def test_a_request_that_queued_bounds_the_slots_and_never_teaches_prefill() -> None:
+    model = LatencyModel(LatencyPriors(overhead_ms=5, prefill_ms_per_token=0.1))
+    s = state(1)
+    model.observe_load(s, EndpointMetrics(NOW, waiting=0.0, running=2.0))
+    assert model.endpoint(s).slots is None and model.endpoint(s).surely_free == 2
+
+    def served(load: int, ttft: float) -> None:
+        pred = model.predict(s, None, load, 1000)
+        assert pred.load == load
+        model.observe(Dispatch(s.address, 0.0, pred, 1000, True, ttft), ttft + 0.1, 1000, 0, 2)
+
+    before = model.endpoint(s).prefill(1000)
+    served(5, 0.105 + 0.3)  # 5 on it, waited 0.3 s: full at 5
+    assert model.endpoint(s).slots == 5
+    assert model.endpoint(s).prefill(1000) == before  # the wait is not prefill
+    served(3, 0.105 + 0.3)
+    assert model.endpoint(s).slots == 3
+    served(4, 0.105 + 0.3)  # a higher load teaches nothing new
+    assert model.endpoint(s).slots == 3
+    served(3, 0.106)  # no wait at 3 either: a timing blip, slots stay as learned
+    assert model.endpoint(s).slots == 3
