@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from epp.addresses import parse_address
 from epp.datalayer.engines import ENGINES
 from epp.disagg.coordinators import COORDINATORS
 from epp.scheduling.base import ReferencesPlugins, RoutingObserver
@@ -25,7 +26,7 @@ from epp.scheduling.profile import Profile, WeightedScorer
 from epp.scheduling.registry import Registry, register_builtin_plugins
 from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
 from epp.scheduling.scheduler import ProfileScheduler, SingleProfileHandler
-from epp.types import Endpoint, Role, parse_host_port
+from epp.types import Endpoint, Role
 
 DEFAULT_CONFIG = """\
 apiVersion: epp.dev/v1alpha1
@@ -360,13 +361,13 @@ def _data_layer(raw: Any, source: str) -> DataLayerConfig:
 
 
 def _endpoints(raw: Any, source: str, default_engine: str) -> tuple[Endpoint, ...]:
-    """``endpoints: [{address: "ip:port", role: prefill, engine: vllm, labels: {..}}]``;
-    ``engine`` defaults to ``dataLayer.engine``."""
+    """``endpoints: [{address: "host:port", role: prefill, engine: vllm, labels: {..}}]``
+    (host: an IP or a name); ``engine`` defaults to ``dataLayer.engine``."""
     out = []
     for i, item in enumerate(_list(raw or [], f"{source}: endpoints")):
         p = Params(f"{source}: endpoints[{i}]", _mapping(item, f"{source}: endpoints[{i}]"))
         try:
-            host, port = parse_host_port(p.string("address", ""))
+            host, port = parse_address(p.string("address", ""))
         except ValueError as exc:
             raise ConfigError(f"{p.where}.address: {exc}") from None
         try:

@@ -19,13 +19,13 @@ below 500. A scrape that reaches the server does not count as success: a server 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from epp.datastore import Datastore, Status
+from epp.looptask import LoopTask
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Ejector:
         self._tick_s = tick_s if tick_s is not None else min(0.25, max(policy.backoff_s / 4, 0.01))
         self._records: dict[str, _Record] = {}
         self._probing: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._loop = LoopTask("ejection", self._run)
         datastore.on_change(self._forget_gone)
 
     # -- signals (synchronous: called from the request path and the scraper) -------------
@@ -102,15 +102,10 @@ class Ejector:
 
     # -- the loop ---------------------------------------------------------------------------
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="ejection")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            task, self._task = self._task, None
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._loop.stop()
 
     async def _run(self) -> None:
         probes: set[asyncio.Task[None]] = set()

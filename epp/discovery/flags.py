@@ -11,6 +11,7 @@ from epp import argtypes
 from epp.admin.auth import API_KEY_ENV, load_key
 from epp.datalayer.ejection import EjectionPolicy
 from epp.datastore import DEFAULT_DRAIN_TIMEOUT_S
+from epp.discovery.names import DEFAULT_RESOLVE_INTERVAL_S
 from epp.discovery.runtime import WaitPolicy
 
 
@@ -22,6 +23,7 @@ class MembershipOptions:
     ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     state_file: Path | None = None
+    resolve_interval_s: float = DEFAULT_RESOLVE_INTERVAL_S
 
 
 def options(args: argparse.Namespace) -> MembershipOptions:
@@ -39,6 +41,7 @@ def options(args: argparse.Namespace) -> MembershipOptions:
         ),
         drain_timeout_s=args.drain_timeout_seconds,
         state_file=args.state_file,
+        resolve_interval_s=args.resolve_interval_seconds,
     )
 
 
@@ -105,6 +108,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=argtypes.non_negative_float,
         default=DEFAULT_DRAIN_TIMEOUT_S,
         help="a removed endpoint's in-flight requests are waited for this long",
+    )
+    g.add_argument(
+        "--resolve-interval-seconds",
+        type=argtypes.non_negative_float,
+        default=DEFAULT_RESOLVE_INTERVAL_S,
+        help="how often servers given by host name are looked up again; a changed "
+        "address replaces the old one, which drains (0 = only at start)",
     )
     g.add_argument(
         "--state-file",
