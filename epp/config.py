@@ -89,7 +89,7 @@ dataLayer:
   scrapeMetrics: true
   scrapeIntervalSeconds: 0.05
   maxScrapesPerSecond: 400
-  scrapeTimeoutSeconds: 1.0
+  scrapeTimeoutSeconds: 5.0
   staleAfterSeconds: 2.0
   engine: vllm
   orca:
@@ -142,7 +142,7 @@ class DataLayerConfig:
     scrape_interval_s: float = 0.05
     # all endpoints together; a larger pool is scraped less often (0 = no limit)
     max_scrapes_per_s: float = 400.0
-    scrape_timeout_s: float = 1.0
+    scrape_timeout_s: float = 5.0  # a busy engine renders /metrics slowly
     stale_after_s: float = 2.0
     engine: str = "vllm"
     orca_request_format: str | None = None  # "TEXT" | "JSON": ask vLLM for ORCA headers

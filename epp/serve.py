@@ -196,11 +196,11 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     pd = cfg.disaggregation
     legs = LegClient(pd.connect_timeout_s, pd.prefill_timeout_s)
     rng = random.Random()
-    coordinator = COORDINATORS[pd.coordinator](
-        CoordinatorEnv(datastore, metrics, legs, rng, pd.bootstrap_port)
-    )
     probe = ReadinessProbe(model=opts.membership.model)
     ejector = Ejector(datastore, opts.membership.ejection, probe.check)
+    coordinator = COORDINATORS[pd.coordinator](
+        CoordinatorEnv(datastore, metrics, legs, rng, pd.bootstrap_port, ejector.success)
+    )
     membership = RuntimeMembership(
         datastore,
         probe.check,
@@ -317,6 +317,7 @@ def _start_data_layer(
             stale_after_s=dl.stale_after_s,
             timeout_s=dl.scrape_timeout_s,
             on_unreachable=ejector.failure,
+            on_success=ejector.success,
         )
         scraper.start()
         started.append(scraper)

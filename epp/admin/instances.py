@@ -23,13 +23,14 @@ from aiohttp import web
 from epp.addresses import is_ip, join, parse_address
 from epp.admin.auth import ApiKeyAuth
 from epp.admin.replies import error, ok
+from epp.datalayer.ejection import FailureState
 from epp.datastore import Datastore, Member, Status
 from epp.discovery.names import NameResolver, ResolveError
 from epp.discovery.runtime import Outcome, RuntimeMembership
 from epp.types import Endpoint, Role
 
-# what /status reports for each member, and how many failures it has had
-FailureState = Callable[[str], tuple[int, float | None]]
+# what /status reports about each member's failures
+Failures = Callable[[str], FailureState]
 
 
 class BadInput(ValueError):
@@ -86,7 +87,7 @@ def _summary(datastore: Datastore) -> dict[str, list[str]]:
     return {"current_prefill_instances": prefill, "current_decode_instances": decode}
 
 
-def status_doc(datastore: Datastore, failures: FailureState) -> dict[str, Any]:
+def status_doc(datastore: Datastore, failures: Failures) -> dict[str, Any]:
     summary = _summary(datastore)
     prefill, decode = summary["current_prefill_instances"], summary["current_decode_instances"]
     return {
@@ -98,19 +99,21 @@ def status_doc(datastore: Datastore, failures: FailureState) -> dict[str, Any]:
     }
 
 
-def _member_doc(m: Member, datastore: Datastore, failures: FailureState) -> dict[str, Any]:
-    count, retry_in = failures(m.address)
+def _member_doc(m: Member, datastore: Datastore, failures: Failures) -> dict[str, Any]:
+    failing = failures(m.address)
     doc: dict[str, Any] = {
         "instance": m.address,
         "type": m.endpoint.role.value,
         "state": m.status.value,
         "in_flight": datastore.in_flight(m.address),
-        "consecutive_failures": count,
+        "consecutive_failures": failing.failures,
     }
     if m.endpoint.name:
         doc["name"] = m.endpoint.name
-    if retry_in is not None:
-        doc["next_check_in_s"] = round(retry_in, 3)
+    if failing.next_probe_in_s is not None:
+        doc["next_check_in_s"] = round(failing.next_probe_in_s, 3)
+    if failing.removal_in_s is not None:
+        doc["removal_in_s"] = round(failing.removal_in_s, 3)
     if m.status is Status.DRAINING:
         doc["drain_deadline_in_s"] = round(max(m.until - time.monotonic(), 0.0), 3)
     metrics = m.state.metrics
@@ -177,7 +180,7 @@ def add_routes(
     datastore: Datastore,
     membership: RuntimeMembership,
     auth: ApiKeyAuth,
-    failures: FailureState,
+    failures: Failures,
     engine: str,
     resolver: NameResolver,
 ) -> None:

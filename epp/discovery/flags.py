@@ -36,7 +36,7 @@ def options(args: argparse.Namespace) -> MembershipOptions:
             eject_after=args.eject_after,
             backoff_s=args.eject_backoff_seconds,
             max_backoff_s=max(args.max_eject_backoff_seconds, args.eject_backoff_seconds),
-            max_failures=args.max_failures,
+            remove_after_s=args.remove_after_seconds,
             keep_ejected=args.keep_ejected,
         ),
         drain_timeout_s=args.drain_timeout_seconds,
@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=argtypes.non_negative_int,
         default=EjectionPolicy.eject_after,
         help="consecutive failures (connect errors, 5xx, unreachable scrapes) that take an "
-        "endpoint out of picking (0 = never eject)",
+        "endpoint out of picking; any success resets the count (0 = never eject)",
     )
     g.add_argument(
         "--eject-backoff-seconds",
@@ -92,11 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest ejection",
     )
     g.add_argument(
-        "--max-failures",
-        type=argtypes.non_negative_int,
-        default=EjectionPolicy.max_failures,
-        help="consecutive failures (including failed re-checks while ejected) after which "
-        "an endpoint is removed from the pool (0 = never)",
+        "--remove-after-seconds",
+        type=argtypes.non_negative_float,
+        default=EjectionPolicy.remove_after_s,
+        help="an ejected endpoint still failing this long after its first ejection is "
+        "removed from the pool (0 = never); it is re-checked until then",
     )
     g.add_argument(
         "--keep-ejected",
