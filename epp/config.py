@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from epp.addresses import parse_address
 from epp.datalayer.engines import ENGINES
 from epp.disagg.coordinators import COORDINATORS
 from epp.scheduling.base import ReferencesPlugins, RoutingObserver
@@ -26,7 +27,7 @@ from epp.scheduling.profile import Profile, WeightedScorer
 from epp.scheduling.registry import Registry, register_builtin_plugins
 from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
 from epp.scheduling.scheduler import ProfileScheduler, SingleProfileHandler
-from epp.types import Endpoint, Role, parse_host_port
+from epp.types import Endpoint, Role
 
 DEFAULT_CONFIG = """\
 apiVersion: epp.dev/v1alpha1
@@ -89,7 +90,7 @@ dataLayer:
   scrapeMetrics: true
   scrapeIntervalSeconds: 0.05
   maxScrapesPerSecond: 400
-  scrapeTimeoutSeconds: 1.0
+  scrapeTimeoutSeconds: 5.0
   staleAfterSeconds: 2.0
   engine: vllm
   orca:
@@ -152,7 +153,7 @@ class DataLayerConfig:
     scrape_interval_s: float = 0.05
     # all endpoints together; a larger pool is scraped less often (0 = no limit)
     max_scrapes_per_s: float = 400.0
-    scrape_timeout_s: float = 1.0
+    scrape_timeout_s: float = 5.0  # a busy engine renders /metrics slowly
     stale_after_s: float = 2.0
     engine: str = "vllm"
     orca_request_format: str | None = None  # "TEXT" | "JSON": ask vLLM for ORCA headers
@@ -377,13 +378,13 @@ def _data_layer(raw: Any, source: str) -> DataLayerConfig:
 
 
 def _endpoints(raw: Any, source: str, default_engine: str) -> tuple[Endpoint, ...]:
-    """``endpoints: [{address: "ip:port", role: prefill, engine: vllm, labels: {..}}]``;
-    ``engine`` defaults to ``dataLayer.engine``."""
+    """``endpoints: [{address: "host:port", role: prefill, engine: vllm, labels: {..}}]``
+    (host: an IP or a name); ``engine`` defaults to ``dataLayer.engine``."""
     out = []
     for i, item in enumerate(_list(raw or [], f"{source}: endpoints")):
         p = Params(f"{source}: endpoints[{i}]", _mapping(item, f"{source}: endpoints[{i}]"))
         try:
-            host, port = parse_host_port(p.string("address", ""))
+            host, port = parse_address(p.string("address", ""))
         except ValueError as exc:
             raise ConfigError(f"{p.where}.address: {exc}") from None
         try:

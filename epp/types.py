@@ -40,6 +40,9 @@ class Endpoint:
     # Which model-server engine serves here: picks the metric names to scrape
     # ("vllm", "sglang", "trtllm"; see epp.datalayer).
     engine: str = "vllm"
+    # ``name:port`` when the user named this server by a host name that was resolved to
+    # ``host`` (shown in /status, kept in the state file, re-resolved); "" otherwise
+    name: str = field(default="", compare=False)
     # ``ip:port``, the value Envoy routes by (IPv6 hosts bracketed); derived once, as
     # the scheduler reads it for every candidate of every request.
     address: str = field(init=False, compare=False, repr=False)

@@ -40,7 +40,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
             "--max-waiting-retries", "100",
             "--eject-backoff-seconds", "0.3",
             "--max-eject-backoff-seconds", "0.6",
-            "--max-failures", "0",
+            "--remove-after-seconds", "0",
         ],
     )  # fmt: skip
     with LocalStack(opts) as s:
