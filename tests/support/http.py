@@ -21,7 +21,7 @@ def request(
     try:
         conn.request(
             method or ("POST" if body is not None else "GET"),
-            parts.path or "/",
+            (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
             body=body,
             headers={"content-type": "application/json", **(headers or {})},
         )
