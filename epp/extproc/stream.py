@@ -46,7 +46,7 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # How an ext_proc stream ended: Envoy half-closed it (complete), reset it (cancelled),
 # one of the two (ended: grpc.aio ends the request iterator alike for both), or our
 # handler failed (error).
-StreamEnd = Literal["complete", "cancelled", "ended", "error"]
+StreamEnd = Literal["complete", "cancelled", "ended", "error", "abandoned"]
 
 # What a message gets back: the replies, or (a prefill leg running first) an awaitable.
 Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]]
@@ -133,9 +133,20 @@ class ExtProcStream:
         return []
 
     def close(self, end: StreamEnd = "complete") -> None:
-        """The stream ended (EOF, cancel or error): release whatever the request holds."""
+        """The stream ended (EOF, cancel or error): release whatever the request holds.
+        An end before the response's (client hung up) is counted as ``abandoned``."""
+        if end in ("complete", "ended") and self._response_unfinished():
+            end = "abandoned"
         self._finish()
         self._router.metrics.streams.labels(end).inc()
+
+    def _response_unfinished(self) -> bool:
+        """Would this stream have seen the response end? Not when Envoy does not send
+        response bodies (``lean``, ``buffered``): their end is the stream's end."""
+        phase = self._envoy.phase
+        if phase is Phase.RESPONSE_BODY:
+            return bool(self._envoy.response_body_mode != ProcessingMode.NONE)
+        return phase is not Phase.DONE and bool(self._req.headers)
 
     # -- request path -------------------------------------------------------------------
     def _on_request_headers(self, msg: HttpHeaders) -> Replies:

@@ -46,6 +46,18 @@ def metric_sum(metrics_text: str, name: str) -> float:
     return total
 
 
+def metric_samples(metrics_url: str, prefix: str = "epp_") -> dict[str, float]:
+    """Every sample whose name starts with ``prefix`` at ``metrics_url``, keyed by its
+    name with labels as Prometheus text writes them."""
+    _, _, body = request(metrics_url)
+    samples = {}
+    for line in body.decode().splitlines():
+        if line.startswith(prefix):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
 def epp_in_flight(epp_http_url: str) -> float:
     _, _, body = request(f"{epp_http_url}/metrics")
     return metric_sum(body.decode(), "epp_in_flight_requests")
