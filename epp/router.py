@@ -86,6 +86,7 @@ class Router:
         self.coordinator = coordinator
         self.outcomes = outcomes
         self._routed = metrics.requests.labels("routed")
+        self._forwarded = metrics.requests.labels("forwarded")
         self._orca_ok = metrics.orca_reports.labels("header", "ok")
         self._orca_malformed = metrics.orca_reports.labels("header", "malformed")
 
@@ -97,11 +98,16 @@ class Router:
         result = self.scheduler.schedule(request, snapshot, self.rng)
         if len(result.targets) > max_destinations:
             result = replace(result, targets=result.targets[:max_destinations])
-        self.scheduler.on_routed(request, result, snapshot)
-        self.metrics.scheduling_seconds.observe(time.perf_counter() - start)
-        self._routed.inc()
-        if result.decision:
-            self.metrics.pd_decisions.labels(result.decision).inc()
+        if request.model is None:
+            # no body (GET /, /v1/models): it needs an endpoint, but it is no inference
+            # request, so it is not a scheduling decision (nor a prefix to remember)
+            self._forwarded.inc()
+        else:
+            self.scheduler.on_routed(request, result, snapshot)
+            self.metrics.scheduling_seconds.observe(time.perf_counter() - start)
+            self._routed.inc()
+            if result.decision:
+                self.metrics.pd_decisions.labels(result.decision).inc()
         tokens = request.prompt_tokens + (request.max_tokens or DEFAULT_OUTPUT_TOKENS)
         ticket = self.datastore.acquire(result.primary.address, tokens)
         pred = result.prediction

@@ -16,13 +16,25 @@ from epp.datastore import Datastore
 from epp.scheduling.latency import LatencyModel
 from epp.scheduling.prefixindex import PrefixIndex
 
+# How long an endpoint's own series (epp_responses_total, epp_scrape_failures_total)
+# outlive its removal from the pool, so the scrapes after it still see the final counts.
+SERIES_GRACE_S = 600.0
+
 
 class EppMetrics:
-    def __init__(self, datastore: Datastore) -> None:
+    def __init__(
+        self,
+        datastore: Datastore,
+        *,
+        series_grace_s: float = SERIES_GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "epp_requests",
-            "Requests seen by the EPP, by outcome (routed or the HTTP error status sent).",
+            "Requests seen by the EPP, by outcome: routed (an inference request: a "
+            "scheduling decision), forwarded (no body, e.g. GET /v1/models: sent to an "
+            "endpoint, not a decision) or the HTTP error status sent.",
             ["outcome"],
             registry=self.registry,
         )
@@ -30,7 +42,9 @@ class EppMetrics:
             "epp_extproc_streams",
             "ext_proc streams ended, by how: complete (Envoy half-closed it), cancelled "
             "(Envoy reset it: an Envoy without ext_proc graceful close, or one that gave "
-            "up), ended (grpcio transport: either of the two), error (our handler failed).",
+            "up), ended (grpcio transport: either of the two), abandoned (it ended before "
+            "the response did: the client hung up, or Envoy gave up on the upstream), "
+            "error (our handler failed).",
             ["end"],
             registry=self.registry,
         )
@@ -107,10 +121,15 @@ class EppMetrics:
             registry=self.registry,
         )
         self.registry.register(_DatastoreCollector(datastore))
-        # per-endpoint series go when their endpoint goes (membership changes at runtime)
+        # per-endpoint series stay while their endpoint is a member, whatever its status
+        # (an ejected endpoint's failures are the interesting ones), and go
+        # series_grace_s after it left the pool (membership changes at runtime)
         self._datastore = datastore
+        self._grace_s = series_grace_s
+        self._clock = clock
         self._known: set[str] = set()
-        datastore.on_change(self._forget_removed)
+        self._leaving: dict[str, float] = {}  # removed address -> when its series go
+        datastore.on_change(self.expire_series)
 
     def watch_gc(self) -> Callable[[], None]:
         """Time every pass of Python's cyclic garbage collector (it stops the event loop)
@@ -155,17 +174,29 @@ class EppMetrics:
         """Export what the latency model has learned per endpoint, read at scrape time."""
         self.registry.register(_LatencyCollector(model))
 
-    def _forget_removed(self) -> None:
-        current = {s.address for s in self._datastore.snapshot().endpoints}
+    def expire_series(self) -> None:
+        """Note removed endpoints and drop the series of those gone longer than the
+        grace (called on every membership change and before every /metrics answer)."""
+        now = self._clock()
+        current = {m.address for m in self._datastore.members()}
         for address in self._known - current:
-            for counter, labels in (
-                (self.scrape_failures, [(address,)]),
-                (self.responses, [(address, f"{c}xx") for c in range(1, 6)]),
-            ):
-                for values in labels:
-                    with contextlib.suppress(KeyError):
-                        counter.remove(*values)
+            self._leaving.setdefault(address, now + self._grace_s)
         self._known = current
+        for address, until in list(self._leaving.items()):
+            if address in current:  # back before its series went
+                del self._leaving[address]
+            elif until <= now:
+                del self._leaving[address]
+                self._forget(address)
+
+    def _forget(self, address: str) -> None:
+        for counter, labels in (
+            (self.scrape_failures, [(address,)]),
+            (self.responses, [(address, f"{c}xx") for c in range(1, 6)]),
+        ):
+            for values in labels:
+                with contextlib.suppress(KeyError):
+                    counter.remove(*values)
 
 
 class _DatastoreCollector(Collector):
@@ -194,6 +225,14 @@ class _DatastoreCollector(Collector):
         for address, n in sorted(snapshot.in_flight.items()):
             in_flight.add_metric([address], n)
         yield in_flight
+        status = GaugeMetricFamily(
+            "epp_endpoint_status",
+            "1 for each member of the pool with its status (waiting, healthy, ejected, draining).",
+            labels=["endpoint", "status"],
+        )
+        for member in self._datastore.members():
+            status.add_metric([member.address, member.status.value], 1)
+        yield status
         # what the scheduler believes about each endpoint (last scrape / ORCA report)
         waiting = GaugeMetricFamily(
             "epp_endpoint_queue_depth", "Requests waiting, as last reported.", labels=["endpoint"]
