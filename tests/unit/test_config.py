@@ -192,3 +192,18 @@ def test_static_endpoints_carry_role_engine_and_labels() -> None:
     assert (a.address, a.role.value, a.engine) == ("10.0.0.1:8000", "prefill", "sglang")
     assert (b.role.value, b.engine, dict(b.labels)) == ("prefill-decode", "vllm", {"zone": "a"})
     assert (c.address, c.role.value) == ("[fd00::1]:8000", "decode")
+
+
+def test_the_embedded_latency_priors_match_the_dataclass_defaults() -> None:
+    """LatencyPriors holds each default once; the YAML default must not drift from it."""
+    from epp.scheduling.latency import LatencyPriors
+
+    assert config.load_text(config.DEFAULT_CONFIG, "d").latency == LatencyPriors()
+    assert config.load_text("latencyModel: {}", "f").latency == LatencyPriors()
+    assert config.load_text("latencyModel: {maxNumSeqs: 8}", "f").latency.max_num_seqs == 8
+    with pytest.raises(config.ConfigError, match="latencyModel.maxNumSeqs"):
+        config.load_text("latencyModel: {maxNumSeqs: 0}", "f")
+    with pytest.raises(config.ConfigError, match="latencyModel.window"):
+        config.load_text("latencyModel: {window: 2}", "f")
+    with pytest.raises(config.ConfigError, match="unknown"):
+        config.load_text("latencyModel: {overhead: 3}", "f")
