@@ -201,9 +201,9 @@ def test_the_embedded_latency_priors_match_the_dataclass_defaults() -> None:
     assert config.load_text(config.DEFAULT_CONFIG, "d").latency == LatencyPriors()
     assert config.load_text("latencyModel: {}", "f").latency == LatencyPriors()
     assert config.load_text("latencyModel: {maxNumSeqs: 8}", "f").latency.max_num_seqs == 8
-    with pytest.raises(config.ConfigError, match="latencyModel.maxNumSeqs"):
+    with pytest.raises(config.ConfigError, match=r"latencyModel\.maxNumSeqs"):
         config.load_text("latencyModel: {maxNumSeqs: 0}", "f")
-    with pytest.raises(config.ConfigError, match="latencyModel.window"):
+    with pytest.raises(config.ConfigError, match=r"latencyModel\.window"):
         config.load_text("latencyModel: {window: 2}", "f")
     with pytest.raises(config.ConfigError, match="unknown"):
         config.load_text("latencyModel: {overhead: 3}", "f")
