@@ -189,7 +189,10 @@ class Router:
             self.metrics.tokens.labels("prompt").inc(usage.prompt_tokens)
             self.metrics.tokens.labels("completion").inc(usage.completion_tokens)
         dispatch = routed.dispatch
-        if dispatch is None or status != 200 or (served and served != dispatch.address):
+        if dispatch is None:
+            return
+        self.scheduler.latency.request_done(dispatch.address, self.clock())
+        if status != 200 or (served and served != dispatch.address):
             return
         error = self.scheduler.latency.observe(
             dispatch,

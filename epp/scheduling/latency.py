@@ -147,6 +147,8 @@ class EndpointLatency:
     learned_slots: int = 0  # highest running count reported while requests waited
     running_seen: int = 0  # highest running count ever reported: slots are at least this
     queued_at: int = 0  # fewest requests on it at which a request was seen to queue
+    # when the EPP last saw a request end there: an older report still counts it
+    last_done: float = -math.inf
     ttft_samples: int = 0
     completions: int = 0
     abs_error_s: float = 0.0  # moving average of |observed - predicted| TTFT
@@ -198,8 +200,7 @@ class LatencyModel:
     :meth:`predict_view` prices 1,000 candidates with a few numpy operations; a row is
     rewritten whenever its endpoint learns something."""
 
-    # slots: 0 = unknown; capacity: slots, else the most seen running (for pool_means)
-    _COLUMNS = ("overhead", "rate", "slot_s", "slots", "capacity", "alive")
+    _COLUMNS = ("overhead", "rate", "slot_s", "slots", "last_done")  # slots: 0 = unknown
 
     def __init__(self, priors: LatencyPriors | None = None) -> None:
         self.priors = priors or LatencyPriors()
@@ -258,8 +259,7 @@ class LatencyModel:
         cols["rate"][row] = model.prefill.b
         cols["slot_s"][row] = model.slot_s
         cols["slots"][row] = model.slots or 0
-        cols["capacity"][row] = model.slots or model.running_seen
-        cols["alive"][row] = 1.0
+        cols["last_done"][row] = model.last_done
 
     def get(self, address: str) -> EndpointLatency | None:
         return self._endpoints.get(address)
@@ -269,9 +269,7 @@ class LatencyModel:
         gone = [a for a in self._endpoints if a not in addresses]
         for address in gone:
             del self._endpoints[address]
-            row = self._row.pop(address)
-            self._columns["alive"][row] = 0.0
-            self._free_rows.append(row)
+            self._free_rows.append(self._row.pop(address))
         if gone:
             self._epoch += 1
             self._rows_memo.clear()
@@ -287,7 +285,7 @@ class LatencyModel:
         (``metrics``: its fresh report or None; ``in_flight``: the EPP's count there)."""
         model = self.endpoint(state)
         waiting = running = 0.0
-        if metrics is not None:
+        if metrics is not None and metrics.updated_at > model.last_done:
             waiting, running = _known(metrics.waiting), _known(metrics.running)
         load = max(in_flight, math.ceil(running + waiting))
         wait = model.wait_s(load, waiting, running)
@@ -300,16 +298,6 @@ class LatencyModel:
             tpot_s=model.decode(batch),
             load=load,
         )
-
-    def pool_means(self) -> tuple[float, float]:
-        """(mean slot time, mean slots) over the endpoints known (slots: as learned,
-        else the most seen running; 0 when nothing is known yet)."""
-        cols = self._columns
-        alive = cols["alive"] > 0
-        n = int(alive.sum())
-        if not n:
-            return 0.0, 0.0
-        return float(cols["slot_s"][alive].mean()), float(cols["capacity"][alive].mean())
 
     def predict_view(
         self, view: CandidateView, in_flight: Mapping[str, int], uncached: FloatArray
@@ -367,6 +355,13 @@ class LatencyModel:
             model.learned_slots, changed = running, True
         if changed:
             self._sync(state.address, model)
+
+    def request_done(self, address: str, at: float) -> None:
+        """A request routed to ``address`` ended (however it ended) at ``at``."""
+        model = self._endpoints.get(address)
+        if model is not None and at > model.last_done:
+            model.last_done = at
+            self._columns["last_done"][self._row[address]] = at
 
     def observe(
         self,

@@ -25,19 +25,15 @@ import numpy as np
 
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import FloatArray
-from epp.scheduling.homes import NO_PLAN, GroupDemand, HomePlan, homes_needed, plan_homes
 from epp.scheduling.latency import UNCACHED_KEY, LatencyModel
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
-from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
+from epp.types import EndpointState
 
 DEFAULT_PREFIX_PLUGIN = "prefix-cache-scorer"
 # per in-flight request: orders otherwise equal predictions by load (seconds)
 TIE_BREAK_S = 1e-4
 FLOOR_S = 1e-3  # costs below this count as this (scores are ratios to the best)
-# the share of one endpoint's slots one home of a group may carry (epp.scheduling.homes)
-HOME_SHARE = 0.5
-PLAN_KEY = "latency/plan"  # ctx.cache: this cycle's HomePlan
 
 
 class UncachedEstimates:
@@ -60,21 +56,11 @@ class PredictedLatencyScorer:
     """Score = cheapest cost among the candidates / this candidate's cost (0..1]; with
     SLO headers, see the module docstring."""
 
-    def __init__(
-        self,
-        where: str,
-        prefix_plugin: str | None,
-        eviction_weight: float,
-        home_share: float = HOME_SHARE,
-    ) -> None:
+    def __init__(self, where: str, prefix_plugin: str | None, eviction_weight: float) -> None:
         self.where = where
         self.prefix_plugin = prefix_plugin
         self.eviction_weight = eviction_weight
-        self.home_share = home_share
         self.prefix: PrefixCacheScorer | None = None
-        self.demand = GroupDemand()
-        # the request last scored, its group and the time: on_routed counts it
-        self._last: tuple[InferenceRequest | None, int, float] = (None, 0, 0.0)
 
     def bind(self, plugins: Mapping[str, Any], profiles: Sequence[str]) -> None:
         name = self.prefix_plugin or DEFAULT_PREFIX_PLUGIN
@@ -86,34 +72,6 @@ class PredictedLatencyScorer:
                 f"{self.where}.prefixPlugin: {name!r} is not a configured prefix-cache-scorer"
             )
         # else: no index; every prompt token counts as uncached everywhere
-
-    def on_routed(
-        self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
-    ) -> None:
-        last, key, now = self._last
-        self._last = (None, 0, 0.0)
-        if last is request:
-            self.demand.arrived(key, now)
-
-    def _plan(self, ctx: CycleContext, matches: Mapping[str, int]) -> HomePlan:
-        """Which holders of the prompt's group to count on, and whether it needs another
-        home (epp.scheduling.homes); once per cycle."""
-        prefix = self.prefix
-        if prefix is None or not self.home_share:
-            return NO_PLAN
-        cached = ctx.cache.get(PLAN_KEY)
-        if cached is not None:
-            plan: HomePlan = cached
-            return plan
-        hashes = prefix.hashes(ctx)
-        if not hashes:
-            return NO_PLAN
-        key = hashes[0]
-        self._last = (ctx.request, key, ctx.now)
-        slot_s, slots = ctx.latency.pool_means()
-        homes = homes_needed(self.demand.rate(key, ctx.now), slot_s, slots, self.home_share)
-        plan = ctx.cache[PLAN_KEY] = plan_homes(key, matches, homes)
-        return plan
 
     def score(
         self, ctx: CycleContext, candidates: Sequence[EndpointState]
@@ -149,7 +107,6 @@ class PredictedLatencyScorer:
         tokens = ctx.request.prompt_tokens
         prefix = self.prefix
         matches: Mapping[str, int] = prefix.matches(ctx) if prefix is not None else {}
-        plan = self._plan(ctx, matches)
         block = prefix.block_tokens if prefix is not None else 1
         in_flight = ctx.snapshot.in_flight
         evict = self.eviction_weight if prefix is not None else 0.0
@@ -161,12 +118,6 @@ class PredictedLatencyScorer:
             pred = model.predict(state, metrics, in_flight.get(address, 0), uncached)
             cost = pred.ttft_s + TIE_BREAK_S * pred.load
             rate = model.endpoint(state).prefill.b
-            if address in plan.ignored:  # an extra copy: priced as a miss
-                cost += rate * (tokens - uncached)
-                uncached = tokens
-            elif plan.replicate and address not in matches:  # a new home: no miss charged
-                cost -= rate * uncached
-                uncached = 0
             if evict and uncached and prefix is not None:
                 pushed = math.ceil(uncached / block) - prefix.free_blocks(state)
                 if pushed > 0:
@@ -187,31 +138,18 @@ class PredictedLatencyScorer:
         view = ctx.view(candidates)
         tokens = ctx.request.prompt_tokens
         prefix = self.prefix
-        plan = NO_PLAN
         if prefix is not None:
             block = prefix.block_tokens
-            matches = prefix.matches(ctx)
-            plan = self._plan(ctx, matches)
-            matched = view.by_address(matches)
+            matched = view.by_address(prefix.matches(ctx))
             uncached = np.maximum(tokens - matched * block, 0.0)
         else:
             block = 1
-            matched = np.zeros(len(candidates))
             uncached = np.full(len(candidates), float(tokens))
         ttft, load, rate = model.predict_view(view, ctx.snapshot.in_flight, uncached)
         costs = ttft + TIE_BREAK_S * load
-        priced = uncached  # the uncached tokens the costs charge for
-        if plan.ignored:  # extra copies: priced as misses
-            extra = view.by_address(dict.fromkeys(plan.ignored, 1.0)) > 0
-            costs = costs + np.where(extra, rate * (tokens - uncached), 0.0)
-            priced = np.where(extra, float(tokens), priced)
-        elif plan.replicate:  # a new home: no miss charged
-            new = matched == 0
-            costs = costs - np.where(new, rate * uncached, 0.0)
-            priced = np.where(new, 0.0, priced)
         if self.eviction_weight and prefix is not None:
             free = prefix.free_blocks_view(view)
-            pushed = np.maximum(np.ceil(priced / block) - free, 0.0)
+            pushed = np.maximum(np.ceil(uncached / block) - free, 0.0)
             costs = costs + self.eviction_weight * pushed * block * rate
         ctx.cache[UNCACHED_KEY] = UncachedEstimates(view.addresses, uncached)
         if ctx.request.slo_tpot_ms is not None:  # rare: one at a time
@@ -229,7 +167,6 @@ class PredictedLatencyScorer:
 
 
 def predicted_latency_scorer(p: Params) -> PredictedLatencyScorer:
-    share = p.number("homeShare", HOME_SHARE, minimum=0.0)
     prefix = p._get("prefixPlugin")
     if prefix is not None and (not isinstance(prefix, str) or not prefix):
         raise ConfigError(f"{p.where}.prefixPlugin: the name of a prefix-cache-scorer plugin")
@@ -237,5 +174,4 @@ def predicted_latency_scorer(p: Params) -> PredictedLatencyScorer:
         where=p.where,
         prefix_plugin=prefix,
         eviction_weight=p.number("evictionWeight", 0.5, minimum=0.0),
-        home_share=share,
     )
