@@ -292,3 +292,15 @@ def test_a_request_that_queued_bounds_the_slots_and_never_teaches_prefill() -> N
     assert model.endpoint(s).slots == 3
     served(3, 0.106)  # no wait at 3 either: a timing blip, slots stay as learned
     assert model.endpoint(s).slots == 3
+
+
+def test_a_report_older_than_a_request_seen_ending_does_not_count_it() -> None:
+    model = LatencyModel(LatencyPriors(max_num_seqs=1))
+    s = state(1)
+    model.endpoint(s).slot_s = 1.0
+    busy = EndpointMetrics(updated_at=10.0, waiting=0.0, running=1.0)
+    assert model.predict(s, busy, 0, 0).wait_s == 1.0  # the report says: its slot is taken
+    model.request_done(s.address, 10.5)  # ...but the EPP saw that request end since
+    assert model.predict(s, busy, 0, 0).wait_s == 0.0
+    fresher = EndpointMetrics(updated_at=11.0, waiting=0.0, running=1.0)  # someone else's
+    assert model.predict(s, fresher, 0, 0).wait_s == 1.0

@@ -381,6 +381,8 @@ def test_the_latency_scorer_gives_the_same_scores_with_numpy(
     for s in snap.endpoints:  # some endpoints learned their slots from a queue seen
         if data.draw(st.booleans()):
             model.observe_load(s, EndpointMetrics(NOW, waiting=1.0, running=2.0))
+        if data.draw(st.booleans()):  # a request seen ending, before or after its report
+            model.request_done(s.address, NOW - data.draw(st.floats(0, 5)))
     slo = data.draw(st.sampled_from([None, 1.0, 50.0, 1e6]))
     slo_tpot = data.draw(st.sampled_from([None, 20.6, 21.0]))
     candidates = data.draw(st.sampled_from([snap.endpoints, list(snap.endpoints[::2])]))
