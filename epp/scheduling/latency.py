@@ -306,10 +306,11 @@ class LatencyModel:
         rate per token) arrays, the same numbers as the scalar path."""
         rows = self._rows(view)
         cols = self._columns
-        waiting, running = (
-            _known_array(view.metric("waiting")),
-            _known_array(view.metric("running")),
-        )
+        # a report older than the last request the EPP saw end there still counts it:
+        # then the EPP's own count is the better one
+        newer = view.columns.updated_at[view.rows] > cols["last_done"][rows]
+        waiting = np.where(newer, _known_array(view.metric("waiting")), 0.0)
+        running = np.where(newer, _known_array(view.metric("running")), 0.0)
         load = np.maximum(view.counts(in_flight), np.ceil(running + waiting))
         slots, slot_s = cols["slots"][rows], cols["slot_s"][rows]
         known = slots > 0
