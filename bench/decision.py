@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -55,11 +56,12 @@ class Cell:
         *,
         vectorize_from: int = VECTORIZE_FROM,
         churn: bool = False,
+        config: str = DEFAULT_CONFIG,
     ) -> None:
         self.endpoints, self.prompt_chars = endpoints, prompt_chars
         self.vectorize_from, self.churn = vectorize_from, churn
         self.rng = random.Random(seed)
-        self.sched = build_scheduler(DEFAULT_CONFIG)
+        self.sched = build_scheduler(config)
         self.sched.vectorize_from = vectorize_from
         self.snap = pool(endpoints, self.rng)
         self.prefixes = [
@@ -111,16 +113,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--config", type=Path, default=None, help="scheduling config (default: the built-in)"
+    )
+    parser.add_argument("--name", default="decision", help="file name stem of the outputs")
+    parser.add_argument(
+        "--endpoints", type=int, nargs="+", default=[10, 100, 1000], help="pool sizes"
+    )
     args = parser.parse_args()
-    specs = [(n, p, False) for n in (10, 100, 1000) for p in (1024, 220 * 1024)]
-    specs += [(1000, 1024, True), (1000, 220 * 1024, True)]
+    config = DEFAULT_CONFIG if args.config is None else args.config.read_text()
+    source = "the default config" if args.config is None else f"`{args.config}`"
+    big = max(args.endpoints)
+    specs = [(n, p, False) for n in args.endpoints for p in (1024, 220 * 1024)]
+    specs += [(big, 1024, True), (big, 220 * 1024, True)]
     rows = []
     for n, prompt, churn in specs:
         # the cell with numpy and with the list path, advancing in turns of ROUND
         # cycles, so a slow spell of the machine hits both alike
         pair = (
-            Cell(n, prompt, churn=churn),
-            Cell(n, prompt, churn=churn, vectorize_from=LIST_PATH),
+            Cell(n, prompt, churn=churn, config=config),
+            Cell(n, prompt, churn=churn, vectorize_from=LIST_PATH, config=config),
         )
         for done in range(0, args.cycles, ROUND):
             for cell in pair:
@@ -136,17 +148,20 @@ def main() -> int:
     meta = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine_description(),
+        "config": source,
     }
-    (args.out / "decision.json").write_bytes(
+    (args.out / f"{args.name}.json").write_bytes(
         orjson.dumps({"meta": meta, "rows": rows}, option=orjson.OPT_INDENT_2)
     )
     lines = [
-        "# Decision cost: one scheduling cycle with the default config",
+        f"# Decision cost: one scheduling cycle with {source}",
         "",
-        f"Measured {meta['date']} on {meta['machine']} with `python -m bench.decision` "
-        f"({args.cycles} cycles per cell, in process: snapshot -> filters -> queue, KV, "
-        "in-flight and prefix-cache scorers -> picker -> prefix-index update; prompts share "
-        "one of 10 system prompts so the index is populated and matched). A cell's numpy and "
+        f"Measured {meta['date']} on {meta['machine']} with `python -m bench.decision"
+        + "".join(f" {a}" for a in sys.argv[1:])
+        + f"` ({args.cycles} cycles per cell, in process: snapshot -> filters -> scorers -> "
+        "picker -> the latency model's prediction for the pick -> prefix-index update; "
+        "prompts share one of 10 system prompts so the index is populated and matched). "
+        "A cell's numpy and "
         f"list-path runs take turns every {ROUND} cycles, so a slow spell of the machine "
         "hits both alike.",
         "",
@@ -168,8 +183,8 @@ def main() -> int:
             f"| {r['p99_us']:.0f} | {r['max_us']:.0f} | {lists['p50_us']:.0f} "
             f"| {lists['p99_us']:.0f} |"
         )
-    (args.out / "decision.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / 'decision.md'}")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out / (args.name + '.md')}")
     return 0
 
 

@@ -7,7 +7,8 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
-from epp.types import Endpoint, Role, parse_host_port
+from epp.addresses import parse_address
+from epp.types import Endpoint, Role
 
 T = TypeVar("T")
 
@@ -26,8 +27,8 @@ def checked(parse: Callable[[str], T]) -> Callable[[str], T]:
 
 
 def endpoint(role: Role = Role.DECODE) -> Callable[[str], Endpoint]:
-    """``HOST:PORT`` (``[v6]:port``) as an Endpoint of ``role``."""
-    return checked(lambda text: Endpoint(*parse_host_port(text), role))
+    """``HOST:PORT`` (``[v6]:port``; HOST an IP or a name) as an Endpoint of ``role``."""
+    return checked(lambda text: Endpoint(*parse_address(text), role))
 
 
 def integer(text: str) -> int:

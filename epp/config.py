@@ -17,15 +17,17 @@ from typing import Any
 
 import yaml
 
+from epp.addresses import parse_address
 from epp.datalayer.engines import ENGINES
 from epp.disagg.coordinators import COORDINATORS
 from epp.scheduling.base import ReferencesPlugins, RoutingObserver
+from epp.scheduling.latency import LatencyModel, LatencyPriors
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.profile import Profile, WeightedScorer
 from epp.scheduling.registry import Registry, register_builtin_plugins
 from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
 from epp.scheduling.scheduler import ProfileScheduler, SingleProfileHandler
-from epp.types import Endpoint, Role, parse_host_port
+from epp.types import Endpoint, Role
 
 DEFAULT_CONFIG = """\
 apiVersion: epp.dev/v1alpha1
@@ -40,18 +42,15 @@ plugins:
     prefixPlugin: prefix-cache-scorer
 - type: decode-filter
 - type: prefill-filter
-- type: queue-scorer
-  parameters:
-    normalize: threshold
-    threshold: 5
-- type: kv-cache-utilization-scorer
-- type: in-flight-load-scorer
 - type: prefix-cache-scorer
   parameters:
     blockSize: 16
     maxPrefixBlocksToMatch: 256
     lruCapacityPerServer: 31250
-    loadBound: 1.25
+- type: predicted-latency-scorer
+  parameters:
+    prefixPlugin: prefix-cache-scorer
+    evictionWeight: 0.5
 - type: max-score-picker
   parameters:
     maxTargets: 3
@@ -59,24 +58,12 @@ schedulingProfiles:
 - name: decode
   plugins:
   - pluginRef: decode-filter
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: in-flight-load-scorer
-    weight: 1
-  - pluginRef: prefix-cache-scorer
-    weight: 3
+  - pluginRef: predicted-latency-scorer
   - pluginRef: max-score-picker
 - name: prefill
   plugins:
   - pluginRef: prefill-filter
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: in-flight-load-scorer
-    weight: 1
-  - pluginRef: prefix-cache-scorer
-    weight: 3
+  - pluginRef: predicted-latency-scorer
   - pluginRef: max-score-picker
 saturationDetector:
   queueDepthThreshold: 5
@@ -88,13 +75,22 @@ dataLayer:
   scrapeMetrics: true
   scrapeIntervalSeconds: 0.05
   maxScrapesPerSecond: 400
-  scrapeTimeoutSeconds: 1.0
+  scrapeTimeoutSeconds: 5.0
   staleAfterSeconds: 2.0
   engine: vllm
   orca:
     requestFormat: none
     oobPort: null
     reportIntervalSeconds: 1.0
+latencyModel:
+  overheadMs: 10.0
+  prefillMsPerToken: 0.1
+  decodeMsPerToken: 20.0
+  decodeMsPerRunning: 0.5
+  outputTokens: 128
+  priorSamples: 4
+  window: 128
+  maxNumSeqs: null
 disaggregation:
   coordinator: nixl
   prefillTimeoutSeconds: 25
@@ -111,6 +107,7 @@ _TOP_KEYS = {
     "saturationDetector",
     "admission",
     "dataLayer",
+    "latencyModel",
     "disaggregation",
     "endpoints",
 }
@@ -141,7 +138,7 @@ class DataLayerConfig:
     scrape_interval_s: float = 0.05
     # all endpoints together; a larger pool is scraped less often (0 = no limit)
     max_scrapes_per_s: float = 400.0
-    scrape_timeout_s: float = 1.0
+    scrape_timeout_s: float = 5.0  # a busy engine renders /metrics slowly
     stale_after_s: float = 2.0
     engine: str = "vllm"
     orca_request_format: str | None = None  # "TEXT" | "JSON": ask vLLM for ORCA headers
@@ -170,6 +167,7 @@ class EppConfig:
     admission: AdmissionConfig
     data_layer: DataLayerConfig
     disaggregation: DisaggConfig = field(default_factory=DisaggConfig)
+    latency: LatencyPriors = field(default_factory=LatencyPriors)
     # static endpoints (beside `epp serve --decode/--prefill` flags and discovery)
     endpoints: tuple[Endpoint, ...] = ()
     raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
@@ -200,7 +198,8 @@ def with_defaults(doc: Mapping[str, Any], source: str, registry: Registry) -> di
     if unknown:
         raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(_TOP_KEYS)}")
     merged = dict(default)
-    merged.update({k: v for k, v in doc.items() if k not in ("dataLayer", "disaggregation")})
+    sections = ("dataLayer", "disaggregation", "latencyModel")
+    merged.update({k: v for k, v in doc.items() if k not in sections})
     if "plugins" in doc and "schedulingProfiles" not in doc:
         # like the Inference Extension: one profile "default" using every plugin but
         # the profile handler
@@ -222,6 +221,9 @@ def with_defaults(doc: Mapping[str, Any], source: str, registry: Registry) -> di
     disagg = dict(default["disaggregation"])
     disagg.update(_mapping(doc.get("disaggregation"), f"{source}: disaggregation"))
     merged["disaggregation"] = disagg
+    latency = dict(default["latencyModel"])
+    latency.update(_mapping(doc.get("latencyModel"), f"{source}: latencyModel"))
+    merged["latencyModel"] = latency
     return merged
 
 
@@ -302,6 +304,7 @@ def validate(doc: Mapping[str, Any], source: str, registry: Registry) -> EppConf
         admission=admission,
         data_layer=data_layer,
         disaggregation=_disaggregation(doc.get("disaggregation"), source),
+        latency=_latency(doc.get("latencyModel"), source),
         endpoints=_endpoints(doc.get("endpoints"), source, data_layer.engine),
         raw=doc,
     )
@@ -360,13 +363,13 @@ def _data_layer(raw: Any, source: str) -> DataLayerConfig:
 
 
 def _endpoints(raw: Any, source: str, default_engine: str) -> tuple[Endpoint, ...]:
-    """``endpoints: [{address: "ip:port", role: prefill, engine: vllm, labels: {..}}]``;
-    ``engine`` defaults to ``dataLayer.engine``."""
+    """``endpoints: [{address: "host:port", role: prefill, engine: vllm, labels: {..}}]``
+    (host: an IP or a name); ``engine`` defaults to ``dataLayer.engine``."""
     out = []
     for i, item in enumerate(_list(raw or [], f"{source}: endpoints")):
         p = Params(f"{source}: endpoints[{i}]", _mapping(item, f"{source}: endpoints[{i}]"))
         try:
-            host, port = parse_host_port(p.string("address", ""))
+            host, port = parse_address(p.string("address", ""))
         except ValueError as exc:
             raise ConfigError(f"{p.where}.address: {exc}") from None
         try:
@@ -393,6 +396,26 @@ def _disaggregation(raw: Any, source: str) -> DisaggConfig:
         prefill_timeout_s=p.number("prefillTimeoutSeconds", 25.0, minimum=0.001),
         connect_timeout_s=p.number("connectTimeoutSeconds", 1.0, minimum=0.001),
         bootstrap_port=bootstrap,
+    )
+    p.done()
+    return cfg
+
+
+def _latency(raw: Any, source: str) -> LatencyPriors:
+    p = Params(f"{source}: latencyModel", raw)
+    d = LatencyPriors()  # the defaults, written once
+    slots = p._get("maxNumSeqs")
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
+        raise ConfigError(f"{source}: latencyModel.maxNumSeqs: an integer >= 1 or null")
+    cfg = LatencyPriors(
+        overhead_ms=p.number("overheadMs", d.overhead_ms, minimum=0.0),
+        prefill_ms_per_token=p.number("prefillMsPerToken", d.prefill_ms_per_token, minimum=0.0),
+        decode_ms_per_token=p.number("decodeMsPerToken", d.decode_ms_per_token, minimum=0.0),
+        decode_ms_per_running=p.number("decodeMsPerRunning", d.decode_ms_per_running, minimum=0.0),
+        output_tokens=p.number("outputTokens", d.output_tokens, minimum=1.0),
+        prior_samples=p.number("priorSamples", d.prior_samples, minimum=0.001),
+        window=p.integer("window", d.window, minimum=8),
+        max_num_seqs=slots,
     )
     p.done()
     return cfg
@@ -464,6 +487,7 @@ def instantiate(
         clock=clock,
         observers=observers,
         plugins=instances,
+        latency=LatencyModel(cfg.latency),
     )
 
 

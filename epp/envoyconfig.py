@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from epp.extproc.messages import DESTINATION_HEADER, LB_NAMESPACE
+from epp.extproc.messages import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
 from epp.extproc.stream import UPSTREAM_ADDRESS
 from epp.extproc.transport import MAX_DESTINATIONS_METADATA
 from epp.xds.eds import MODEL_CLUSTER
@@ -54,6 +54,7 @@ _LEAST_REQUEST = (
 )
 _HTTP_OPTS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+_CEL_FILTER = "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
 
 BUFFER_LIMIT_BYTES = 32 * 1024 * 1024
 
@@ -67,12 +68,23 @@ class EnvoyOptions:
     epp_host: str = "127.0.0.1"
     epp_port: int = 9002
     processing: Processing = "full"
+    # Every timeout below is explained, with how they nest, in docs/timeouts.md.
     # How long Envoy waits for each EPP reply; the EPP holds the header reply until the
-    # whole body is in, so this bounds body upload time + scheduling.
+    # whole body is in (and a prefill leg has run), so this bounds body upload time +
+    # scheduling + the prefill leg.
     message_timeout_s: float = 30.0
     # Fail closed: with ORIGINAL_DST there is no destination without the EPP.
     failure_mode_allow: bool = False
+    # what the client gets when the EPP cannot be reached (an OpenAI-style JSON body)
+    status_on_error: int = 503
+    # the whole exchange, retries included
     route_timeout_s: float = 600.0
+    # Per attempt: the longest silence from a model server before Envoy gives up on it
+    # (retrying on the next endpoint if nothing has reached the client yet). A
+    # non-streaming answer comes in one piece at the end, so this must exceed the
+    # longest generation; a stream sends its headers at once and then a chunk per token.
+    first_byte_timeout_s: float = 300.0
+    stream_idle_timeout_s: float = 60.0
     cluster: ClusterKind = "eds"
     # eds: endpoints per request (primary + fallbacks); retries try each of them once
     destinations: int = 3
@@ -102,7 +114,7 @@ def _static_cluster(name: str, endpoints: list[tuple[str, int]], http2: bool) ->
         "name": name,
         # Service names (docker-compose, Kubernetes) need DNS; IP literals do not.
         "type": "STATIC" if literal else "STRICT_DNS",
-        "connect_timeout": "1s",
+        "connect_timeout": _seconds(EnvoyOptions.connect_timeout_s),
         "lb_policy": "ROUND_ROBIN",
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
         "load_assignment": {
@@ -149,28 +161,19 @@ def _processing_mode(processing: Processing) -> dict[str, str]:
 
 
 def _bootstrap(
-    opts: EnvoyOptions, http_filters: list[dict[str, Any]], clusters: list[dict[str, Any]]
+    opts: EnvoyOptions,
+    http_filters: list[dict[str, Any]],
+    clusters: list[dict[str, Any]],
+    routes: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    hcm = {
+    if routes is None:
+        routes = [{"match": {"prefix": "/"}, "route": _route_action(opts)}]
+    hcm: dict[str, Any] = {
         "@type": _HCM,
         "stat_prefix": "inference",
         "route_config": {
             "name": "inference",
-            "virtual_hosts": [
-                {
-                    "name": "all",
-                    "domains": ["*"],
-                    "routes": [
-                        {
-                            "match": {"prefix": "/"},
-                            "route": {
-                                "cluster": "model_servers",
-                                "timeout": f"{opts.route_timeout_s:g}s",
-                            },
-                        }
-                    ],
-                }
-            ],
+            "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}],
         },
         "http_filters": [
             *http_filters,
@@ -202,6 +205,84 @@ def _bootstrap(
     }
 
 
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _route_action(opts: EnvoyOptions) -> dict[str, Any]:
+    return {"cluster": MODEL_CLUSTER, "timeout": _seconds(opts.route_timeout_s)}
+
+
+def _routes(opts: EnvoyOptions) -> list[dict[str, Any]]:
+    """Two routes that differ only in how long a model server may stay silent per
+    attempt: streaming requests (the EPP marks them with ``STREAM_HEADER``, and clears
+    the route cache so Envoy matches again) and the rest.
+
+    ``per_try_idle_timeout`` resets on every byte either way, so it bounds the wait for
+    the first byte and every gap after it. When it fires before any of the response has
+    reached the client, the attempt is retried (``eds``: on the next endpoint of the
+    EPP's list; ``reset`` covers it); after that, Envoy cuts the client's response.
+    The route's ``idle_timeout`` (Envoy's default: 5 min for every stream) is raised to
+    the route timeout so that it never ends a request before its attempts have run."""
+    retry_on = "connect-failure,reset,refused-stream"
+    retries = opts.destinations if opts.cluster == "eds" else 0
+    routes = []
+    for streaming, idle in ((True, opts.stream_idle_timeout_s), (False, opts.first_byte_timeout_s)):
+        match: dict[str, Any] = {"prefix": "/"}
+        if streaming:
+            match["headers"] = [{"name": STREAM_HEADER, "present_match": True}]
+        action = _route_action(opts)
+        action["idle_timeout"] = _seconds(opts.route_timeout_s)
+        action["retry_policy"] = {
+            # before the response starts only: a dead, dying or frozen server costs a
+            # retry, never a client error. One retry more than the EPP's list is long:
+            # when every listed host failed, the last try goes to any healthy host of
+            # the cluster (override_host's fallback policy), outside the EPP's accounting
+            "retry_on": retry_on,
+            "num_retries": retries,
+            "per_try_idle_timeout": _seconds(idle),
+        }
+        routes.append(
+            {"match": match, "route": action, "request_headers_to_remove": [STREAM_HEADER]}
+        )
+    return routes
+
+
+def _local_replies(opts: EnvoyOptions) -> dict[str, Any]:
+    """Envoy's own error answers (the EPP unreachable, an upstream timeout, no healthy
+    upstream) in the OpenAI error shape the EPP's answers have. Answers the EPP wrote
+    (details ``epp_*``) are left alone."""
+
+    def error(message: str, error_type: str) -> dict[str, Any]:
+        body = {"message": message, "type": error_type, "code": "%RESPONSE_CODE_DETAILS%"}
+        return {"json_format": {"error": body}}
+
+    def details(expression: str) -> dict[str, Any]:
+        return {
+            "extension_filter": {
+                "name": "envoy.access_loggers.extension_filters.cel",
+                "typed_config": {"@type": _CEL_FILTER, "expression": expression},
+            }
+        }
+
+    return {
+        "mappers": [
+            {
+                "filter": details("response.code_details.startsWith('ext_proc_error')"),
+                "status_code": opts.status_on_error,
+                "body_format_override": error(
+                    "the endpoint picker is unreachable or did not answer in time",
+                    "service_unavailable",
+                ),
+            },
+            {
+                "filter": details("!response.code_details.startsWith('epp_')"),
+                "body_format_override": error("%LOCAL_REPLY_BODY%", "upstream_error"),
+            },
+        ]
+    }
+
+
 def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
     """Envoy routed by the EPP: the ext_proc filter, and a model-server cluster that
     either gets its endpoints from the EPP over EDS and follows the EPP's ordered list
@@ -219,7 +300,10 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
             "@type": _EXT_PROC,
             "grpc_service": grpc_service,
             "failure_mode_allow": opts.failure_mode_allow,
-            "message_timeout": f"{opts.message_timeout_s:g}s",
+            # fail closed with a 503 (not Envoy's default 500); _local_replies gives it
+            # a JSON body
+            "status_on_error": {"code": opts.status_on_error},
+            "message_timeout": _seconds(opts.message_timeout_s),
             "processing_mode": _processing_mode(opts.processing),
             # which endpoint answered: tells the EPP when Envoy failed over
             "response_attributes": [UPSTREAM_ADDRESS],
@@ -231,7 +315,9 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
     epp = _static_cluster("epp", [(opts.epp_host, opts.epp_port)], http2=True)
     if opts.epp_tls:
         epp["transport_socket"] = _unverified_tls()
-    config = _bootstrap(opts, [ext_proc], [model_servers, epp])
+    config = _bootstrap(opts, [ext_proc], [model_servers, epp], _routes(opts))
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    hcm["typed_config"]["local_reply_config"] = _local_replies(opts)
     config["layered_runtime"] = {
         "layers": [
             {"name": "static", "static_layer": {GRACEFUL_CLOSE: opts.graceful_close}},
@@ -241,16 +327,6 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
     if opts.cluster == "eds":
         # xDS requires the proxy to name itself
         config = {"node": {"id": "envoy", "cluster": "inference"}, **config}
-        route = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        vhost = route["typed_config"]["route_config"]["virtual_hosts"][0]
-        vhost["routes"][0]["route"]["retry_policy"] = {
-            # before the response starts only: a dead or dying server costs a retry,
-            # never a client error. One retry more than the EPP's list is long: when
-            # every listed host failed, the last try goes to any healthy host of the
-            # cluster (override_host's fallback policy), outside the EPP's accounting
-            "retry_on": "connect-failure,reset,refused-stream",
-            "num_retries": opts.destinations,
-        }
     return config
 
 
@@ -272,7 +348,7 @@ def _original_dst_cluster(opts: EnvoyOptions) -> dict[str, Any]:
         "name": MODEL_CLUSTER,
         "type": "ORIGINAL_DST",
         "lb_policy": "CLUSTER_PROVIDED",
-        "connect_timeout": f"{opts.connect_timeout_s:g}s",
+        "connect_timeout": _seconds(opts.connect_timeout_s),
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
         "original_dst_lb_config": {
             "use_http_header": True,
@@ -286,7 +362,7 @@ def _eds_cluster(opts: EnvoyOptions) -> dict[str, Any]:
     return {
         "name": MODEL_CLUSTER,
         "type": "EDS",
-        "connect_timeout": f"{opts.connect_timeout_s:g}s",
+        "connect_timeout": _seconds(opts.connect_timeout_s),
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
         "eds_cluster_config": {
             "service_name": MODEL_CLUSTER,

@@ -5,6 +5,7 @@ Used by ``epp stack``, the benchmarks and the tests: one mechanism for all of th
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -20,6 +21,27 @@ from epp.readyfile import read_ready
 
 class ProcessFailed(RuntimeError):
     """A child exited or did not become ready in time."""
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when its parent dies, however
+    it dies (SIGKILL included), so no child of ``epp stack`` outlives it. Linux only
+    (elsewhere: None, no such guarantee). The kernel sends the signal when the *thread*
+    that started the child ends: start children from a thread that lives as long as
+    they should (the main thread, in ``epp stack`` and the tests)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
 
 
 class ManagedProcess:
@@ -54,9 +76,25 @@ class ManagedProcess:
             out = subprocess.DEVNULL
         env = dict(os.environ if self._env is None else self._env)
         self.proc = subprocess.Popen(
-            self.argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=False
+            self.argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=False,
+            preexec_fn=_die_with_parent(os.getpid()),
         )
         return self
+
+    def restart(self, argv: Sequence[str] | None = None) -> ManagedProcess:
+        """Start the (dead) child again, with ``argv`` if given; returns at once (call
+        wait_ready() to wait). Its log file continues."""
+        assert not self.alive(), f"{self.name} is still running"
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if argv is not None:
+            self.argv = list(argv)
+        return self.start()
 
     @property
     def pid(self) -> int:

@@ -6,6 +6,7 @@ The body is parsed exactly once, here. Anything wrong with it raises a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,6 +42,7 @@ def parse_request(
         raise BadRequestError(
             f"request body must be a JSON object, got {_json_kind(doc)}", code="invalid_body"
         )
+    slo_ttft, slo_tpot = slo_targets(headers)
     model = doc.get("model")
     if model is None:
         raise BadRequestError("request body has no 'model' field", code="missing_model")
@@ -58,9 +60,40 @@ def parse_request(
             max_tokens=_max_tokens(doc),
             headers=headers,
             subset=subset,
+            slo_ttft_ms=slo_ttft,
+            slo_tpot_ms=slo_tpot,
         ),
         doc,
     )
+
+
+# Latency objectives as the llm-d Router reads them; the x-slo-* names are older aliases.
+SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+
+
+def slo_targets(headers: Mapping[str, str]) -> tuple[float | None, float | None]:
+    """(TTFT, TPOT) objectives in milliseconds from the SLO headers (the first name
+    present wins), None where absent; a value that is not a positive number is a 400."""
+    return _slo(headers, SLO_TTFT_HEADERS), _slo(headers, SLO_TPOT_HEADERS)
+
+
+def _slo(headers: Mapping[str, str], names: tuple[str, ...]) -> float | None:
+    for name in names:
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise BadRequestError(
+                f"header {name}: expected a positive number of milliseconds, got {raw!r}",
+                code="invalid_slo_header",
+            )
+        return value
+    return None
 
 
 def prompt_text(doc: Mapping[str, Any]) -> str:

@@ -23,6 +23,7 @@ from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
 from epp.errors import EppError
 from epp.scheduling.base import Scheduler
+from epp.scheduling.latency import Dispatch
 from epp.types import InferenceRequest, SchedulingResult
 from epp.usage import Usage
 
@@ -41,6 +42,9 @@ class Routed:
     ticket: InFlightTicket
     # the prefill endpoint's claim while the request lives (sidecar coordinator)
     prefill_ticket: InFlightTicket | None = None
+    # what the latency model learns from when the response comes back (None: nothing,
+    # e.g. a disaggregated request, whose decode leg starts after the prefill leg)
+    dispatch: Dispatch | None = None
 
     def release(self) -> None:
         self.ticket.release()
@@ -82,6 +86,7 @@ class Router:
         self.coordinator = coordinator
         self.outcomes = outcomes
         self._routed = metrics.requests.labels("routed")
+        self._forwarded = metrics.requests.labels("forwarded")
         self._orca_ok = metrics.orca_reports.labels("header", "ok")
         self._orca_malformed = metrics.orca_reports.labels("header", "malformed")
 
@@ -93,13 +98,29 @@ class Router:
         result = self.scheduler.schedule(request, snapshot, self.rng)
         if len(result.targets) > max_destinations:
             result = replace(result, targets=result.targets[:max_destinations])
-        self.scheduler.on_routed(request, result, snapshot)
-        self.metrics.scheduling_seconds.observe(time.perf_counter() - start)
-        self._routed.inc()
-        if result.decision:
-            self.metrics.pd_decisions.labels(result.decision).inc()
+        if request.model is None:
+            # no body (GET /, /v1/models): it needs an endpoint, but it is no inference
+            # request, so it is not a scheduling decision (nor a prefix to remember)
+            self._forwarded.inc()
+        else:
+            self.scheduler.on_routed(request, result, snapshot)
+            self.metrics.scheduling_seconds.observe(time.perf_counter() - start)
+            self._routed.inc()
+            if result.decision:
+                self.metrics.pd_decisions.labels(result.decision).inc()
         tokens = request.prompt_tokens + (request.max_tokens or DEFAULT_OUTPUT_TOKENS)
-        return Routed(result, self.datastore.acquire(result.primary.address, tokens))
+        ticket = self.datastore.acquire(result.primary.address, tokens)
+        pred = result.prediction
+        if pred is None:
+            return Routed(result, ticket)
+        if pred.meets_slo is not None:
+            self.metrics.slo_predictions.labels("met" if pred.meets_slo else "missed").inc()
+        if result.prefill is not None:
+            return Routed(result, ticket)
+        dispatch = Dispatch(
+            result.primary.address, self.clock(), pred, request.prompt_tokens, request.stream
+        )
+        return Routed(result, ticket, dispatch=dispatch)
 
     def hand_off(
         self, routed: Routed, request: InferenceRequest, doc: Mapping[str, Any]
@@ -155,6 +176,30 @@ class Router:
         else:
             outcomes.success(address)
 
-    def usage_seen(self, usage: Usage) -> None:
-        self.metrics.tokens.labels("prompt").inc(usage.prompt_tokens)
-        self.metrics.tokens.labels("completion").inc(usage.completion_tokens)
+    def first_byte_seen(self, routed: Routed) -> None:
+        """The response body's first bytes passed (a streamed response's first token)."""
+        dispatch = routed.dispatch
+        if dispatch is not None and dispatch.first_byte_at is None:
+            dispatch.first_byte_at = self.clock()
+
+    def completed(self, routed: Routed, status: int, served: str, usage: Usage | None) -> None:
+        """The whole response passed: count its tokens, and let the latency model learn
+        from a success served where it was sent (not after a failover)."""
+        if usage is not None:
+            self.metrics.tokens.labels("prompt").inc(usage.prompt_tokens)
+            self.metrics.tokens.labels("completion").inc(usage.completion_tokens)
+        dispatch = routed.dispatch
+        if dispatch is None:
+            return
+        self.scheduler.latency.request_done(dispatch.address, self.clock())
+        if status != 200 or (served and served != dispatch.address):
+            return
+        error = self.scheduler.latency.observe(
+            dispatch,
+            self.clock(),
+            None if usage is None else usage.prompt_tokens,
+            None if usage is None else usage.cached_tokens,
+            None if usage is None else usage.completion_tokens,
+        )
+        if error is not None:
+            self.metrics.ttft_error.observe(error)

@@ -28,8 +28,9 @@ from epp.datastore import Datastore
 from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
 from epp.disagg.legs import LegClient
 from epp.discovery import flags as membership_flags
-from epp.discovery import serve_pool
+from epp.discovery import serve_pool, static
 from epp.discovery.flags import MembershipOptions
+from epp.discovery.names import NameResolver
 from epp.discovery.readiness import ReadinessProbe
 from epp.discovery.runtime import RuntimeMembership
 from epp.extproc import tlsflags
@@ -41,7 +42,7 @@ from epp.scheduling.base import Scheduler
 from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
-from epp.types import Endpoint, Role
+from epp.types import Endpoint
 from epp.xds.eds import EdsServer
 
 if TYPE_CHECKING:
@@ -81,21 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--http-port", type=argtypes.port, default=9090, help="HTTP port for /metrics and /health"
     )
-    for flag, role, what in (
-        ("--endpoint", Role.DECODE, "a model server to route to (role decode)"),
-        ("--decode", Role.DECODE, "a decode server"),
-        ("--prefill", Role.PREFILL, "a prefill server"),
-        ("--prefill-decode", Role.BOTH, "a server that does both"),
-    ):
-        parser.add_argument(
-            flag,
-            action="append",
-            dest="endpoints",
-            type=argtypes.endpoint(role),
-            default=[],
-            metavar="HOST:PORT",
-            help=f"{what} (repeatable)",
-        )
+    static.add_arguments(parser)
     parser.add_argument(
         "--coordinator",
         choices=sorted(COORDINATORS),
@@ -141,7 +128,6 @@ def run(args: argparse.Namespace) -> int:
         listen_host=args.listen_host,
         grpc_port=args.grpc_port,
         http_port=args.http_port,
-        endpoints=tuple(args.endpoints),
         max_body_bytes=args.max_body_bytes,
         ready_file=args.ready_file,
         transport=args.transport,
@@ -154,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("admin API key: %s", exc)
         return 2
     try:
+        opts = replace(opts, endpoints=tuple(static.endpoints(args)))
         opts = replace(opts, pool=serve_pool.pool_ref(args))
         tlsflags.check_flags(args)
     except ValueError as exc:
@@ -192,11 +179,13 @@ def run(args: argparse.Namespace) -> int:
 async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler) -> None:
     log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
     datastore = Datastore(drain_timeout_s=opts.membership.drain_timeout_s)
+    names = NameResolver(datastore, interval_s=opts.membership.resolve_interval_s)
     for endpoint in cfg.endpoints:
-        datastore.add(endpoint)
+        await names.add_static(endpoint)
     for endpoint in opts.endpoints:  # flags name no engine: the config's applies
-        datastore.add(replace(endpoint, engine=cfg.data_layer.engine))
+        await names.add_static(replace(endpoint, engine=cfg.data_layer.engine))
     metrics = EppMetrics(datastore)
+    metrics.report_latency_model(scheduler.latency)
     if isinstance(scheduler, ProfileScheduler):
         metrics.report_prefix_indexes(
             {n: p.index for n, p in scheduler.plugins.items() if isinstance(p, PrefixCacheScorer)}
@@ -208,17 +197,18 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     pd = cfg.disaggregation
     legs = LegClient(pd.connect_timeout_s, pd.prefill_timeout_s)
     rng = random.Random()
-    coordinator = COORDINATORS[pd.coordinator](
-        CoordinatorEnv(datastore, metrics, legs, rng, pd.bootstrap_port)
-    )
     probe = ReadinessProbe(model=opts.membership.model)
     ejector = Ejector(datastore, opts.membership.ejection, probe.check)
+    coordinator = COORDINATORS[pd.coordinator](
+        CoordinatorEnv(datastore, metrics, legs, rng, pd.bootstrap_port, ejector.success)
+    )
     membership = RuntimeMembership(
         datastore,
         probe.check,
         opts.membership.wait,
         state_file=opts.membership.state_file,
         engine=cfg.data_layer.engine,
+        resolver=names,
     )
     router = Router(
         datastore,
@@ -230,8 +220,9 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
         coordinator=coordinator,
         outcomes=ejector,
     )
-    background: list[_Background] = [ejector, membership]
+    background: list[_Background] = [ejector, membership, names]
     ejector.start()
+    names.start()
     background += [*_start_data_layer(datastore, metrics, dl, ejector), probe]
     stop_gc_watch = metrics.watch_gc()
     try:
@@ -249,6 +240,8 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
             ApiKeyAuth(opts.membership.admin_api_key),
             ejector.state,
             cfg.data_layer.engine,
+            names,
+            scheduler.latency,
         )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -326,6 +319,7 @@ def _start_data_layer(
             stale_after_s=dl.stale_after_s,
             timeout_s=dl.scrape_timeout_s,
             on_unreachable=ejector.failure,
+            on_success=ejector.success,
         )
         scraper.start()
         started.append(scraper)

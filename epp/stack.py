@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -32,6 +33,7 @@ from epp.envoyconfig import (
 from epp.envoyproc import EnvoyProcess, write_config
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
 from epp.procs import ManagedProcess, ProcessFailed, scratch_dir, spawn_epp
+from epp.readyfile import read_ready
 
 HOST = "127.0.0.1"
 
@@ -43,6 +45,27 @@ SIM_BASE_ARGS = ("--enable-prompt-tokens-details",)
 
 # The simulators' KV connector that matches each coordinator (epp sim --kv-connector).
 SIM_CONNECTOR = {"nixl": "nixl", "sidecar": "nixl", "concurrent": "sglang", "kv-pool": "pool"}
+
+# A simulator or sidecar that exits is started again after this long, doubling with
+# each exit in a row up to the maximum; one that stayed up STABLE_AFTER_S starts over.
+RESTART_BACKOFF_S = 0.5
+MAX_RESTART_BACKOFF_S = 10.0
+STABLE_AFTER_S = 30.0
+SUPERVISE_EVERY_S = 0.1  # how often `epp stack` looks at its children
+
+
+class StackDown(ProcessFailed):
+    """Envoy or the EPP exited: the stack cannot serve without them."""
+
+
+@dataclass
+class _Restarts:
+    """One restartable child's crash history."""
+
+    in_a_row: int = 0
+    due: float = 0.0  # when to start it again; 0: it is not waiting for a restart
+    started: float = 0.0  # when it was last (re)started
+    back: bool = True  # its ready file was seen since the last (re)start
 
 
 @dataclass
@@ -72,6 +95,9 @@ class StackOptions:
     envoy_concurrency: int | None = None
     # the EPP serves its gRPC port with a self-signed certificate; Envoy talks TLS to it
     epp_tls: bool = False
+    # per-attempt silence allowed from a model server (docs/timeouts.md)
+    first_byte_timeout_s: float = EnvoyOptions.first_byte_timeout_s
+    stream_idle_timeout_s: float = EnvoyOptions.stream_idle_timeout_s
 
 
 class LocalStack:
@@ -89,6 +115,7 @@ class LocalStack:
         self.endpoint_args: list[str] = []
         self.grpc_port = 0
         self.http_port = 0
+        self._restarts: dict[str, _Restarts] = {}
 
     @property
     def envoy_url(self) -> str:
@@ -128,6 +155,8 @@ class LocalStack:
             processing=o.processing,
             cluster=o.cluster,
             epp_tls=o.epp_tls,
+            first_byte_timeout_s=o.first_byte_timeout_s,
+            stream_idle_timeout_s=o.stream_idle_timeout_s,
         )
         if not o.epp:
             servers = [(str(i["host"]), int(i["port"])) for i in (p.info for p in self.sims)]
@@ -202,6 +231,43 @@ class LocalStack:
             "--log-level", o.log_level, *SIM_BASE_ARGS, *o.sim_args, *extra,
         )  # fmt: skip
 
+    def supervise(self, now: float | None = None) -> list[str]:
+        """Restart simulators and sidecars that exited (each on its own port again: the
+        EPP knows them by address), with backoff; returns what happened, for the log.
+        Raises StackDown when Envoy or the EPP exited: those are not restarted (the
+        EPP's state and Envoy's listener are what clients and servers hold on to)."""
+        now = time.monotonic() if now is None else now
+        down = [p.name for p in (self.epp,) if p is not None and not p.alive()]
+        if self.envoy is not None and not self.envoy.process.alive():
+            down.append("envoy")
+        if down:
+            raise StackDown(f"{', '.join(down)} exited; stopping the stack")
+        events = []
+        for proc in [*self.sims, *self.sidecars]:
+            r = self._restarts.setdefault(proc.name, _Restarts(started=now))
+            if proc.alive():
+                ready = proc.ready_file
+                if not r.back and ready is not None and read_ready(ready) is not None:
+                    r.back = True
+                    events.append(f"{proc.name} is back on {proc.info['port']}")
+                if now - r.started >= STABLE_AFTER_S:
+                    r.in_a_row = 0
+                continue
+            if r.due == 0.0:  # just found dead
+                code = proc.proc.returncode if proc.proc is not None else None
+                delay = min(RESTART_BACKOFF_S * 2**r.in_a_row, MAX_RESTART_BACKOFF_S)
+                r.in_a_row += 1
+                r.due = now + delay
+                events.append(
+                    f"{proc.name} exited (code {code}); restarting it in {delay:g}s "
+                    f"(exit {r.in_a_row} in a row)"
+                )
+            elif now >= r.due:
+                proc.restart(_pinned(proc.argv, int(proc.info["port"])))
+                r.due, r.started, r.back = 0.0, now, False
+                events.append(f"{proc.name} restarted on port {proc.info['port']}")
+        return events
+
     def stop(self) -> None:
         """Stop in reverse order: Envoy first so no new traffic arrives."""
         if self.envoy is not None:
@@ -216,6 +282,13 @@ class LocalStack:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def _pinned(argv: list[str], port: int) -> list[str]:
+    """``argv`` with its ``--port`` value replaced by ``port``."""
+    out = list(argv)
+    out[out.index("--port") + 1] = str(port)
+    return out
 
 
 def check_ports_free(ports: dict[str, int]) -> None:
@@ -299,6 +372,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Envoy talks TLS to the EPP's gRPC port (ext_proc and EDS): the EPP serves a "
         "self-signed certificate (epp serve --tls-self-signed), Envoy does not verify it",
     )
+    for flag, default, what in (
+        ("--first-byte-timeout", EnvoyOptions.first_byte_timeout_s, "non-streaming requests "
+         "(their whole answer: Envoy then tries the next endpoint)"),
+        ("--stream-idle-timeout", EnvoyOptions.stream_idle_timeout_s, "streaming requests "
+         "(before the first byte Envoy tries the next endpoint; after it, the stream is cut)"),
+    ):  # fmt: skip
+        parser.add_argument(
+            flag,
+            type=argtypes.positive_float,
+            default=default,
+            metavar="SECONDS",
+            help=f"per attempt, the longest silence of a model server on {what}; docs/timeouts.md",
+        )
     parser.add_argument(
         "--time-scale",
         type=argtypes.non_negative_float,
@@ -333,6 +419,8 @@ def run(args: argparse.Namespace) -> int:
         sim_args=["--time-scale", str(args.time_scale)],
         epp_args=["--transport", args.transport],
         epp_tls=args.epp_tls,
+        first_byte_timeout_s=args.first_byte_timeout,
+        stream_idle_timeout_s=args.stream_idle_timeout,
         log_level=args.log_level,
         workdir=args.workdir,
     )
@@ -356,14 +444,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(banner(stack), flush=True)
     try:
-        while not stop.wait(0.5):
-            procs = [*stack.sims, *stack.sidecars, stack.epp]
-            dead = [p.name for p in procs if p is not None and not p.alive()]
-            if stack.envoy is not None and not stack.envoy.process.alive():
-                dead.append("envoy")
-            if dead:
-                print(f"epp stack: {', '.join(dead)} exited; stopping", file=sys.stderr)
-                return 1
+        while not stop.wait(SUPERVISE_EVERY_S):
+            for event in stack.supervise():
+                print(f"epp stack: {event}", file=sys.stderr, flush=True)
+    except StackDown as exc:
+        print(f"epp stack: {exc}", file=sys.stderr)
+        return 1
     finally:
         print("stopping...", flush=True)
         stack.stop()

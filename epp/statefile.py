@@ -1,7 +1,8 @@
 """``--state-file``: the instances added at runtime, kept across EPP restarts.
 
 The file is JSON, ``{"version": 1, "instances": [{"instance": "ip:port", "type":
-"decode"}, ...]}``, replaced atomically on every change (write to a temporary file, then
+"decode"}, ...]}`` (an instance added by host name is kept as ``name:port``, so a restart
+looks it up again), replaced atomically on every change (write to a temporary file, then
 rename), so a crash never leaves half a file. A file that cannot be read or parsed is
 reported and ignored: the EPP starts with its static endpoints rather than not at all.
 """
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import orjson
 
+from epp.addresses import parse_address
 from epp.readyfile import write_ready
-from epp.types import Endpoint, Role, parse_host_port
+from epp.types import Endpoint, Role
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +26,7 @@ VERSION = 1
 def save(path: Path, endpoints: list[Endpoint]) -> None:
     doc = {
         "version": VERSION,
-        "instances": [{"instance": e.address, "type": e.role.value} for e in endpoints],
+        "instances": [{"instance": e.name or e.address, "type": e.role.value} for e in endpoints],
     }
     try:
         write_ready(path, doc)  # the same atomic JSON write as ready files
@@ -60,7 +62,7 @@ def _parse(data: bytes, engine: str) -> list[Endpoint]:
         try:
             if not isinstance(item, dict) or not isinstance(item.get("instance"), str):
                 raise ValueError("not an object with an 'instance' string")
-            host, port = parse_host_port(item["instance"])
+            host, port = parse_address(item["instance"])
             role = Role.parse(str(item.get("type", "decode")))
         except ValueError as exc:
             log.error("state file: skipping entry %r: %s", item, exc)

@@ -40,6 +40,9 @@ class Endpoint:
     # Which model-server engine serves here: picks the metric names to scrape
     # ("vllm", "sglang", "trtllm"; see epp.datalayer).
     engine: str = "vllm"
+    # ``name:port`` when the user named this server by a host name that was resolved to
+    # ``host`` (shown in /status, kept in the state file, re-resolved); "" otherwise
+    name: str = field(default="", compare=False)
     # ``ip:port``, the value Envoy routes by (IPv6 hosts bracketed); derived once, as
     # the scheduler reads it for every candidate of every request.
     address: str = field(init=False, compare=False, repr=False)
@@ -134,11 +137,26 @@ class InferenceRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     # Endpoint Picker Protocol subset hint from the proxy: pick only inside it.
     subset: frozenset[str] | None = None
+    # latency objectives from the SLO headers (milliseconds), None when not asked
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
 
     @property
     def prompt_tokens(self) -> int:
         """Estimated prompt tokens (~4 characters each), at least 1."""
         return max(1, (len(self.prompt) + 3) // 4)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What the latency model expects of one request on one endpoint (seconds)."""
+
+    ttft_s: float
+    wait_s: float  # of which queueing for a slot
+    uncached_tokens: int  # prompt tokens to prefill there
+    tpot_s: float  # time per output token
+    load: int  # requests on the endpoint before this one
+    meets_slo: bool | None = None  # None: the request set no SLO
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +172,8 @@ class SchedulingResult:
     targets: tuple[Endpoint, ...]
     prefill: Endpoint | None = None
     decision: str = ""
+    # the latency model's expectation on the primary target
+    prediction: Prediction | None = None
 
     @property
     def primary(self) -> Endpoint:

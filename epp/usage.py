@@ -18,6 +18,9 @@ _DECODER = json.JSONDecoder()
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    # prompt tokens the server served from its prefix cache, when it says
+    # (``prompt_tokens_details.cached_tokens``, vLLM with --enable-prompt-tokens-details)
+    cached_tokens: int | None = None
 
 
 def keep_tail(tail: bytes, chunk: bytes) -> bytes:
@@ -45,4 +48,8 @@ def find_usage(tail: bytes) -> Usage | None:
     prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
-    return Usage(prompt, completion)
+    details = obj.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if not isinstance(cached, int) or isinstance(cached, bool) or not 0 <= cached <= prompt:
+        cached = None
+    return Usage(prompt, completion, cached)

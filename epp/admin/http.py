@@ -34,6 +34,7 @@ def make_admin_app(
     """``ready``: the gRPC ``readiness`` status, which ``/ready`` answers with."""
 
     async def metrics_handler(_: web.Request) -> web.Response:
+        metrics.expire_series()
         return web.Response(
             body=generate_latest(metrics.registry), headers={"content-type": CONTENT_TYPE_LATEST}
         )

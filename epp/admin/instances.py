@@ -1,15 +1,18 @@
 """Admin API for elastic membership: ``POST /instances/add``, ``POST /instances/remove``
-(API key required) and ``GET``/``POST /status`` (open).
+(API key required; ``/instance/add`` and ``/instance/remove`` are aliases) and
+``GET``/``POST /status`` (open).
 
 Bodies follow the vllm-ascend elastic proxies: ``{"type": "prefill" | "decode" |
-"prefill-decode", "instance": "ip:port"}`` or ``"instances": ["ip:port", ...]`` (a single
-string is accepted too). Every bad input gets a 400 naming the field and the problem.
+"prefill-decode", "instance": "host:port"}`` or ``"instances": ["host:port", ...]`` (a
+single string is accepted too); a host may be an IP or a name. Every bad input gets a
+400 naming the field and the problem. Answers carry both proxies' message forms: the
+list form of the vllm-ascend load-balance proxy (``message``) and the per-instance lines
+of its elastic proxy example (``instance_messages``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,14 +20,18 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from epp.addresses import is_ip, join, parse_address
 from epp.admin.auth import ApiKeyAuth
 from epp.admin.replies import error, ok
+from epp.datalayer.ejection import FailureState
 from epp.datastore import Datastore, Member, Status
+from epp.discovery.names import NameResolver, ResolveError
 from epp.discovery.runtime import Outcome, RuntimeMembership
-from epp.types import Endpoint, Role, parse_host_port
+from epp.scheduling.latency import LatencyModel
+from epp.types import Endpoint, Role
 
-# what /status reports for each member, and how many failures it has had
-FailureState = Callable[[str], tuple[int, float | None]]
+# what /status reports about each member's failures
+Failures = Callable[[str], FailureState]
 
 
 class BadInput(ValueError):
@@ -55,22 +62,16 @@ def parse_body(raw: bytes, engine: str = "vllm") -> tuple[Role, list[Endpoint]]:
     if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
         raise BadInput(
             "invalid_instances",
-            "'instances' must be an 'ip:port' string or a non-empty list of them",
+            "'instances' must be a 'host:port' string or a non-empty list of them",
         )
     return role, [_endpoint(i, role, engine) for i in items]
 
 
 def _endpoint(text: str, role: Role, engine: str) -> Endpoint:
     try:
-        host, port = parse_host_port(text)
-        # canonical form ("::1", not "0:0::1"): one member per server, and the same
-        # spelling Envoy uses when it reports which upstream answered
-        host = ipaddress.ip_address(host).compressed
+        host, port = parse_address(text)
     except ValueError as exc:
-        message = str(exc)
-        if not message.startswith("malformed"):  # the host is not an IP literal
-            message = f"malformed address {text!r}: the host must be an IP address"
-        raise BadInput("invalid_instance", message) from None
+        raise BadInput("invalid_instance", str(exc)) from None
     return Endpoint(host, port, role, engine=engine)
 
 
@@ -87,7 +88,9 @@ def _summary(datastore: Datastore) -> dict[str, list[str]]:
     return {"current_prefill_instances": prefill, "current_decode_instances": decode}
 
 
-def status_doc(datastore: Datastore, failures: FailureState) -> dict[str, Any]:
+def status_doc(
+    datastore: Datastore, failures: Failures, latency: LatencyModel | None = None
+) -> dict[str, Any]:
     summary = _summary(datastore)
     prefill, decode = summary["current_prefill_instances"], summary["current_decode_instances"]
     return {
@@ -95,21 +98,27 @@ def status_doc(datastore: Datastore, failures: FailureState) -> dict[str, Any]:
         "decode_node_count": len(decode),
         "prefill_nodes": prefill,
         "decode_nodes": decode,
-        "endpoints": [_member_doc(m, datastore, failures) for m in datastore.members()],
+        "endpoints": [_member_doc(m, datastore, failures, latency) for m in datastore.members()],
     }
 
 
-def _member_doc(m: Member, datastore: Datastore, failures: FailureState) -> dict[str, Any]:
-    count, retry_in = failures(m.address)
+def _member_doc(
+    m: Member, datastore: Datastore, failures: Failures, latency: LatencyModel | None
+) -> dict[str, Any]:
+    failing = failures(m.address)
     doc: dict[str, Any] = {
         "instance": m.address,
         "type": m.endpoint.role.value,
         "state": m.status.value,
         "in_flight": datastore.in_flight(m.address),
-        "consecutive_failures": count,
+        "consecutive_failures": failing.failures,
     }
-    if retry_in is not None:
-        doc["next_check_in_s"] = round(retry_in, 3)
+    if m.endpoint.name:
+        doc["name"] = m.endpoint.name
+    if failing.next_probe_in_s is not None:
+        doc["next_check_in_s"] = round(failing.next_probe_in_s, 3)
+    if failing.removal_in_s is not None:
+        doc["removal_in_s"] = round(failing.removal_in_s, 3)
     if m.status is Status.DRAINING:
         doc["drain_deadline_in_s"] = round(max(m.until - time.monotonic(), 0.0), 3)
     metrics = m.state.metrics
@@ -120,28 +129,58 @@ def _member_doc(m: Member, datastore: Datastore, failures: FailureState) -> dict
             "kv_cache_usage": metrics.kv_usage,
             "age_s": round(max(time.monotonic() - metrics.updated_at, 0.0), 3),
         }
+    learned = latency.status(m.address) if latency is not None else None
+    if learned is not None:
+        doc["latency_model"] = learned
     return doc
 
 
-_MESSAGES = {
-    Outcome.ADDED: "added {role} instances: {items}",
-    Outcome.UPDATED: "changed to {role}: {items}",
-    Outcome.EXISTS: "{role} instances already present: {items}",
-    Outcome.WAITING: "{role} instances waiting to start: {items}",
-    Outcome.REMOVED: "removed {role} instances: {items}",
-    Outcome.DRAINING: "draining {role} instances (they go when their requests finish): {items}",
-    Outcome.NOT_FOUND: "not in the {role} instances: {items}",
-    Outcome.WITHDRAWN: "{role} instances removed while being verified: {items}",
+# the vllm-ascend load-balance proxy's message: "add prefill instances: ['a', 'b']."
+# (Python's list repr, as it prints them), then one sentence per other outcome
+_LISTED = {"add": (Outcome.ADDED,), "remove": (Outcome.REMOVED, Outcome.DRAINING)}
+_SENTENCES = {
+    Outcome.WAITING: "Instances {items} are waiting to be added.",
+    Outcome.UPDATED: "Instances {items} changed to {role}.",
+    Outcome.EXISTS: "Instances {items} are already present.",
+    Outcome.DRAINING: "Instances {items} are draining (they go when their requests finish).",
+    Outcome.NOT_FOUND: "Instances {items} are not in the {role} instances.",
+    Outcome.WITHDRAWN: "Instances {items} were removed while being verified.",
+}
+# its elastic proxy example's one line per instance
+_LINES = {
+    Outcome.ADDED: "Added {a} to {role}_instances.",
+    Outcome.UPDATED: "Added {a} to {role}_instances.",
+    Outcome.EXISTS: "{role}_instance {a} already exists.",
+    Outcome.WAITING: "Waiting for {role}_instance {a} to start.",
+    Outcome.REMOVED: "Removed {a} from {role}_instances.",
+    Outcome.DRAINING: "Removed {a} from {role}_instances.",
+    Outcome.NOT_FOUND: "Instance {a} is not in the {role}_instances.",
+    Outcome.WITHDRAWN: "Instance {a} was removed while being verified.",
 }
 
 
-def _message(role: Role, results: dict[str, Outcome]) -> str:
-    parts = []
-    for outcome, text in _MESSAGES.items():
+def message(verb: str, role: Role, results: dict[str, Outcome]) -> str:
+    """``verb`` ("add" or "remove") {role} instances: [...]. and the other outcomes."""
+    listed = [a for a, o in results.items() if o in _LISTED[verb]]
+    parts = [f"{verb} {role.value} instances: {listed}."]
+    for outcome, text in _SENTENCES.items():
         items = [a for a, o in results.items() if o is outcome]
         if items:
             parts.append(text.format(role=role.value, items=items))
-    return "; ".join(parts) + "."
+    return " ".join(parts)
+
+
+def instance_messages(role: Role, results: dict[str, Outcome]) -> list[str]:
+    return [_LINES[o].format(a=a, role=role.value) for a, o in results.items()]
+
+
+def _reply(verb: str, role: Role, results: dict[str, Outcome], ds: Datastore) -> dict[str, Any]:
+    return {
+        "message": message(verb, role, results),
+        "instance_messages": instance_messages(role, results),
+        "results": results,
+        **_summary(ds),
+    }
 
 
 def add_routes(
@@ -149,8 +188,10 @@ def add_routes(
     datastore: Datastore,
     membership: RuntimeMembership,
     auth: ApiKeyAuth,
-    failures: FailureState,
+    failures: Failures,
     engine: str,
+    resolver: NameResolver,
+    latency: LatencyModel | None = None,
 ) -> None:
     async def read(request: web.Request) -> tuple[Role, list[Endpoint]] | web.Response:
         refusal = auth.refusal(request)
@@ -165,33 +206,46 @@ def add_routes(
         parsed = await read(request)
         if isinstance(parsed, web.Response):
             return parsed
-        role, endpoints = parsed
+        role, named = parsed
+        try:  # every name first: one that does not resolve adds nothing
+            endpoints = await asyncio.gather(*(resolver.resolve(e) for e in named))
+        except ResolveError as exc:
+            return error(400, "unresolvable_instance", str(exc))
         outcomes = await asyncio.gather(*(membership.add(e) for e in endpoints))
         results = {e.address: o for e, o in zip(endpoints, outcomes, strict=True)}
         waiting = any(o is Outcome.WAITING for o in results.values())
-        doc = {"message": _message(role, results), "results": results, **_summary(datastore)}
-        return ok(doc, status=202 if waiting else 200)
+        return ok(_reply("add", role, results, datastore), status=202 if waiting else 200)
 
     async def remove(request: web.Request) -> web.Response:
         parsed = await read(request)
         if isinstance(parsed, web.Response):
             return parsed
-        role, endpoints = parsed
+        role, named = parsed
         results = {}
-        for e in endpoints:
-            member = datastore.member(e.address)
+        for e in named:
+            address = e.address
+            if not is_ip(e.host):  # the address the name was added under, else its own now
+                name = join(e.host, e.port)
+                address = resolver.address_of(name) or address
+                if datastore.member(address) is None:
+                    try:
+                        address = (await resolver.resolve(e)).address
+                    except ResolveError as exc:
+                        return error(400, "unresolvable_instance", str(exc))
+            member = datastore.member(address)
             if member is None or member.endpoint.role is not role:
-                results[e.address] = Outcome.NOT_FOUND
+                results[address] = Outcome.NOT_FOUND
             else:
-                results[e.address] = membership.remove(e.address)
+                results[address] = membership.remove(address)
         found = any(o is not Outcome.NOT_FOUND for o in results.values())
-        doc = {"message": _message(role, results), "results": results, **_summary(datastore)}
-        return ok(doc, status=200 if found else 404)
+        return ok(_reply("remove", role, results, datastore), status=200 if found else 404)
 
     async def status(_: web.Request) -> web.Response:
-        return ok(status_doc(datastore, failures))
+        return ok(status_doc(datastore, failures, latency))
 
-    app.router.add_post("/instances/add", add)
-    app.router.add_post("/instances/remove", remove)
+    # /instance/...: the spelling in the elastic proxy example's comments
+    for prefix in ("/instances", "/instance"):
+        app.router.add_post(f"{prefix}/add", add)
+        app.router.add_post(f"{prefix}/remove", remove)
     app.router.add_get("/status", status)
     app.router.add_post("/status", status)

@@ -13,15 +13,28 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp.datastore import Datastore
+from epp.scheduling.latency import LatencyModel
 from epp.scheduling.prefixindex import PrefixIndex
+
+# How long an endpoint's own series (epp_responses_total, epp_scrape_failures_total)
+# outlive its removal from the pool, so the scrapes after it still see the final counts.
+SERIES_GRACE_S = 600.0
 
 
 class EppMetrics:
-    def __init__(self, datastore: Datastore) -> None:
+    def __init__(
+        self,
+        datastore: Datastore,
+        *,
+        series_grace_s: float = SERIES_GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "epp_requests",
-            "Requests seen by the EPP, by outcome (routed or the HTTP error status sent).",
+            "Requests seen by the EPP, by outcome: routed (an inference request: a "
+            "scheduling decision), forwarded (no body, e.g. GET /v1/models: sent to an "
+            "endpoint, not a decision) or the HTTP error status sent.",
             ["outcome"],
             registry=self.registry,
         )
@@ -29,7 +42,9 @@ class EppMetrics:
             "epp_extproc_streams",
             "ext_proc streams ended, by how: complete (Envoy half-closed it), cancelled "
             "(Envoy reset it: an Envoy without ext_proc graceful close, or one that gave "
-            "up), ended (grpcio transport: either of the two), error (our handler failed).",
+            "up), ended (grpcio transport: either of the two), abandoned (it ended before "
+            "the response did: the client hung up, or Envoy gave up on the upstream), "
+            "error (our handler failed).",
             ["end"],
             registry=self.registry,
         )
@@ -91,11 +106,30 @@ class EppMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
+        self.ttft_error = Histogram(
+            "epp_ttft_prediction_error_seconds",
+            "Observed minus predicted time to first token of streamed requests (the "
+            "latency model's error; negative = faster than predicted).",
+            buckets=(-1, -0.25, -0.1, -0.05, -0.02, -0.01, 0, 0.01, 0.02, 0.05, 0.1, 0.25, 1),
+            registry=self.registry,
+        )
+        self.slo_predictions = Counter(
+            "epp_slo_predictions",
+            "Requests with SLO headers, by whether the chosen endpoint was predicted to "
+            "meet them (met, missed: no endpoint could; best effort).",
+            ["prediction"],
+            registry=self.registry,
+        )
         self.registry.register(_DatastoreCollector(datastore))
-        # per-endpoint series go when their endpoint goes (membership changes at runtime)
+        # per-endpoint series stay while their endpoint is a member, whatever its status
+        # (an ejected endpoint's failures are the interesting ones), and go
+        # series_grace_s after it left the pool (membership changes at runtime)
         self._datastore = datastore
+        self._grace_s = series_grace_s
+        self._clock = clock
         self._known: set[str] = set()
-        datastore.on_change(self._forget_removed)
+        self._leaving: dict[str, float] = {}  # removed address -> when its series go
+        datastore.on_change(self.expire_series)
 
     def watch_gc(self) -> Callable[[], None]:
         """Time every pass of Python's cyclic garbage collector (it stops the event loop)
@@ -136,17 +170,33 @@ class EppMetrics:
         if indexes:
             self.registry.register(_PrefixIndexCollector(indexes))
 
-    def _forget_removed(self) -> None:
-        current = {s.address for s in self._datastore.snapshot().endpoints}
+    def report_latency_model(self, model: LatencyModel) -> None:
+        """Export what the latency model has learned per endpoint, read at scrape time."""
+        self.registry.register(_LatencyCollector(model))
+
+    def expire_series(self) -> None:
+        """Note removed endpoints and drop the series of those gone longer than the
+        grace (called on every membership change and before every /metrics answer)."""
+        now = self._clock()
+        current = {m.address for m in self._datastore.members()}
         for address in self._known - current:
-            for counter, labels in (
-                (self.scrape_failures, [(address,)]),
-                (self.responses, [(address, f"{c}xx") for c in range(1, 6)]),
-            ):
-                for values in labels:
-                    with contextlib.suppress(KeyError):
-                        counter.remove(*values)
+            self._leaving.setdefault(address, now + self._grace_s)
         self._known = current
+        for address, until in list(self._leaving.items()):
+            if address in current:  # back before its series went
+                del self._leaving[address]
+            elif until <= now:
+                del self._leaving[address]
+                self._forget(address)
+
+    def _forget(self, address: str) -> None:
+        for counter, labels in (
+            (self.scrape_failures, [(address,)]),
+            (self.responses, [(address, f"{c}xx") for c in range(1, 6)]),
+        ):
+            for values in labels:
+                with contextlib.suppress(KeyError):
+                    counter.remove(*values)
 
 
 class _DatastoreCollector(Collector):
@@ -175,6 +225,14 @@ class _DatastoreCollector(Collector):
         for address, n in sorted(snapshot.in_flight.items()):
             in_flight.add_metric([address], n)
         yield in_flight
+        status = GaugeMetricFamily(
+            "epp_endpoint_status",
+            "1 for each member of the pool with its status (waiting, healthy, ejected, draining).",
+            labels=["endpoint", "status"],
+        )
+        for member in self._datastore.members():
+            status.add_metric([member.address, member.status.value], 1)
+        yield status
         # what the scheduler believes about each endpoint (last scrape / ORCA report)
         waiting = GaugeMetricFamily(
             "epp_endpoint_queue_depth", "Requests waiting, as last reported.", labels=["endpoint"]
@@ -218,3 +276,23 @@ class _PrefixIndexCollector(Collector):
         for name, index in sorted(self._indexes.items()):
             blocks.add_metric([name], index.size())
         yield blocks
+
+
+class _LatencyCollector(Collector):
+    def __init__(self, model: LatencyModel) -> None:
+        self._model = model
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        learned = GaugeMetricFamily(
+            "epp_latency_model",
+            "The latency model's current values per endpoint, by parameter "
+            "(overhead_ms, prefill_ms_per_token, decode_ms_per_token, "
+            "decode_ms_per_running, slot_s, slots, ttft_abs_error_ms).",
+            labels=["endpoint", "parameter"],
+        )
+        for address in sorted(self._model.addresses()):
+            values = self._model.status(address) or {}
+            for name, value in values.items():
+                if value is not None and name not in ("ttft_samples", "completions"):
+                    learned.add_metric([address, name], float(value))
+        yield learned

@@ -6,9 +6,10 @@ endpoint's metrics (keeping its last ORCA values, which come from another source
 A failed scrape (connect error, timeout, non-200, unparsable page, unknown engine)
 counts in ``epp_scrape_failures_total{endpoint}`` and leaves the metrics alone, so their
 ``updated_at`` stops advancing and the scheduler's staleness bound takes over. When the
-server cannot be reached at all (connect error, timeout) ``on_unreachable`` is also told,
-which is how failure ejection (:mod:`epp.datalayer.ejection`) hears of dead servers
-that get no traffic.
+server cannot be reached at all (connect error; a timeout, marked ``slow``)
+``on_unreachable`` is also told, which is how failure ejection
+(:mod:`epp.datalayer.ejection`) hears of dead servers that get no traffic; a scrape
+that worked tells ``on_success`` (the server is alive: its failure count starts over).
 
 Logging stays quiet at 20 scrapes a second: a warning when an endpoint starts failing,
 debug while it keeps failing, info when it recovers.
@@ -33,6 +34,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol
 
 import aiohttp
 
@@ -53,10 +55,12 @@ REQUEST_HEADERS = {"Accept": "text/plain; version=0.0.4", "Accept-Encoding": "id
 
 def stretch_ceiling(stale_after_s: float, timeout_s: float, jitter: float) -> float:
     """The longest interval the budget may stretch to: an endpoint whose scrape fails
-    once, waiting out ``timeout_s``, is still fresh, because two waits (each up to
-    ``jitter`` longer than the interval) and the timeout fit within ``stale_after_s``.
-    0 (no stretching) when the timeout alone takes that long."""
-    return max(stale_after_s - timeout_s, 0.0) / (2 * (1 + jitter))
+    once, within ``timeout_s`` or half of ``stale_after_s`` (whichever is shorter), is
+    still fresh, because two waits (each up to ``jitter`` longer than the interval) and
+    that failure fit within ``stale_after_s``. A scrape slower than half the staleness
+    bound lets the metrics go stale whatever the interval, which is what the bound is
+    for; it must not stop the budget from working."""
+    return (stale_after_s - min(timeout_s, stale_after_s / 2)) / (2 * (1 + jitter))
 
 
 def scrape_interval(base_s: float, endpoints: int, max_per_s: float, ceiling_s: float) -> float:
@@ -66,6 +70,13 @@ def scrape_interval(base_s: float, endpoints: int, max_per_s: float, ceiling_s: 
     if max_per_s <= 0:
         return base_s
     return max(base_s, min(endpoints / max_per_s, ceiling_s))
+
+
+class Unreachable(Protocol):
+    """Told (address, reason, slow) when a scrape could not reach the server; ``slow``:
+    it timed out rather than being refused."""
+
+    def __call__(self, address: str, reason: str, slow: bool, /) -> None: ...
 
 
 class ScrapeError(Exception):
@@ -87,7 +98,8 @@ class MetricsScraper:
         jitter: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
-        on_unreachable: Callable[[str, str], None] | None = None,
+        on_unreachable: Unreachable | None = None,
+        on_success: Callable[[str], None] | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -104,6 +116,7 @@ class MetricsScraper:
         self._scrapes = eppmetrics.scrapes
         # told (address, reason) when a server cannot be reached at all (failure ejection)
         self._on_unreachable = on_unreachable
+        self._on_success = on_success
         self._base_s = interval_s
         self._max_per_s = max_per_s
         self._ceiling_s = stretch_ceiling(stale_after_s, timeout_s, jitter)
@@ -170,7 +183,9 @@ class MetricsScraper:
         except asyncio.CancelledError:
             raise
         except TimeoutError:
-            self._failed(address, f"no answer within {self._timeout_s:g}s", unreachable=True)
+            self._failed(
+                address, f"no answer within {self._timeout_s:g}s", unreachable=True, slow=True
+            )
             return False
         except (aiohttp.ClientConnectionError, OSError) as exc:
             self._failed(address, _reason(exc), unreachable=True)
@@ -188,6 +203,8 @@ class MetricsScraper:
         if state.metrics is not None and state.metrics.orca:
             metrics = replace(metrics, orca=state.metrics.orca)
         self._datastore.update_metrics(address, metrics)
+        if self._on_success is not None:
+            self._on_success(address)
         if address in self._failing:
             self._failing.discard(address)
             log.info("scraping %s%s works again", address, METRICS_PATH)
@@ -210,10 +227,11 @@ class MetricsScraper:
         reason: str,
         exc_info: BaseException | None = None,
         unreachable: bool = False,
+        slow: bool = False,
     ) -> None:
         self._failures.labels(address).inc()
         if unreachable and self._on_unreachable is not None:
-            self._on_unreachable(address, f"scrape: {reason}")
+            self._on_unreachable(address, f"scrape: {reason}", slow)
         if address in self._failing:
             log.debug("scraping %s%s failed again: %s", address, METRICS_PATH, reason)
             return

@@ -68,6 +68,8 @@ class CoordinatorEnv:
     client: LegClient
     rng: random.Random
     bootstrap_port: int | None = None
+    # told the address of a prefill server that answered a leg well (failure accounting)
+    on_success: Callable[[str], None] | None = None
 
 
 class PrefillLegs:
@@ -83,9 +85,16 @@ class PrefillLegs:
         self.env.metrics.prefill_legs.labels(self.coordinator, outcome).inc()
 
     async def run(
-        self, h: Handoff, doc: Mapping[str, Any], connected: asyncio.Event | None = None
+        self,
+        h: Handoff,
+        doc: Mapping[str, Any],
+        connected: asyncio.Event | None = None,
+        *,
+        count_ok: bool = True,
     ) -> LegResult | None:
-        """The prefill's answer, or None when the decode endpoint must prefill alone."""
+        """The prefill's answer, or None when the decode endpoint must prefill alone.
+        Each leg is counted once: ``count_ok=False`` leaves a 2xx leg's outcome to the
+        caller, which still has to judge the answer."""
         ticket = self.env.datastore.acquire(h.prefill.address, h.request.prompt_tokens)
         # the id Envoy's client sent, or the one the EPP generated for both legs
         headers = {**h.request.headers, "x-request-id": h.request.request_id}
@@ -117,7 +126,10 @@ class PrefillLegs:
                 result.status,
             )
             return None
-        self.count("ok")
+        if self.env.on_success is not None:
+            self.env.on_success(h.prefill.address)
+        if count_ok:
+            self.count("ok")
         return result
 
 
@@ -150,12 +162,12 @@ class NixlCoordinator:
         self.legs = PrefillLegs(env, self.name)
 
     async def hand_off(self, handoff: Handoff) -> DecodeLeg:
-        result = await self.legs.run(handoff, bodies.nixl_prefill(handoff.doc))
+        result = await self.legs.run(handoff, bodies.nixl_prefill(handoff.doc), count_ok=False)
         if result is None:
             return DecodeLeg()
         params = bodies.returned_kv_params(result.json())
+        self.legs.count("ok" if params is not None else "no_kv_params")
         if params is None:
-            self.legs.count("no_kv_params")
             log.warning(
                 "request %s: prefill on %s returned no kv_transfer_params; decode alone",
                 handoff.request.request_id,

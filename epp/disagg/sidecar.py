@@ -8,6 +8,11 @@ to its decode server, streamed back. A prefill answer of 400-451 goes back to th
 client; any other prefill failure falls back to plain decode (the decode server
 computes the prefill itself). Requests without the header, and every other path
 (/metrics, /health, /v1/models), pass straight through.
+
+It calls only prefill servers it can vouch for, since anyone who reaches it can set the
+header: with ``--epp-url``, the prefill members the EPP lists in its ``/status`` (read
+again when a request names one it does not know, at most once a second); and those in
+the ``--allow-prefiller`` networks, which default to loopback when no EPP is given.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 import ipaddress
 import logging
 import signal
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +41,14 @@ from epp.types import Endpoint, parse_host_port
 
 log = logging.getLogger("epp.sidecar")
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+LOOPBACK: tuple[Network, ...] = (
+    ipaddress.ip_network("127.0.0.0/8"),
+    ipaddress.ip_network("::1/128"),
+)
+# a request naming an unknown prefiller re-reads the EPP's /status at most this often
+EPP_REFRESH_S = 1.0
+
 # RFC 9110 §7.6.1 connection-specific fields, plus what aiohttp sets itself
 _HOP_BY_HOP = frozenset(
     {
@@ -51,19 +65,24 @@ class Sidecar:
         self,
         decode: Endpoint,
         legs: LegClient,
-        allowed: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = (),
+        allowed: Sequence[Network] = LOOPBACK,
+        epp_url: str | None = None,
     ) -> None:
         self.decode = decode
         self.legs = legs
-        # prefill servers this sidecar may call (empty: any, as llm-d's sidecar)
+        # networks whose prefill servers this sidecar may call
         self.allowed = tuple(allowed)
+        # the EPP whose /status lists the prefill servers it may call, and that list
+        self.epp_url = epp_url.rstrip("/") if epp_url else None
+        self._epp_prefill: frozenset[str] = frozenset()
+        self._epp_read_at = float("-inf")
         self.session: aiohttp.ClientSession | None = None
         self.stats = {
             "proxied": 0, "prefill_legs": 0, "fallbacks": 0, "rejected": 0, "refused": 0,
         }  # fmt: skip
         # prefill_legs: answered 2xx with kv_transfer_params; fallbacks: decoded alone
         # (prefill unreachable, failed or answered without params); rejected: 400-451;
-        # refused: the named prefill server is outside --allow-prefiller
+        # refused: the named prefill server is neither an EPP member nor allowed
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(
@@ -102,9 +121,14 @@ class Sidecar:
             return body
         if not isinstance(doc, dict):
             return body
-        if self.allowed and not self._allowed(host):
+        if not await self._vouched_for(host, port):
             self.stats["refused"] += 1
-            log.warning("request %s: prefiller %s is not allowed; decoding alone", rid, prefiller)
+            log.warning(
+                "request %s: prefiller %s is not %s; decoding alone",
+                rid,
+                prefiller,
+                "a prefill member of the EPP nor allowed" if self.epp_url else "allowed",
+            )
             return body
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
@@ -132,12 +156,38 @@ class Sidecar:
         self.stats["prefill_legs"] += 1
         return orjson.dumps(bodies.nixl_decode(doc, params))
 
-    def _allowed(self, host: str) -> bool:
+    async def _vouched_for(self, host: str, port: int) -> bool:
         try:
             ip = ipaddress.ip_address(host)
         except ValueError:  # a name, not an address: never on an allow list
             return False
-        return any(ip in net for net in self.allowed)
+        if any(ip in net for net in self.allowed):
+            return True
+        if self.epp_url is None:
+            return False
+        address = f"[{ip.compressed}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+        if address not in self._epp_prefill and time.monotonic() - self._epp_read_at >= (
+            EPP_REFRESH_S
+        ):
+            await self._read_epp()
+        return address in self._epp_prefill
+
+    async def _read_epp(self) -> None:
+        """Re-read the EPP's prefill members; on failure keep the last list."""
+        assert self.session is not None
+        self._epp_read_at = time.monotonic()
+        url = f"{self.epp_url}/status"
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                doc = await resp.json(content_type=None) if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("cannot read the EPP's prefill members from %s: %s", url, exc)
+            return
+        nodes = doc.get("prefill_nodes") if isinstance(doc, dict) else None
+        if not isinstance(nodes, list):
+            log.warning("%s did not answer an EPP /status document; keeping the last", url)
+            return
+        self._epp_prefill = frozenset(n for n in nodes if isinstance(n, str))
 
     async def _to_decode(self, request: web.Request, body: bytes) -> web.StreamResponse:
         assert self.session is not None
@@ -156,17 +206,21 @@ class Sidecar:
             for k, v in upstream.headers.items():
                 if k.lower() not in drop:
                     response.headers.add(k, v)
-            await response.prepare(request)
             try:
+                await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
+                await response.write_eof()
+            except ConnectionResetError:  # before aiohttp's ClientError: it is one too
+                # the client closed while we were relaying (a scraper's timeout, a
+                # client that gave up): expected, nobody left to answer
+                log.info("client closed %s %s before its answer was relayed", request.method,
+                         request.path)  # fmt: skip
             except (aiohttp.ClientError, TimeoutError) as exc:
                 # headers are out: all we can do is cut the stream short, visibly
                 log.warning("decode server %s failed mid-response: %s", self.decode.address, exc)
                 if request.transport is not None:
                     request.transport.close()
-                return response
-            await response.write_eof()
             return response
 
 
@@ -197,7 +251,13 @@ def make_app(sidecar: Sidecar) -> web.Application:
     return app
 
 
-def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+def _url(text: str) -> str:
+    if not text.startswith(("http://", "https://")) or len(text.split("//", 1)[1]) == 0:
+        raise ValueError(f"expected http://HOST:PORT, got {text!r}")
+    return text
+
+
+def _network(text: str) -> Network:
     return ipaddress.ip_network(text, strict=False)
 
 
@@ -224,23 +284,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest to wait to reach the prefill server before decoding alone",
     )
     parser.add_argument(
+        "--epp-url",
+        type=argtypes.checked(_url),
+        metavar="URL",
+        help="the EPP's HTTP port (e.g. http://epp:9090): call the prefill servers its "
+        "/status lists",
+    )
+    parser.add_argument(
         "--allow-prefiller",
         action="append",
         type=argtypes.checked(_network),
         default=[],
         metavar="CIDR",
-        help="only call prefill servers in this network (repeatable; default: any, so keep "
-        "the sidecar reachable only from Envoy)",
+        help="also call prefill servers in this network (repeatable; default: loopback "
+        "only, and none when --epp-url is given)",
     )
     parser.add_argument("--ready-file", help="write {host, port} as JSON here once listening")
     add_log_level(parser)
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    allowed = args.allow_prefiller or (() if args.epp_url else LOOPBACK)
     sidecar = Sidecar(
         args.decode,
         LegClient(args.connect_timeout_seconds, args.prefill_timeout_seconds),
-        args.allow_prefiller,
+        allowed,
+        args.epp_url,
     )
     await sidecar.start()
     # a client that goes away cancels its handler: no decode leg for nobody

@@ -11,6 +11,7 @@ from epp import argtypes
 from epp.admin.auth import API_KEY_ENV, load_key
 from epp.datalayer.ejection import EjectionPolicy
 from epp.datastore import DEFAULT_DRAIN_TIMEOUT_S
+from epp.discovery.names import DEFAULT_RESOLVE_INTERVAL_S
 from epp.discovery.runtime import WaitPolicy
 
 
@@ -22,6 +23,7 @@ class MembershipOptions:
     ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     state_file: Path | None = None
+    resolve_interval_s: float = DEFAULT_RESOLVE_INTERVAL_S
 
 
 def options(args: argparse.Namespace) -> MembershipOptions:
@@ -34,11 +36,12 @@ def options(args: argparse.Namespace) -> MembershipOptions:
             eject_after=args.eject_after,
             backoff_s=args.eject_backoff_seconds,
             max_backoff_s=max(args.max_eject_backoff_seconds, args.eject_backoff_seconds),
-            max_failures=args.max_failures,
+            remove_after_s=args.remove_after_seconds,
             keep_ejected=args.keep_ejected,
         ),
         drain_timeout_s=args.drain_timeout_seconds,
         state_file=args.state_file,
+        resolve_interval_s=args.resolve_interval_seconds,
     )
 
 
@@ -74,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=argtypes.non_negative_int,
         default=EjectionPolicy.eject_after,
         help="consecutive failures (connect errors, 5xx, unreachable scrapes) that take an "
-        "endpoint out of picking (0 = never eject)",
+        "endpoint out of picking; any success resets the count (0 = never eject)",
     )
     g.add_argument(
         "--eject-backoff-seconds",
@@ -89,11 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest ejection",
     )
     g.add_argument(
-        "--max-failures",
-        type=argtypes.non_negative_int,
-        default=EjectionPolicy.max_failures,
-        help="consecutive failures (including failed re-checks while ejected) after which "
-        "an endpoint is removed from the pool (0 = never)",
+        "--remove-after-seconds",
+        type=argtypes.non_negative_float,
+        default=EjectionPolicy.remove_after_s,
+        help="an ejected endpoint still failing this long after its first ejection is "
+        "removed from the pool (0 = never); it is re-checked until then",
     )
     g.add_argument(
         "--keep-ejected",
@@ -105,6 +108,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=argtypes.non_negative_float,
         default=DEFAULT_DRAIN_TIMEOUT_S,
         help="a removed endpoint's in-flight requests are waited for this long",
+    )
+    g.add_argument(
+        "--resolve-interval-seconds",
+        type=argtypes.non_negative_float,
+        default=DEFAULT_RESOLVE_INTERVAL_S,
+        help="how often servers given by host name are looked up again; a changed "
+        "address replaces the old one, which drains (0 = only at start)",
     )
     g.add_argument(
         "--state-file",

@@ -4,7 +4,9 @@ An added instance is checked at once; if it is not ready it is listed as ``waiti
 and re-checked every ``retry_interval_s`` up to ``max_retries`` times, joining the pool
 on the first success and leaving the list when the retries run out. With a state file,
 the runtime-added instances that are still members are saved after every change and
-re-added (with the same readiness wait) when the EPP starts again.
+re-added (with the same readiness wait) when the EPP starts again. An instance given by
+host name joins under the address the name resolves to, and is followed by the
+:class:`~epp.discovery.names.NameResolver` (its state-file entry keeps the name).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from epp import statefile
+from epp import addresses, statefile
 from epp.datastore import Datastore, Status
+from epp.discovery.names import NameResolver, ResolveError
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)
@@ -51,8 +54,11 @@ class RuntimeMembership:
         *,
         state_file: Path | None = None,
         engine: str = "vllm",
+        resolver: NameResolver | None = None,
     ) -> None:
         self._datastore = datastore
+        self._resolver = resolver if resolver is not None else NameResolver(datastore)
+        self._resolver.on_move(self._moved)
         self._check = check
         self.policy = policy
         self._state_file = state_file
@@ -73,9 +79,25 @@ class RuntimeMembership:
         endpoints = statefile.load(self._state_file, self._engine)
         if endpoints:
             log.info("state file %s: re-adding %d instance(s)", self._state_file, len(endpoints))
-        return [(e.address, await self.add(e)) for e in endpoints]
+        outcomes = []
+        for endpoint in endpoints:
+            try:
+                outcomes.append((endpoint.address, await self.add(endpoint)))
+            except ResolveError as exc:
+                log.error("state file %s: %s; not re-added", self._state_file, exc)
+        return outcomes
 
     async def add(self, endpoint: Endpoint) -> Outcome:
+        """Add (or re-check) ``endpoint``; a host name is resolved first (ResolveError
+        if it does not resolve)."""
+        if not addresses.is_ip(endpoint.host):
+            endpoint = await self._resolver.resolve(endpoint)
+        outcome = await self._add(endpoint)
+        if outcome in (Outcome.ADDED, Outcome.UPDATED, Outcome.WAITING):
+            self._resolver.follow(endpoint)
+        return outcome
+
+    async def _add(self, endpoint: Endpoint) -> Outcome:
         address = endpoint.address
         member = self._datastore.member(address)
         if member is not None and member.status is not Status.DRAINING:
@@ -170,6 +192,12 @@ class RuntimeMembership:
         finally:
             if self._waiters.get(address) is asyncio.current_task():
                 del self._waiters[address]
+
+    def _moved(self, old: str, new: Endpoint) -> None:
+        """A followed name now resolves elsewhere: keep the new address instead."""
+        if self._runtime.pop(old, None) is not None:
+            self._runtime[new.address] = new
+            self._save()
 
     def _remember(self, endpoint: Endpoint) -> None:
         self._runtime[endpoint.address] = endpoint

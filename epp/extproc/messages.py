@@ -22,6 +22,9 @@ from epp.errors import EppError
 # Envoy rejects larger streamed_response chunks; DESIGN.md §1.
 MAX_CHUNK_BYTES = 62_000
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
+# Set on streaming requests (``"stream": true``) so the Envoy config can give them their
+# own per-attempt idle timeout; Envoy removes it before the model server sees it.
+STREAM_HEADER = "x-epp-stream"
 LB_NAMESPACE = "envoy.lb"
 
 _OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD

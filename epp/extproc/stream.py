@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # Client-sent routing headers are never trusted: only the EPP sets them.
 _STRIPPED_PREFIX = "x-gateway-destination-endpoint"
-_STRIPPED_EXACT = frozenset({"x-prefiller-host-port"})
+_STRIPPED_EXACT = frozenset({"x-prefiller-host-port", messages.STREAM_HEADER})
 _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BUFFERED
 _EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
@@ -46,7 +46,7 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # How an ext_proc stream ended: Envoy half-closed it (complete), reset it (cancelled),
 # one of the two (ended: grpc.aio ends the request iterator alike for both), or our
 # handler failed (error).
-StreamEnd = Literal["complete", "cancelled", "ended", "error"]
+StreamEnd = Literal["complete", "cancelled", "ended", "error", "abandoned"]
 
 # What a message gets back: the replies, or (a prefill leg running first) an awaitable.
 Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]]
@@ -83,6 +83,7 @@ class _Request:
     status: int = 0
     served: str = ""  # the endpoint that answered, when Envoy says (upstream.address)
     tail: bytes = b""
+    stream: bool = False  # the client asked for a streamed answer ("stream": true)
 
 
 class ExtProcStream:
@@ -132,9 +133,20 @@ class ExtProcStream:
         return []
 
     def close(self, end: StreamEnd = "complete") -> None:
-        """The stream ended (EOF, cancel or error): release whatever the request holds."""
+        """The stream ended (EOF, cancel or error): release whatever the request holds.
+        An end before the response's (client hung up) is counted as ``abandoned``."""
+        if end in ("complete", "ended") and self._response_unfinished():
+            end = "abandoned"
         self._finish()
         self._router.metrics.streams.labels(end).inc()
+
+    def _response_unfinished(self) -> bool:
+        """Would this stream have seen the response end? Not when Envoy does not send
+        response bodies (``lean``, ``buffered``): their end is the stream's end."""
+        phase = self._envoy.phase
+        if phase is Phase.RESPONSE_BODY:
+            return bool(self._envoy.response_body_mode != ProcessingMode.NONE)
+        return phase is not Phase.DONE and bool(self._req.headers)
 
     # -- request path -------------------------------------------------------------------
     def _on_request_headers(self, msg: HttpHeaders) -> Replies:
@@ -192,6 +204,7 @@ class ExtProcStream:
         request, doc = parse_request(req.request_id, req.headers, body, req.subset)
         routed = self._router.route(request, self._max_destinations)
         req.routed = routed
+        req.stream = request.stream
         self._envoy.phase = Phase.UPSTREAM
         leg = self._router.hand_off(routed, request, doc) if doc is not None else None
         if leg is None or isinstance(leg, DecodeLeg):
@@ -234,11 +247,13 @@ class ExtProcStream:
             extra.append(("content-length", str(len(body))))
         if req.generated_id:
             extra.append(("x-request-id", req.request_id))
+        if req.stream:  # its own per-attempt idle timeout in the Envoy config
+            extra.append((messages.STREAM_HEADER, "true"))
         remove = [
             k
             for k in req.headers
             if (k.startswith(_STRIPPED_PREFIX) and k != messages.DESTINATION_HEADER)
-            or k in _STRIPPED_EXACT
+            or (k in _STRIPPED_EXACT and not (req.stream and k == messages.STREAM_HEADER))
         ]
         destination = routed.result.header_value
         if buffered:  # Envoy holds the body: replace it only if rewritten
@@ -271,11 +286,14 @@ class ExtProcStream:
         return [messages.EMPTY_RESPONSE_HEADERS]
 
     def _on_response_body(self, data: bytes, end: bool) -> list[ProcessingResponse]:
-        self._req.tail = keep_tail(self._req.tail, data)
+        req = self._req
+        routed = req.routed
+        if routed is not None and data and not req.tail:
+            self._router.first_byte_seen(routed)
+        req.tail = keep_tail(req.tail, data)
         if end:
-            usage = find_usage(self._req.tail)
-            if usage is not None:
-                self._router.usage_seen(usage)
+            if routed is not None and not routed.ticket.released:
+                self._router.completed(routed, req.status, req.served, find_usage(req.tail))
             self._finish()
         if self._envoy.response_body_mode == _FULL_DUPLEX:
             return [messages.response_body_echo(data, end)]

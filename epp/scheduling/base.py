@@ -9,10 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from epp.scheduling.columns import CandidateView, FloatArray, candidate_view
+from epp.scheduling.latency import LatencyModel
 from epp.types import EndpointMetrics, EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 
 class Scheduler(Protocol):
+    # what requests cost where: the router teaches it from responses
+    latency: LatencyModel
+
     def schedule(
         self, request: InferenceRequest, snapshot: Snapshot, rng: random.Random
     ) -> SchedulingResult:
@@ -43,6 +47,8 @@ class CycleContext:
     ``now`` is the scheduler's clock reading for the cycle; metrics older than
     ``stale_after_s`` count as unknown load. ``cache`` lets plugins share work within
     the cycle (e.g. the prompt's block hashes, computed once for all profiles).
+    ``latency`` predicts what a request will cost on an endpoint (plugins only read it;
+    the router teaches it from responses).
     """
 
     request: InferenceRequest
@@ -53,6 +59,8 @@ class CycleContext:
     cache: dict[Any, Any] = field(default_factory=dict)
     # candidate lists at least this long are scored with numpy (see ``vectorize``)
     vectorize_from: int = VECTORIZE_FROM
+    # the scheduler's per-endpoint latency model (predictions are a read)
+    latency: LatencyModel = field(default_factory=LatencyModel)
 
     def metrics(self, state: EndpointState) -> EndpointMetrics | None:
         """The endpoint's reported load, or None if never reported or stale."""

@@ -24,7 +24,7 @@ from epp.types import EndpointState, Role, Snapshot
 FloatArray = npt.NDArray[np.float64]
 IndexArray = npt.NDArray[np.intp]
 
-METRIC_FIELDS = ("waiting", "running", "kv_usage")
+METRIC_FIELDS = ("waiting", "running", "kv_usage", "num_blocks", "block_size")
 _ADDRESS = operator.attrgetter("address")
 ROLES = tuple(Role)
 # candidate tuples whose rows a snapshot remembers (a filter returning a new tuple each

@@ -10,7 +10,8 @@ hash -> endpoints so a lookup costs O(blocks matched), not O(endpoints x blocks)
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import xxhash
 
@@ -49,6 +50,9 @@ class PrefixIndex:
         self._bit: dict[str, int] = {}  # address -> its bit (1 << index)
         self._address: dict[int, str] = {}  # bit -> address
         self._free: list[int] = []  # bits of forgotten endpoints, reused first
+        # address -> blocks it holds (len of its LRU), kept in step for fast lookups
+        self._held: dict[str, int] = {}
+        self._held_view = MappingProxyType(self._held)
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """address -> number of leading blocks of ``hashes`` it holds (0s omitted)."""
@@ -95,15 +99,22 @@ class PrefixIndex:
         while len(lru) > limit:
             old, _ = lru.popitem(last=False)
             self._drop(old, bit)
+        self._held[address] = len(lru)
 
     def retain(self, addresses: set[str]) -> None:
         """Forget endpoints not in ``addresses`` (removed from the pool)."""
         for address in [a for a in self._lru if a not in addresses]:
             bit = self._bit.pop(address)
+            del self._held[address]
             for h in self._lru.pop(address):
                 self._drop(h, bit)
             del self._address[bit]
             self._free.append(bit.bit_length() - 1)  # no hash has the bit any more
+
+    @property
+    def held(self) -> Mapping[str, int]:
+        """address -> blocks it is thought to hold (absent: none); a live read-only view."""
+        return self._held_view
 
     def size(self) -> int:
         """Blocks held across all endpoints (memory is proportional to this)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from epp.scheduling.params import ConfigError, Params
-from epp.scheduling.plugins import affinity, filters, load, pd, pickers, prefix
+from epp.scheduling.plugins import affinity, filters, latency, load, pd, pickers, prefix
 from epp.scheduling.scheduler import SingleProfileHandler
 
 Kind = Literal["filter", "scorer", "picker", "handler"]
@@ -61,6 +61,12 @@ def register_builtin_plugins(registry: Registry) -> Registry:
     r("kv-cache-utilization-scorer", "scorer", load.kv_cache_scorer, "more free KV cache")
     r("in-flight-load-scorer", "scorer", load.in_flight_scorer, "fewer EPP in-flight")
     r("prefix-cache-scorer", "scorer", prefix.prefix_cache_scorer, "longest cached prefix")
+    r(
+        "predicted-latency-scorer",
+        "scorer",
+        latency.predicted_latency_scorer,
+        "lowest predicted time to first token",
+    )
     r("lora-affinity-scorer", "scorer", affinity.lora_affinity_scorer, "adapter loaded")
     r("orca-scorer", "scorer", affinity.orca_scorer, "lower ORCA utilisation")
     r("session-affinity-scorer", "scorer", affinity.session_affinity_scorer, "same session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from epp.errors import NoEndpointError, ShedError
 from epp.scheduling.base import (
@@ -14,6 +14,7 @@ from epp.scheduling.base import (
     ProfileRunner,
     RoutingObserver,
 )
+from epp.scheduling.latency import UNCACHED_KEY, LatencyModel
 from epp.scheduling.profile import Profile
 from epp.scheduling.saturation import (
     AdmissionConfig,
@@ -21,7 +22,7 @@ from epp.scheduling.saturation import (
     pool_saturated,
     request_priority,
 )
-from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
+from epp.types import EndpointState, InferenceRequest, Prediction, SchedulingResult, Snapshot
 
 
 class SingleProfileHandler:
@@ -53,12 +54,22 @@ class ProfileScheduler:
     plugins: Mapping[str, object] = field(default_factory=dict)
     # candidate lists this long or longer are scored with numpy (CycleContext.vectorize)
     vectorize_from: int = VECTORIZE_FROM
+    # what a request will cost where: plugins read it, the router teaches it
+    latency: LatencyModel = field(default_factory=LatencyModel)
+    _latency_version: int = field(default=-1, init=False, repr=False)
 
     def schedule(
         self, request: InferenceRequest, snapshot: Snapshot, rng: random.Random
     ) -> SchedulingResult:
         ctx = CycleContext(
-            request, snapshot, self.clock(), rng, self.stale_after_s, {}, self.vectorize_from
+            request,
+            snapshot,
+            self.clock(),
+            rng,
+            self.stale_after_s,
+            {},
+            self.vectorize_from,
+            self.latency,
         )
         candidates = snapshot.endpoints
         if request.subset is not None:
@@ -76,10 +87,33 @@ class ProfileScheduler:
                 "retry later",
                 code="shed",
             )
-        return self.handler.run(ctx, self.profiles, candidates)
+        result = self.handler.run(ctx, self.profiles, candidates)
+        return replace(result, prediction=self._predict(ctx, result))
+
+    def _predict(self, ctx: CycleContext, result: SchedulingResult) -> Prediction | None:
+        """The latency model's expectation on the primary target, with the uncached
+        tokens a latency scorer estimated there (else the whole prompt), and whether it
+        meets the request's SLO headers."""
+        primary = ctx.snapshot.state(result.primary.address)
+        if primary is None:
+            return None
+        request = ctx.request
+        uncached = ctx.cache.get(UNCACHED_KEY, {}).get(primary.address, request.prompt_tokens)
+        in_flight = ctx.snapshot.in_flight.get(primary.address, 0)
+        self.latency.observe_load(primary, ctx.metrics(primary))
+        pred = self.latency.predict(primary, ctx.metrics(primary), in_flight, uncached)
+        if request.slo_ttft_ms is None and request.slo_tpot_ms is None:
+            return pred
+        meets = (request.slo_ttft_ms is None or pred.ttft_s * 1000 <= request.slo_ttft_ms) and (
+            request.slo_tpot_ms is None or pred.tpot_s * 1000 <= request.slo_tpot_ms
+        )
+        return replace(pred, meets_slo=meets)
 
     def on_routed(
         self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
     ) -> None:
+        if snapshot.version != self._latency_version:  # membership changed
+            self._latency_version = snapshot.version
+            self.latency.retain({s.address for s in snapshot.endpoints})
         for observer in self.observers:
             observer.on_routed(request, result, snapshot)

@@ -7,6 +7,10 @@ Healthy members are ``HEALTHY``, ejected ones ``UNHEALTHY`` (Envoy's fallback po
 skips them), draining ones ``DRAINING`` (no new requests, open ones finish); waiting
 members are not listed, as Envoy must not route to them.
 
+Envoy rejects a whole update if one endpoint's address is not an IP literal (e.g. a host
+name) or cannot be connected to, so every member is checked before it is sent
+(:func:`eds_problem`): one bad member is left out and reported, never the pool.
+
 Transport-agnostic: both gRPC transports feed :meth:`EdsServer.stream` the requests
 of one call and send what it yields.
 """
@@ -14,6 +18,7 @@ of one call and send what it yields.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections.abc import AsyncIterator, Iterable
 
@@ -42,8 +47,31 @@ _HEALTH = {
 }
 
 
-def load_assignment(cluster: str, members: Iterable[Member]) -> ClusterLoadAssignment:
-    """The cluster's endpoints as Envoy should know them (pure)."""
+def eds_problem(host: str, port: int) -> str | None:
+    """Why Envoy would reject this endpoint, or None if it would take it (pure)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return f"{host!r} is not an IP address (Envoy's EDS takes no host names)"
+    if ip.is_unspecified:
+        return f"{host} is the unspecified address, not one to connect to"
+    if not 0 < port < 65536:
+        return f"port {port} is outside 1-65535"
+    return None
+
+
+def load_assignment(
+    cluster: str, members: Iterable[Member], left_out: dict[str, str] | None = None
+) -> ClusterLoadAssignment:
+    """The cluster's endpoints as Envoy should know them (pure); members Envoy would
+    reject are not listed, and go into ``left_out`` (address -> why)."""
+    listed = []
+    for m in members:
+        problem = eds_problem(m.endpoint.host, m.endpoint.port)
+        if problem is None:
+            listed.append(m)
+        elif left_out is not None:
+            left_out[m.address] = problem
     lb_endpoints = [
         LbEndpoint(
             endpoint=Endpoint(
@@ -55,7 +83,7 @@ def load_assignment(cluster: str, members: Iterable[Member]) -> ClusterLoadAssig
             ),
             health_status=_HEALTH[m.status],
         )
-        for m in members
+        for m in listed
         if m.status in _HEALTH
     ]
     return ClusterLoadAssignment(
@@ -69,6 +97,7 @@ class EdsServer:
         self.cluster = cluster
         self._wakes: set[asyncio.Event] = set()
         self._closed = False
+        self._reported: set[str] = set()  # members left out of the last assignment
         datastore.on_change(self._wake_all)
 
     def close(self) -> None:
@@ -119,7 +148,9 @@ class EdsServer:
                 if not subscribed.is_set() or version == sent:
                     continue
                 nonce += 1
-                assignment = load_assignment(self.cluster, self._datastore.members())
+                left_out: dict[str, str] = {}
+                assignment = load_assignment(self.cluster, self._datastore.members(), left_out)
+                self._report(left_out)
                 response = DiscoveryResponse(
                     version_info=str(version), type_url=EDS_TYPE_URL, nonce=str(nonce)
                 )
@@ -130,6 +161,13 @@ class EdsServer:
             self._wakes.discard(wake)
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
+
+    def _report(self, left_out: dict[str, str]) -> None:
+        """Log each member left out of the assignment once (until it is fixed)."""
+        for address, why in left_out.items():
+            if address not in self._reported:
+                log.error("EDS: not sending %s to Envoy: %s; left out", address, why)
+        self._reported = set(left_out)
 
     def _wake_all(self) -> None:
         for wake in self._wakes:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +18,7 @@ from epp.procs import ManagedProcess
 from epp.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import open_raw_post, request
+from tests.support.load import Load
 from tests.support.wait import wait_for
 
 KEY = "test-admin-key"
@@ -40,7 +40,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
             "--max-waiting-retries", "100",
             "--eject-backoff-seconds", "0.3",
             "--max-eject-backoff-seconds", "0.6",
-            "--max-failures", "0",
+            "--remove-after-seconds", "0",
         ],
     )  # fmt: skip
     with LocalStack(opts) as s:
@@ -171,45 +171,26 @@ def test_killed_server_costs_no_client_error_and_comes_back(stack: LocalStack) -
     victim, address = new_sim(stack, "victim")
     admin(stack, "/instances/add", {"type": "decode", "instance": address})
     wait_for(lambda: envoy_hosts(stack).get(address) == "healthy", what="EDS update in Envoy")
-    results: list[tuple[int, str]] = []
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            try:
-                status, headers, _ = request(f"{stack.envoy_url}/v1/completions", BODY)
-            except OSError as exc:  # a reset or dropped connection is a client error too
-                results.append((0, f"{type(exc).__name__}: {exc}"))
-                continue
-            results.append((status, headers.get("x-sim-instance", "")))
-
-    workers = [threading.Thread(target=load) for _ in range(6)]
-    for w in workers:
-        w.start()
-    try:
-        wait_for(lambda: any(s == address for _, s in results), what="load on the victim")
+    with Load(f"{stack.envoy_url}/v1/completions", [BODY] * 6) as load:
+        wait_for(lambda: load.served_by(address), what="load on the victim")
         victim.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
         victim.proc.wait()  # type: ignore[union-attr]
         killed = time.monotonic()
         wait_for(lambda: states(stack)[address] == "ejected", timeout=5, what="ejection")
         ejected_after = time.monotonic() - killed
         wait_for(lambda: "failed_eds_health" in envoy_hosts(stack)[address], what="EDS: unhealthy")
-        served_while_dead = len(results)
-        wait_for(lambda: len(results) > served_while_dead + 30, what="load after the kill")
+        served_while_dead = len(load.results)
+        wait_for(lambda: len(load.results) > served_while_dead + 30, what="load after the kill")
         new_sim(stack, "victim-again", int(address.rsplit(":", 1)[1]))
         wait_for(lambda: states(stack)[address] == "healthy", what="reinstatement")
         wait_for(lambda: envoy_hosts(stack)[address] == "healthy", what="EDS: healthy")
-        back = len(results)
-        wait_for(lambda: any(s == address for _, s in results[back:]), what="traffic again")
-    finally:
-        stop.set()
-        for w in workers:
-            w.join()
-    errors = [r for r in results if r[0] != 200]
+        back = len(load.results)
+        wait_for(lambda: load.served_by(address, since=back), what="traffic again")
+    errors = load.errors()
     # the numbers the README reports (run with -s to see them)
-    print(f"kill test: {len(results)} requests, {len(errors)} errors, ", end="")
+    print(f"kill test: {len(load.results)} requests, {len(errors)} errors, ", end="")
     print(f"ejected {ejected_after:.3f}s after the kill")
-    assert errors == [] and len(results) > 50
+    assert errors == [] and len(load.results) > 50
     assert ejected_after < 2.0
 
 

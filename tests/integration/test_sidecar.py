@@ -3,14 +3,17 @@ simulator: the NIXL flow, pass-through, and every way the prefill leg can go wro
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from aiohttp import web
 
-from epp.procs import ManagedProcess, start_epp
+from epp.procs import ManagedProcess, epp_argv, start_epp
 from tests.support.http import get_json, request
 from tests.support.sim import SimProc, completion, sims
 
@@ -109,3 +112,89 @@ def test_allow_list_keeps_the_sidecar_from_calling_other_hosts(
         assert after["local_prefills"] == before["local_prefills"] + 1
     finally:
         guarded.stop()
+
+
+def test_by_default_only_loopback_prefill_servers_are_called(
+    pair: tuple[SimProc, SimProc, str],
+) -> None:
+    _, _, url = pair
+    before = get_json(f"{url}/sidecar/stats")["refused"]
+    status, _ = post(url, completion("elsewhere: " + LONG, max_tokens=2), "192.0.2.7:8000")
+    assert status == 200  # decoded alone, without ever connecting to 192.0.2.7
+    assert get_json(f"{url}/sidecar/stats")["refused"] == before + 1
+
+
+def test_with_an_epp_only_its_prefill_members_are_called(
+    pair: tuple[SimProc, SimProc, str], tmp_path: Path
+) -> None:
+    prefill, decode, _ = pair
+    epp = start_epp(
+        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0",
+        "--prefill", f"localhost:{prefill.port}", "--decode", f"127.0.0.1:{decode.port}",
+    )  # fmt: skip
+    sidecar = start_epp(
+        tmp_path, "checked", "sidecar", "--port", "0", "--decode", f"127.0.0.1:{decode.port}",
+        "--epp-url", f"http://127.0.0.1:{epp.info['http_port']}",
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{sidecar.info['port']}"
+        doc = completion("member: " + LONG, max_tokens=2)
+        assert post(url, doc, f"127.0.0.1:{prefill.port}")[0] == 200
+        # the decode server is on loopback but no prefill member of the EPP
+        assert post(url, doc, f"127.0.0.1:{decode.port}")[0] == 200
+        stats = get_json(f"{url}/sidecar/stats")
+        assert (stats["prefill_legs"], stats["refused"]) == (1, 1), stats
+    finally:
+        sidecar.stop()
+        epp.stop()
+
+
+def test_bad_epp_url_is_a_usage_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        epp_argv("sidecar", "--decode", "127.0.0.1:1", "--epp-url", "epp:9090"),
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--epp-url: expected http://HOST:PORT" in result.stderr
+
+
+async def test_a_client_closing_during_metrics_is_logged_as_such(tmp_path: Path) -> None:
+    """A scraper that gives up while the sidecar relays a slow /metrics page: no ERROR
+    traceback in the sidecar's log (an info line when the write fails; usually the
+    handler is cancelled first and nothing is logged: the race is not forced here)."""
+    done = asyncio.Event()
+
+    async def slow_metrics(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        try:
+            for _ in range(40):
+                await response.write(b"# padding " + b"x" * 4000 + b"\n")
+                await asyncio.sleep(0.02)
+        except ConnectionResetError:
+            pass  # the sidecar dropped us when its client went
+        finally:
+            done.set()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", slow_metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    upstream = runner.addresses[0][1]
+    sidecar = start_epp(
+        tmp_path, "relay", "sidecar", "--port", "0", "--decode", f"127.0.0.1:{upstream}"
+    )
+    try:
+        for _ in range(3):
+            done.clear()
+            reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.info["port"])
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            await reader.readexactly(2000)
+            writer.close()  # gone, as a scraper that timed out
+            await asyncio.wait_for(done.wait(), 10)
+    finally:
+        sidecar.stop()
+        await runner.cleanup()
+    log = sidecar.log_tail(1000)
+    assert "Traceback" not in log and "ERROR" not in log, log

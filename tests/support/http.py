@@ -21,7 +21,7 @@ def request(
     try:
         conn.request(
             method or ("POST" if body is not None else "GET"),
-            parts.path or "/",
+            (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
             body=body,
             headers={"content-type": "application/json", **(headers or {})},
         )
@@ -44,6 +44,18 @@ def metric_sum(metrics_text: str, name: str) -> float:
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def metric_samples(metrics_url: str, prefix: str = "epp_") -> dict[str, float]:
+    """Every sample whose name starts with ``prefix`` at ``metrics_url``, keyed by its
+    name with labels as Prometheus text writes them."""
+    _, _, body = request(metrics_url)
+    samples = {}
+    for line in body.decode().splitlines():
+        if line.startswith(prefix):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
 
 
 def epp_in_flight(epp_http_url: str) -> float:

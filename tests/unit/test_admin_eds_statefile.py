@@ -40,7 +40,9 @@ def test_body_forms_accepted() -> None:
         (b'{"type": "decode", "instances": [1]}', "invalid_instances", "non-empty"),
         (b'{"type": "decode", "instance": "10.0.0.1"}', "invalid_instance", "host:port"),
         (b'{"type": "decode", "instance": "10.0.0.1:0"}', "invalid_instance", "1-65535"),
-        (b'{"type": "decode", "instance": "host:80"}', "invalid_instance", "IP address"),
+        (b'{"type": "decode", "instance": "ho_st:80"}', "invalid_instance", "host name"),
+        (b'{"type": "decode", "instance": "0.0.0.0:80"}', "invalid_instance", "127.0.0.1"),
+        (b'{"type": "decode", "instance": "[::]:80"}', "invalid_instance", "any address"),
     ],
 )
 def test_bad_bodies_say_what_is_wrong(body: bytes, code: str, words: str) -> None:

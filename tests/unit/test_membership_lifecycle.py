@@ -7,9 +7,10 @@ import asyncio
 
 import pytest
 
+from epp.admin.instances import status_doc
 from epp.admin.metrics import EppMetrics
 from epp.config import builtin_registry, instantiate, load
-from epp.datalayer.ejection import EjectionPolicy, Ejector
+from epp.datalayer.ejection import EjectionPolicy, Ejector, FailureState
 from epp.datastore import Datastore, Status
 from epp.discovery.runtime import Outcome, RuntimeMembership, WaitPolicy
 from epp.router import Router
@@ -127,7 +128,7 @@ def test_consecutive_failures_eject_and_a_success_resets_the_count() -> None:
     assert A.address in active(ds)
     ej.failure(A.address, "x")
     assert active(ds) == [B.address]
-    assert ej.state(A.address)[1] == pytest.approx(1.0)  # first backoff
+    assert ej.state(A.address).next_probe_in_s == pytest.approx(1.0)  # first backoff
 
 
 def test_eject_after_zero_never_ejects() -> None:
@@ -145,24 +146,24 @@ async def test_backoff_doubles_then_a_passing_probe_reinstates() -> None:
     try:
         backoffs = []
         for _ in range(3):
-            _, wait = ej.state(A.address)
+            wait = ej.state(A.address).next_probe_in_s
             backoffs.append(wait)
             clock.now += wait or 0
-            failures = ej.state(A.address)[0]
-            await until(lambda f=failures: ej.state(A.address)[0] > f, "probe to fail")  # type: ignore[misc]
+            failures = ej.state(A.address).failures
+            await until(lambda f=failures: ej.state(A.address).failures > f, "probe to fail")  # type: ignore[misc]
         assert backoffs == [1.0, 2.0, 3.0]  # doubling, capped
         probes[A.address] = None
         clock.now += 3
         await until(lambda: A.address in active(ds), "reinstatement")
-        assert ej.state(A.address) == (0, None)
+        assert ej.state(A.address) == FailureState()
     finally:
         await ej.stop()
 
 
 @pytest.mark.parametrize("keep", [False, True])
-async def test_removed_after_max_failures_unless_kept(keep: bool) -> None:
+async def test_removed_after_failing_for_remove_after_unless_kept(keep: bool) -> None:
     probes: dict[str, str | None] = {A.address: "down"}
-    policy = EjectionPolicy(eject_after=2, backoff_s=1, max_failures=3, keep_ejected=keep)
+    policy = EjectionPolicy(eject_after=2, backoff_s=1, remove_after_s=2.5, keep_ejected=keep)
     ej, ds, clock = ejector(policy, probes)
     ej.failure(A.address, "x")
     ej.failure(A.address, "x")
@@ -170,14 +171,69 @@ async def test_removed_after_max_failures_unless_kept(keep: bool) -> None:
     try:
         clock.now += 1
         if keep:
-            await until(lambda: ej.state(A.address)[0] >= 3, "third failure")
+            await until(lambda: ej.state(A.address).failures >= 3, "third failure")
             clock.now += 2
-            await until(lambda: ej.state(A.address)[0] >= 4, "fourth failure")
+            await until(lambda: ej.state(A.address).failures >= 4, "fourth failure")
             assert ds.member(A.address).status is Status.EJECTED  # type: ignore[union-attr]
         else:
+            await until(lambda: ej.state(A.address).failures >= 3, "third failure")
+            assert ej.state(A.address).removal_in_s == pytest.approx(1.5)
+            clock.now += 1.5  # the next probe is due at the deadline, not 2 s later
             await until(lambda: ds.member(A.address) is None, "removal")
     finally:
         await ej.stop()
+
+
+def test_a_slow_scrape_is_no_failure_while_the_server_answers() -> None:
+    ej, ds, clock = ejector(EjectionPolicy(eject_after=3, slow_grace_s=30), {})
+    ej.success(A.address)  # e.g. a response below 500
+    for _ in range(10):
+        clock.now += 2
+        ej.failure(A.address, "scrape: no answer within 5s", slow=True)
+    assert A.address in active(ds)
+    clock.now += 30  # nothing good heard for 30 s: timeouts count again
+    for _ in range(3):
+        ej.failure(A.address, "scrape: no answer within 5s", slow=True)
+    assert A.address not in active(ds)
+
+
+async def test_default_removal_outlasts_a_model_server_restart() -> None:
+    """A server down for minutes (a vLLM restart) stays a member, re-checked with
+    capped backoff, and /status says when it would be removed."""
+    probes: dict[str, str | None] = {A.address: "connection refused"}
+    ej, ds, clock = ejector(EjectionPolicy(), probes)
+    for _ in range(EjectionPolicy.eject_after):
+        ej.failure(A.address, "connect failure")
+    ej.start()
+    try:
+        while clock.now < 100 + 300:  # five minutes of failed probes
+            wait = ej.state(A.address).next_probe_in_s
+            assert wait is not None and wait <= EjectionPolicy.max_backoff_s
+            failures = ej.state(A.address).failures
+            clock.now += wait
+            await until(lambda f=failures: ej.state(A.address).failures > f, "a failed probe")  # type: ignore[misc]
+        member = ds.member(A.address)
+        assert member is not None and member.status is Status.EJECTED
+        doc = status_doc(ds, ej.state)["endpoints"][0]
+        assert doc["state"] == "ejected"
+        assert doc["removal_in_s"] == pytest.approx(100 + 600 - clock.now, abs=1e-3)
+        probes[A.address] = None  # back up: the next probe reinstates it
+        clock.now += ej.state(A.address).next_probe_in_s or 0
+        await until(lambda: A.address in active(ds), "reinstated")
+        assert "removal_in_s" not in status_doc(ds, ej.state)["endpoints"][0]
+    finally:
+        await ej.stop()
+
+
+async def test_a_removed_runtime_member_rejoins_when_added_again() -> None:
+    ds = Datastore()
+    answers: dict[str, str | None] = {A.address: None}
+    membership = RuntimeMembership(ds, lambda a: _probe_result(answers, a), WaitPolicy(0.01, 3))
+    assert await membership.add(A) is Outcome.ADDED
+    ds.remove(A.address)  # what removal by failure ejection does
+    assert ds.member(A.address) is None
+    assert await membership.add(A) is Outcome.ADDED
+    assert A.address in active(ds)
 
 
 async def test_ejection_loop_expires_drains() -> None:

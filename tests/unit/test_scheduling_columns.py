@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from epp.config import build_scheduler, builtin_registry
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import Columns, FloatArray, candidate_view, snapshot_columns
+from epp.scheduling.latency import LatencyModel, LatencyPriors
 from epp.scheduling.params import Params
 from epp.scheduling.plugins import filters, pickers, prefix
 from epp.scheduling.profile import Profile, WeightedScorer, clamped
@@ -350,3 +351,46 @@ def test_each_pool_starts_its_next_columns_from_its_own_last_ones() -> None:
     assert b2.row_of_address is b1.row_of_address
     assert a2.fields["waiting"].tolist() == [7, 2, 3, 4]
     assert b2.fields["waiting"].tolist() == [1, 2, 3, 0]
+
+
+@given(endpoint_specs, st.text(alphabet="ab", max_size=200), st.data())
+@settings(max_examples=150)
+def test_the_latency_scorer_gives_the_same_scores_with_numpy(
+    specs: list[tuple[bool, float | None, float | None, float | None, float, int, Role]],
+    prompt: str,
+    data: st.DataObject,
+) -> None:
+    """Predictions from the learned columns equal the per-endpoint ones, with slots
+    known, learned or unknown, small prefix LRUs (eviction costs), SLOs or none."""
+    snap = pool(specs)
+    registry = builtin_registry()
+    index = prefix.prefix_cache_scorer(Params("p", {"blockSize": 1, "lruCapacityPerServer": 64}))
+    for s in snap.endpoints:
+        cut = data.draw(st.integers(0, len(prompt)))
+        index.on_routed(
+            InferenceRequest("r", "m", "/", prompt=prompt[:cut]),
+            SchedulingResult((s.endpoint,)),
+            snap,
+        )
+    scorer = registry.get("predicted-latency-scorer", "t").factory(
+        Params("t", {"evictionWeight": data.draw(st.sampled_from([0.0, 0.5]))})
+    )
+    scorer.bind({"prefix-cache-scorer": index}, [])
+    slots = data.draw(st.sampled_from([None, 1, 4]))
+    model = LatencyModel(LatencyPriors(max_num_seqs=slots))
+    for s in snap.endpoints:  # some endpoints learned their slots from a queue seen
+        if data.draw(st.booleans()):
+            model.observe_load(s, EndpointMetrics(NOW, waiting=1.0, running=2.0))
+        if data.draw(st.booleans()):  # a request seen ending, before or after its report
+            model.request_done(s.address, NOW - data.draw(st.floats(0, 5)))
+    slo = data.draw(st.sampled_from([None, 1.0, 50.0, 1e6]))
+    slo_tpot = data.draw(st.sampled_from([None, 20.6, 21.0]))
+    candidates = data.draw(st.sampled_from([snap.endpoints, list(snap.endpoints[::2])]))
+    scores = []
+    for vectorize_from in (LISTS, NUMPY):
+        req = InferenceRequest(
+            "r", "m", "/v1/completions", prompt=prompt, slo_ttft_ms=slo, slo_tpot_ms=slo_tpot
+        )
+        c = CycleContext(req, snap, NOW, random.Random(0), 2.0, {}, vectorize_from, model)
+        scores.append(unit(scorer.score(c, candidates)))
+    assert scores[0] == pytest.approx(scores[1], rel=1e-9, abs=1e-12)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from epp.scheduling.base import CycleContext
-from epp.scheduling.columns import FloatArray
+from epp.scheduling.columns import CandidateView, FloatArray
 from epp.scheduling.params import Params
 from epp.scheduling.prefixindex import PrefixIndex, block_hashes
 from epp.types import (
@@ -131,6 +133,29 @@ class PrefixCacheScorer:
             state = snapshot.state(target.address)
             capacity = self._capacity(state.metrics if state is not None else None)
             self.index.insert(target.address, hashes, capacity)
+
+    def free_blocks(self, state: EndpointState) -> int:
+        """Blocks (of ours) ``state`` can still cache before it must evict some of
+        what it is thought to hold (its capacity as :meth:`_capacity` reckons it)."""
+        capacity = self._capacity(state.metrics) or self.index.default_capacity
+        return max(capacity - self.index.held.get(state.address, 0), 0)
+
+    def free_blocks_view(self, view: CandidateView) -> FloatArray:
+        """:meth:`free_blocks` for every candidate of ``view`` (numpy; the same numbers)."""
+        # as on_routed sizes the LRUs: the last report, however old
+        fields, rows = view.columns.fields, view.rows
+        num_blocks, block_size = fields["num_blocks"][rows], fields["block_size"][rows]
+        kv = fields["kv_usage"][rows]
+        blocks = num_blocks
+        if self.shrink_with_kv_usage:
+            blocks = np.where(
+                np.isnan(kv), num_blocks, np.floor(num_blocks * (1 - np.clip(kv, 0, 1)))
+            )
+        ours = np.maximum(np.floor(blocks * block_size / self.block_tokens), 1.0)
+        known = (num_blocks > 0) & (block_size > 0)
+        capacity = np.where(known, ours, float(self.index.default_capacity))
+        free: FloatArray = np.maximum(capacity - view.counts(self.index.held), 0.0)
+        return free
 
     def _capacity(self, m: EndpointMetrics | None) -> int | None:
         """Blocks (of ours) the endpoint can keep cached: its KV geometry, less what its

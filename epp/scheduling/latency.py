@@ -1,0 +1,459 @@
+"""A latency model per endpoint, learned online from what the EPP sees (pure: no I/O,
+no clock of its own; callers pass times in seconds).
+
+For one request on one endpoint it predicts the time to first token::
+
+    TTFT = queue wait + overhead + prefill cost per token x uncached prompt tokens
+
+* **Prefill** (``overhead``, ``per token``): a robust line fitted to the TTFTs of
+  requests that found a free slot (no queue), against their uncached prompt tokens
+  (the server's ``usage.prompt_tokens_details.cached_tokens`` when it reports it, else
+  the prefix index's estimate at routing time).
+* **Decode** (time per output token against the running batch): a robust line fitted
+  to (end - first byte) / (output tokens - 1) of streamed responses.
+* **Slot time**: how long a request holds one of the endpoint's slots (prefill +
+  decode), a moving average of what was observed.
+* **Slots** (``max_num_seqs``; vLLM does not export it): an endpoint label or the
+  config, else learned as the highest running count reported while requests waited.
+  Until it is known, only the engine's own reported queue predicts a wait.
+* **Queue wait**: with ``load`` requests on the endpoint (the EPP's in-flight count, or
+  the engine's running + waiting when that is higher) and ``slots`` slots, a newcomer
+  waits for ``load - slots + 1`` slots to free, each freeing every ``slot time / slots``
+  seconds on average.
+
+Until an endpoint has samples, configured priors stand in; each prior weighs as much as
+``priorSamples`` observations, so a few observations move it and many replace it.
+Outliers (a request stuck behind a GC pause, a retried request) are trimmed from each fit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from epp.scheduling.columns import CandidateView, FloatArray, IndexArray
+from epp.types import EndpointMetrics, EndpointState, Prediction
+
+# An endpoint label that sets how many sequences the server runs at once (vLLM's
+# --max-num-seqs), for pools whose servers differ and whose queues the EPP cannot see.
+MAX_NUM_SEQS_LABEL = "epp.dev/max-num-seqs"
+# a TTFT this far (at least) above its prefill says the request queued for a slot
+QUEUED_MIN_S = 0.03
+# CycleContext.cache key where a scorer leaves address -> uncached prompt tokens, so the
+# scheduler's prediction for the chosen endpoint uses the same estimate
+UNCACHED_KEY = "latency/uncached"
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyPriors:
+    """The ``latencyModel`` config section: what the model assumes before it has seen
+    an endpoint serve (every default written here once)."""
+
+    overhead_ms: float = 10.0  # fixed time to first token of every request
+    prefill_ms_per_token: float = 0.1  # per uncached prompt token
+    decode_ms_per_token: float = 20.0  # time per output token with an empty batch
+    decode_ms_per_running: float = 0.5  # added per running sequence
+    output_tokens: float = 128.0  # mean output length, for the first slot-time guess
+    prior_samples: float = 4.0  # how many observations each prior weighs
+    window: int = 128  # observations kept per endpoint for each fit
+    max_num_seqs: int | None = None  # slots of every endpoint; None = label, else learn
+
+
+class RobustLine:
+    """``y = a + b x`` over a window of observations, pulled toward a prior line and
+    refitted without the points whose residuals are far beyond the typical one.
+
+    The prior enters as pseudo-observations, half at ``x = 0`` and half at ``x = x_ref``,
+    so it fixes both the intercept and the slope until data do. The fit
+    never returns a negative intercept or slope (costs cannot be negative)."""
+
+    __slots__ = ("_points", "a", "a0", "b", "b0", "weight", "x_ref")
+
+    def __init__(self, a0: float, b0: float, x_ref: float, weight: float, window: int) -> None:
+        self.a0, self.b0, self.x_ref, self.weight = a0, b0, x_ref, weight
+        self.a, self.b = a0, b0
+        self._points: deque[tuple[float, float]] = deque(maxlen=max(window, 2))
+
+    @property
+    def samples(self) -> int:
+        return len(self._points)
+
+    def __call__(self, x: float) -> float:
+        return self.a + self.b * x
+
+    def add(self, x: float, y: float) -> None:
+        if not (math.isfinite(x) and math.isfinite(y)):
+            return
+        self._points.append((x, y))
+        points = list(self._points)
+        a, b = self._fit(points)
+        for _ in range(2):  # trim what lies far beyond the typical residual, refit
+            if len(points) < 8:  # too few to tell an outlier from the rest
+                break
+            residuals = [abs(py - a - b * px) for px, py in points]
+            spread = sorted(residuals)[len(residuals) // 2] * 1.4826  # MAD -> sigma
+            limit = 3.0 * max(spread, 1e-3 * max(abs(a), 1e-3))
+            kept = [p for p, r in zip(points, residuals, strict=True) if r <= limit]
+            if len(kept) == len(points):
+                break
+            points = kept
+            a, b = self._fit(points)
+        self.a, self.b = a, b
+
+    def _fit(self, points: Iterable[tuple[float, float]]) -> tuple[float, float]:
+        """Weighted least squares over the points plus the prior's pseudo-points, whose
+        weight fades as points accumulate (``weight`` while there are fewer, then
+        ``weight^2 / points``): a wrong prior must not bias a well-fed fit."""
+        points = list(points)
+        weight = self.weight * min(1.0, self.weight / max(len(points), 1))
+        half = weight / 2
+        x_ref, y_ref = self.x_ref, self.a0 + self.b0 * self.x_ref
+        n = 2 * half
+        sx = half * x_ref
+        sy = half * self.a0 + half * y_ref
+        sxx = half * x_ref * x_ref
+        sxy = half * x_ref * y_ref
+        for x, y in points:
+            n += 1
+            sx += x
+            sy += y
+            sxx += x * x
+            sxy += x * y
+        det = n * sxx - sx * sx
+        if n <= 0 or det <= 1e-12 * max(n * sxx, 1e-300):
+            mean = sy / n if n > 0 else self.a0
+            return max(mean - self.b0 * (sx / n if n > 0 else 0.0), 0.0), self.b0
+        b = (n * sxy - sx * sy) / det
+        if b < 0:  # a cost cannot fall with size: the best flat line instead
+            return max(sy / n, 0.0), 0.0
+        a = (sy - b * sx) / n
+        if a < 0:  # through the origin instead
+            return 0.0, max(sxy / sxx, 0.0) if sxx > 0 else self.b0
+        return a, b
+
+
+@dataclass(slots=True)
+class EndpointLatency:
+    """One endpoint's learned latencies (seconds)."""
+
+    prefill: RobustLine  # TTFT without a queue, against uncached prompt tokens
+    decode: RobustLine  # time per output token, against the running batch
+    slot_s: float  # mean time a request holds a slot (moving average)
+    configured_slots: int | None = None
+    learned_slots: int = 0  # highest running count reported while requests waited
+    running_seen: int = 0  # highest running count ever reported: slots are at least this
+    queued_at: int = 0  # fewest requests on it at which a request was seen to queue
+    # when the EPP last saw a request end there: an older report still counts it
+    last_done: float = -math.inf
+    ttft_samples: int = 0
+    completions: int = 0
+    abs_error_s: float = 0.0  # moving average of |observed - predicted| TTFT
+
+    @property
+    def slots(self) -> int | None:
+        """Sequences it runs at once: configured, else the running count reported while
+        requests waited, else the load at which a request was seen to queue (never below
+        a running count reported), else unknown."""
+        if self.configured_slots or self.learned_slots:
+            return self.configured_slots or self.learned_slots
+        return max(self.queued_at, self.running_seen) if self.queued_at else None
+
+    @property
+    def surely_free(self) -> int:
+        """Below this many requests on it, a newcomer certainly finds a free slot."""
+        return self.configured_slots or self.learned_slots or max(self.running_seen, 1)
+
+    def wait_s(self, load: float, waiting: float, running: float) -> float:
+        """Expected queue wait of a request arriving behind ``load`` requests (the
+        engine reporting ``waiting`` and ``running``, 0 when unknown)."""
+        slots = self.slots
+        if slots is not None:
+            ahead = load - slots + 1
+            return ahead * self.slot_s / slots if ahead > 0 else 0.0
+        # slots unknown: only the engine's own queue says the endpoint is full
+        if waiting <= 0:
+            return 0.0
+        return (waiting + 1) * self.slot_s / max(running, 1.0)
+
+
+@dataclass(slots=True)
+class Dispatch:
+    """A request as it left for an endpoint: what the model needs to learn from how it
+    went (kept by the caller, handed back to :meth:`LatencyModel.observe`)."""
+
+    address: str
+    sent_at: float
+    prediction: Prediction
+    prompt_tokens: int
+    streaming: bool
+    first_byte_at: float | None = None
+
+
+class LatencyModel:
+    """Every endpoint's :class:`EndpointLatency`, created on first use from the priors.
+
+    The values the predictions use are also kept as columns (one row per endpoint), so
+    :meth:`predict_view` prices 1,000 candidates with a few numpy operations; a row is
+    rewritten whenever its endpoint learns something."""
+
+    _COLUMNS = ("overhead", "rate", "slot_s", "slots", "last_done")  # slots: 0 = unknown
+
+    def __init__(self, priors: LatencyPriors | None = None) -> None:
+        self.priors = priors or LatencyPriors()
+        self._endpoints: dict[str, EndpointLatency] = {}
+        self._row: dict[str, int] = {}
+        self._free_rows: list[int] = []
+        self._columns = {name: np.zeros(8) for name in self._COLUMNS}
+        self._epoch = 0  # bumped when rows are handed out or freed
+        # (id(addresses), epoch) -> (addresses, model rows): held, so the id stays unique
+        self._rows_memo: dict[tuple[int, int], tuple[tuple[str, ...], IndexArray]] = {}
+
+    def endpoint(self, state: EndpointState) -> EndpointLatency:
+        found = self._endpoints.get(state.address)
+        if found is None:
+            found = self._create(state)
+        return found
+
+    def _create(self, state: EndpointState) -> EndpointLatency:
+        p = self.priors
+        model = self._endpoints[state.address] = EndpointLatency(
+            prefill=RobustLine(
+                p.overhead_ms / 1000,
+                p.prefill_ms_per_token / 1000,
+                1000.0,
+                p.prior_samples,
+                p.window,
+            ),
+            decode=RobustLine(
+                p.decode_ms_per_token / 1000,
+                p.decode_ms_per_running / 1000,
+                16.0,
+                p.prior_samples,
+                p.window,
+            ),
+            slot_s=(p.overhead_ms + p.output_tokens * p.decode_ms_per_token) / 1000,
+            configured_slots=_configured_slots(state, p),
+        )
+        if self._free_rows:
+            row = self._free_rows.pop()
+        else:
+            row = len(self._row)
+            size = len(self._columns["overhead"])
+            if row >= size:
+                for name, column in self._columns.items():
+                    self._columns[name] = np.concatenate([column, np.zeros(size)])
+        self._row[state.address] = row
+        self._epoch += 1
+        self._rows_memo.clear()
+        self._sync(state.address, model)
+        return model
+
+    def _sync(self, address: str, model: EndpointLatency) -> None:
+        row = self._row[address]
+        cols = self._columns
+        cols["overhead"][row] = model.prefill.a
+        cols["rate"][row] = model.prefill.b
+        cols["slot_s"][row] = model.slot_s
+        cols["slots"][row] = model.slots or 0
+        cols["last_done"][row] = model.last_done
+
+    def get(self, address: str) -> EndpointLatency | None:
+        return self._endpoints.get(address)
+
+    def retain(self, addresses: set[str]) -> None:
+        """Forget endpoints that left the pool."""
+        gone = [a for a in self._endpoints if a not in addresses]
+        for address in gone:
+            del self._endpoints[address]
+            self._free_rows.append(self._row.pop(address))
+        if gone:
+            self._epoch += 1
+            self._rows_memo.clear()
+
+    def predict(
+        self,
+        state: EndpointState,
+        metrics: EndpointMetrics | None,
+        in_flight: int,
+        uncached_tokens: int,
+    ) -> Prediction:
+        """TTFT of a request with ``uncached_tokens`` to prefill on this endpoint now
+        (``metrics``: its fresh report or None; ``in_flight``: the EPP's count there)."""
+        model = self.endpoint(state)
+        waiting = running = 0.0
+        if metrics is not None and metrics.updated_at > model.last_done:
+            waiting, running = _known(metrics.waiting), _known(metrics.running)
+        load = max(in_flight, math.ceil(running + waiting))
+        wait = model.wait_s(load, waiting, running)
+        slots = model.slots
+        batch = min(load + 1, slots) if slots else load + 1
+        return Prediction(
+            ttft_s=wait + model.prefill(uncached_tokens),
+            wait_s=wait,
+            uncached_tokens=uncached_tokens,
+            tpot_s=model.decode(batch),
+            load=load,
+        )
+
+    def predict_view(
+        self, view: CandidateView, in_flight: Mapping[str, int], uncached: FloatArray
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """:meth:`predict` for every candidate of ``view`` at once: (TTFT, load, prefill
+        rate per token) arrays, the same numbers as the scalar path."""
+        rows = self._rows(view)
+        cols = self._columns
+        # a report older than the last request the EPP saw end there still counts it:
+        # then the EPP's own count is the better one
+        newer = view.columns.updated_at[view.rows] > cols["last_done"][rows]
+        waiting = np.where(newer, _known_array(view.metric("waiting")), 0.0)
+        running = np.where(newer, _known_array(view.metric("running")), 0.0)
+        load = np.maximum(view.counts(in_flight), np.ceil(running + waiting))
+        slots, slot_s = cols["slots"][rows], cols["slot_s"][rows]
+        known = slots > 0
+        per_slot = slot_s / np.where(known, slots, 1.0)
+        wait_known = np.maximum(load - slots + 1, 0.0) * per_slot
+        wait_queue = np.where(waiting > 0, (waiting + 1) * slot_s / np.maximum(running, 1.0), 0.0)
+        wait = np.where(known, wait_known, wait_queue)
+        rate = cols["rate"][rows]
+        ttft: FloatArray = wait + cols["overhead"][rows] + rate * uncached
+        return ttft, load, rate
+
+    def _rows(self, view: CandidateView) -> IndexArray:
+        """The model rows of ``view``'s candidates (creating missing endpoints), found
+        once per column set and epoch: successive snapshots share their addresses."""
+        addresses = view.columns.addresses
+        key = (id(addresses), self._epoch)
+        memo = self._rows_memo.get(key)
+        if memo is None or memo[0] is not addresses:
+            row = self._row
+            if any(a not in row for a in addresses):
+                for state in view.columns.states:
+                    if state.address not in row:
+                        self._create(state)
+                key = (id(addresses), self._epoch)
+            rows = np.fromiter(map(row.__getitem__, addresses), np.intp, len(addresses))
+            if len(self._rows_memo) >= 8:
+                self._rows_memo.clear()
+            memo = self._rows_memo[key] = (addresses, rows)
+        result: IndexArray = memo[1][view.rows]
+        return result
+
+    def observe_load(self, state: EndpointState, metrics: EndpointMetrics | None) -> None:
+        """Learn the endpoint's slots from a report: while requests wait, the running
+        count is the most the engine runs at once."""
+        if metrics is None:
+            return
+        running = int(min(_known(metrics.running), 1e6))
+        model = self.endpoint(state)
+        changed = False
+        if running > model.running_seen:
+            model.running_seen, changed = running, True
+        if _known(metrics.waiting) > 0 and running > model.learned_slots:
+            model.learned_slots, changed = running, True
+        if changed:
+            self._sync(state.address, model)
+
+    def request_done(self, address: str, at: float) -> None:
+        """A request routed to ``address`` ended (however it ended) at ``at``."""
+        model = self._endpoints.get(address)
+        if model is not None and at > model.last_done:
+            model.last_done = at
+            self._columns["last_done"][self._row[address]] = at
+
+    def observe(
+        self,
+        dispatch: Dispatch,
+        finished_at: float,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+        completion_tokens: int | None,
+    ) -> float | None:
+        """Learn from a request that completed successfully; returns the TTFT error
+        (observed - predicted, seconds) when the TTFT was observable, else None.
+
+        The TTFT is observable for streamed responses whose body the EPP sees (the
+        first body chunk carries the first token); a non-streamed body arrives whole at
+        the end, so it only teaches the slot time."""
+        model = self._endpoints.get(dispatch.address)
+        if model is None:  # left the pool meanwhile
+            return None
+        model.completions += 1
+        pred = dispatch.prediction
+        uncached = pred.uncached_tokens
+        if prompt_tokens is not None and cached_tokens is not None:
+            uncached = max(prompt_tokens - cached_tokens, 0)
+        prefill_s = model.prefill(uncached)
+        error = None
+        first = dispatch.first_byte_at if dispatch.streaming else None
+        if first is not None:
+            ttft = first - dispatch.sent_at
+            error = ttft - pred.ttft_s
+            model.ttft_samples += 1
+            model.abs_error_s += (abs(error) - model.abs_error_s) / min(model.ttft_samples, 32)
+            if pred.load < model.surely_free:  # found a free slot: the TTFT is all prefill
+                model.prefill.add(uncached, ttft)
+            elif not (model.configured_slots or model.learned_slots):
+                # waited far beyond its prefill: every slot was taken at this load
+                waited = ttft - prefill_s
+                if waited > max(0.5 * model.slot_s / pred.load, QUEUED_MIN_S) and (
+                    not model.queued_at or pred.load < model.queued_at
+                ):
+                    model.queued_at = pred.load
+            if completion_tokens is not None and completion_tokens >= 2:
+                tpot = (finished_at - first) / (completion_tokens - 1)
+                slots = model.slots
+                model.decode.add(min(pred.load + 1, slots) if slots else pred.load + 1, tpot)
+            in_slot = finished_at - first + prefill_s
+        else:
+            in_slot = finished_at - dispatch.sent_at - pred.wait_s
+        if in_slot > 0:
+            model.slot_s += (in_slot - model.slot_s) / min(model.completions, 32)
+        self._sync(dispatch.address, model)
+        return error
+
+    def status(self, address: str) -> dict[str, float | int | None] | None:
+        """The endpoint's learned values, for ``/status`` (None: never seen)."""
+        m = self._endpoints.get(address)
+        if m is None:
+            return None
+        return {
+            "overhead_ms": round(m.prefill.a * 1000, 3),
+            "prefill_ms_per_token": round(m.prefill.b * 1000, 5),
+            "decode_ms_per_token": round(m.decode.a * 1000, 3),
+            "decode_ms_per_running": round(m.decode.b * 1000, 4),
+            "slot_s": round(m.slot_s, 4),
+            "slots": m.slots,
+            "ttft_samples": m.ttft_samples,
+            "completions": m.completions,
+            "ttft_abs_error_ms": round(m.abs_error_s * 1000, 2),
+        }
+
+    def addresses(self) -> Mapping[str, EndpointLatency]:
+        return self._endpoints
+
+
+def _known(value: float | None) -> float:
+    """A reported count, 0 when unreported or not a finite number."""
+    return value if value is not None and math.isfinite(value) else 0.0
+
+
+def _known_array(values: FloatArray) -> FloatArray:
+    """:func:`_known` for an array (NaN = unreported)."""
+    result: FloatArray = np.where(np.isfinite(values), values, 0.0)
+    return result
+
+
+def _configured_slots(state: EndpointState, priors: LatencyPriors) -> int | None:
+    label = state.endpoint.labels.get(MAX_NUM_SEQS_LABEL)
+    if label is not None:
+        try:
+            value = int(label)
+        except ValueError:
+            value = 0
+        if value > 0:
+            return value
+    return priors.max_num_seqs

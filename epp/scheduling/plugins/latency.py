@@ -1,0 +1,177 @@
+"""Rank candidates by the time to first token the latency model predicts for this
+request on each of them (epp.scheduling.latency), with what the prefix index says each
+one caches.
+
+For candidate ``e``: ``cost = queue wait(e) + overhead(e) + prefill rate(e) x
+uncached tokens on e + eviction x recompute cost of the cached blocks the prompt would
+push out of e``. A cache hit behind a short queue beats a miss on an idle endpoint; a
+hot prefix gets a second home only once its home's wait exceeds what a miss elsewhere
+costs, eviction included. Ties (equal predictions, e.g. no shared prefix and free
+slots) go to the endpoint with the fewest requests, as least-request would.
+
+With SLO headers (``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms``, or the older
+``x-slo-ttft-ms`` / ``x-slo-tpot-ms``) the endpoints predicted to meet them always
+score above those that are not; among each set the cheapest wins, so with none able to
+meet them the request still goes where it is served soonest (best effort).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from epp.scheduling.base import CycleContext
+from epp.scheduling.columns import FloatArray
+from epp.scheduling.latency import UNCACHED_KEY, LatencyModel
+from epp.scheduling.params import ConfigError, Params
+from epp.scheduling.plugins.prefix import PrefixCacheScorer
+from epp.types import EndpointState
+
+DEFAULT_PREFIX_PLUGIN = "prefix-cache-scorer"
+# per in-flight request: orders otherwise equal predictions by load (seconds)
+TIE_BREAK_S = 1e-4
+FLOOR_S = 1e-3  # costs below this count as this (scores are ratios to the best)
+
+
+class UncachedEstimates:
+    """address -> uncached prompt tokens estimated on it, as one cycle's scorer left
+    them (``ctx.cache[UNCACHED_KEY]``) for the scheduler's prediction of its pick."""
+
+    __slots__ = ("_addresses", "_values")
+
+    def __init__(self, addresses: Sequence[str], values: Sequence[float] | FloatArray) -> None:
+        self._addresses, self._values = addresses, values
+
+    def get(self, address: str, default: int) -> int:
+        try:
+            return int(self._values[self._addresses.index(address)])
+        except ValueError:
+            return default
+
+
+class PredictedLatencyScorer:
+    """Score = cheapest cost among the candidates / this candidate's cost (0..1]; with
+    SLO headers, see the module docstring."""
+
+    def __init__(self, where: str, prefix_plugin: str | None, eviction_weight: float) -> None:
+        self.where = where
+        self.prefix_plugin = prefix_plugin
+        self.eviction_weight = eviction_weight
+        self.prefix: PrefixCacheScorer | None = None
+
+    def bind(self, plugins: Mapping[str, Any], profiles: Sequence[str]) -> None:
+        name = self.prefix_plugin or DEFAULT_PREFIX_PLUGIN
+        plugin = plugins.get(name)
+        if isinstance(plugin, PrefixCacheScorer):
+            self.prefix = plugin
+        elif self.prefix_plugin is not None:
+            raise ConfigError(
+                f"{self.where}.prefixPlugin: {name!r} is not a configured prefix-cache-scorer"
+            )
+        # else: no index; every prompt token counts as uncached everywhere
+
+    def score(
+        self, ctx: CycleContext, candidates: Sequence[EndpointState]
+    ) -> list[float] | FloatArray:
+        if not candidates:
+            return []
+        if ctx.vectorize(candidates):
+            costs, ttft, tpot = self._costs_vectorized(ctx, candidates)
+        else:
+            costs_list, ttft_list, tpot_list = self._costs(ctx, candidates)
+            costs, ttft, tpot = np.array(costs_list), np.array(ttft_list), np.array(tpot_list)
+        request = ctx.request
+        slo_ttft, slo_tpot = request.slo_ttft_ms, request.slo_tpot_ms
+        if slo_ttft is None and slo_tpot is None:
+            result: FloatArray = costs.min() / costs
+            return result
+        missed = np.zeros(len(costs), np.bool_)
+        if slo_ttft is not None:
+            missed |= ttft * 1000 > slo_ttft
+        if slo_tpot is not None:
+            missed |= tpot * 1000 > slo_tpot
+        best_meet = float(costs[~missed].min()) if not missed.all() else 0.0
+        scored: FloatArray = np.where(
+            missed, 0.5 * float(costs.min()) / costs, 0.5 + 0.5 * best_meet / costs
+        )
+        return scored
+
+    def _costs(
+        self, ctx: CycleContext, candidates: Sequence[EndpointState]
+    ) -> tuple[list[float], list[float], list[float]]:
+        """(cost, TTFT, TPOT) per candidate, one at a time (few candidates)."""
+        model: LatencyModel = ctx.latency
+        tokens = ctx.request.prompt_tokens
+        prefix = self.prefix
+        matches: Mapping[str, int] = prefix.matches(ctx) if prefix is not None else {}
+        block = prefix.block_tokens if prefix is not None else 1
+        in_flight = ctx.snapshot.in_flight
+        evict = self.eviction_weight if prefix is not None else 0.0
+        costs, ttfts, tpots, uncached_all = [], [], [], []
+        for state, metrics in zip(candidates, ctx.fresh_metrics(candidates), strict=True):
+            address = state.address
+            uncached = max(tokens - matches.get(address, 0) * block, 0)
+            uncached_all.append(uncached)
+            pred = model.predict(state, metrics, in_flight.get(address, 0), uncached)
+            cost = pred.ttft_s + TIE_BREAK_S * pred.load
+            rate = model.endpoint(state).prefill.b
+            if evict and uncached and prefix is not None:
+                pushed = math.ceil(uncached / block) - prefix.free_blocks(state)
+                if pushed > 0:
+                    cost += evict * pushed * block * rate
+            costs.append(max(cost, FLOOR_S))
+            ttfts.append(pred.ttft_s)
+            tpots.append(pred.tpot_s)
+        addresses = [s.address for s in candidates]
+        ctx.cache[UNCACHED_KEY] = UncachedEstimates(addresses, uncached_all)
+        return costs, ttfts, tpots
+
+    def _costs_vectorized(
+        self, ctx: CycleContext, candidates: Sequence[EndpointState]
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """:meth:`_costs` with numpy (many candidates); the same numbers. TPOT is only
+        computed when an SLO asks for it (NaN otherwise)."""
+        model: LatencyModel = ctx.latency
+        view = ctx.view(candidates)
+        tokens = ctx.request.prompt_tokens
+        prefix = self.prefix
+        if prefix is not None:
+            block = prefix.block_tokens
+            matched = view.by_address(prefix.matches(ctx))
+            uncached = np.maximum(tokens - matched * block, 0.0)
+        else:
+            block = 1
+            uncached = np.full(len(candidates), float(tokens))
+        ttft, load, rate = model.predict_view(view, ctx.snapshot.in_flight, uncached)
+        costs = ttft + TIE_BREAK_S * load
+        if self.eviction_weight and prefix is not None:
+            free = prefix.free_blocks_view(view)
+            pushed = np.maximum(np.ceil(uncached / block) - free, 0.0)
+            costs = costs + self.eviction_weight * pushed * block * rate
+        ctx.cache[UNCACHED_KEY] = UncachedEstimates(view.addresses, uncached)
+        if ctx.request.slo_tpot_ms is not None:  # rare: one at a time
+            in_flight = ctx.snapshot.in_flight
+            tpot = np.array(
+                [
+                    model.predict(s, m, in_flight.get(s.address, 0), 0).tpot_s
+                    for s, m in zip(candidates, ctx.fresh_metrics(candidates), strict=True)
+                ]
+            )
+        else:
+            tpot = np.full(len(candidates), np.nan)
+        result: FloatArray = np.maximum(costs, FLOOR_S)
+        return result, ttft, tpot
+
+
+def predicted_latency_scorer(p: Params) -> PredictedLatencyScorer:
+    prefix = p._get("prefixPlugin")
+    if prefix is not None and (not isinstance(prefix, str) or not prefix):
+        raise ConfigError(f"{p.where}.prefixPlugin: the name of a prefix-cache-scorer plugin")
+    return PredictedLatencyScorer(
+        where=p.where,
+        prefix_plugin=prefix,
+        eviction_weight=p.number("evictionWeight", 0.5, minimum=0.0),
+    )
