@@ -200,7 +200,8 @@ class LatencyModel:
     :meth:`predict_view` prices 1,000 candidates with a few numpy operations; a row is
     rewritten whenever its endpoint learns something."""
 
-    _COLUMNS = ("overhead", "rate", "slot_s", "slots", "last_done")  # slots: 0 = unknown
+    # slots: 0 = unknown; decode_slope: seconds per output token per running request
+    _COLUMNS = ("overhead", "rate", "slot_s", "slots", "last_done", "decode_slope")
 
     def __init__(self, priors: LatencyPriors | None = None) -> None:
         self.priors = priors or LatencyPriors()
@@ -260,6 +261,7 @@ class LatencyModel:
         cols["slot_s"][row] = model.slot_s
         cols["slots"][row] = model.slots or 0
         cols["last_done"][row] = model.last_done
+        cols["decode_slope"][row] = model.decode.b
 
     def get(self, address: str) -> EndpointLatency | None:
         return self._endpoints.get(address)
@@ -301,9 +303,10 @@ class LatencyModel:
 
     def predict_view(
         self, view: CandidateView, in_flight: Mapping[str, int], uncached: FloatArray
-    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+    ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
         """:meth:`predict` for every candidate of ``view`` at once: (TTFT, load, prefill
-        rate per token) arrays, the same numbers as the scalar path."""
+        rate per token, decode slowdown per output token and running request, slot time)
+        arrays, the same numbers as the scalar path."""
         rows = self._rows(view)
         cols = self._columns
         # a report older than the last request the EPP saw end there still counts it:
@@ -320,7 +323,7 @@ class LatencyModel:
         wait = np.where(known, wait_known, wait_queue)
         rate = cols["rate"][rows]
         ttft: FloatArray = wait + cols["overhead"][rows] + rate * uncached
-        return ttft, load, rate
+        return ttft, load, rate, cols["decode_slope"][rows], slot_s
 
     def _rows(self, view: CandidateView) -> IndexArray:
         """The model rows of ``view``'s candidates (creating missing endpoints), found

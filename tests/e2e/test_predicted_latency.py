@@ -96,7 +96,8 @@ def test_a_busy_home_spills_to_a_second_home_and_comes_back(three: LocalStack) -
     learned = get_json(f"{three.epp_http_url}/status")["endpoints"]
     model = {e["instance"]: e.get("latency_model") for e in learned}
     assert model[home] is not None and model[home]["slots"] == 1
-    assert model[home]["slot_s"] > 0.5  # it learned that requests here take long
+    # long requests there: more than the ~0.05 s the short ones alone would teach
+    assert model[home]["slot_s"] > 0.2
 
 
 def test_slo_headers_are_read_through_envoy(three: LocalStack) -> None:

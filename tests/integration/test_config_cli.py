@@ -21,8 +21,9 @@ def test_show_prints_the_effective_default_config() -> None:
     profile, _prefill = doc["schedulingProfiles"]
     assert profile["name"] == "decode"
     assert doc["disaggregation"]["coordinator"] == "nixl"
-    weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
-    assert weights["prefix-cache-scorer"] == 3 and weights["queue-scorer"] == 2
+    refs = [p["pluginRef"] for p in profile["plugins"]]
+    assert refs == ["decode-filter", "predicted-latency-scorer", "max-score-picker"]
+    assert doc["latencyModel"]["maxNumSeqs"] is None
 
 
 def test_show_fills_defaults_into_a_partial_file(tmp_path: Path) -> None:

@@ -156,7 +156,7 @@ def cycle(
     request: InferenceRequest | None = None,
 ) -> CycleContext:
     snap = Snapshot((state(1), state(2)), in_flight)
-    req = request or InferenceRequest("r", "m", "/v1/completions", prompt=PROMPT)
+    req = request or InferenceRequest("r", "m", "/v1/completions", prompt=PROMPT, max_tokens=16)
     return CycleContext(req, snap, NOW, random.Random(0), latency=model)
 
 
@@ -219,15 +219,21 @@ def test_slo_prefers_endpoints_predicted_to_meet_it_else_best_effort() -> None:
     model, prefix, scorer = scheduler_parts()
     home_on_port_1(prefix, model)
     loads = {"10.0.0.1:1": 4, "10.0.0.1:2": 0}  # home 0.105 s (queued), other 0.165 s
-    tight = InferenceRequest("r", "m", "/v1/completions", prompt=PROMPT, slo_ttft_ms=150)
+    tight = InferenceRequest(
+        "r", "m", "/v1/completions", prompt=PROMPT, max_tokens=16, slo_ttft_ms=150
+    )
     scores = scorer.score(cycle(model, loads, tight), [state(1), state(2)])
     assert scores[0] > 0.5 > scores[1]
     # nobody can do 20 ms: both below 0.5, the cheaper still ahead
-    hopeless = InferenceRequest("r", "m", "/v1/completions", prompt=PROMPT, slo_ttft_ms=20)
+    hopeless = InferenceRequest(
+        "r", "m", "/v1/completions", prompt=PROMPT, max_tokens=16, slo_ttft_ms=20
+    )
     scores = scorer.score(cycle(model, loads, hopeless), [state(1), state(2)])
     assert 0.5 >= scores[0] > scores[1]
     # a TPOT objective the batch cannot meet (20 ms per token prior + 0.5 per running)
-    slow = InferenceRequest("r", "m", "/v1/completions", prompt=PROMPT, slo_tpot_ms=21)
+    slow = InferenceRequest(
+        "r", "m", "/v1/completions", prompt=PROMPT, max_tokens=16, slo_tpot_ms=21
+    )
     scores = scorer.score(cycle(model, loads, slow), [state(1), state(2)])
     assert scores[1] > 0.5 >= scores[0]  # the idle one keeps its batch small
 
@@ -244,7 +250,9 @@ latencyModel: {maxNumSeqs: 4}
         clock=lambda: NOW,
     )
     snap = Snapshot((state(1), state(2)), {"10.0.0.1:1": 0, "10.0.0.1:2": 0})
-    req = InferenceRequest("r", "m", "/v1/completions", prompt=PROMPT, slo_ttft_ms=10_000)
+    req = InferenceRequest(
+        "r", "m", "/v1/completions", prompt=PROMPT, max_tokens=16, slo_ttft_ms=10_000
+    )
     result = sched.schedule(req, snap, random.Random(0))
     assert result.prediction is not None
     assert result.prediction.uncached_tokens == 1600
@@ -304,3 +312,16 @@ def test_a_report_older_than_a_request_seen_ending_does_not_count_it() -> None:
     assert model.predict(s, busy, 0, 0).wait_s == 0.0
     fresher = EndpointMetrics(updated_at=11.0, waiting=0.0, running=1.0)  # someone else's
     assert model.predict(s, fresher, 0, 0).wait_s == 1.0
+
+
+def test_with_nothing_cached_load_outweighs_small_differences_in_learned_overheads() -> None:
+    """Noise in what each endpoint learned must not send every request to one of them
+    (it did, before the batch term: 32 concurrent requests, all on one server)."""
+    model, _, scorer = scheduler_parts()
+    model.endpoint(state(1)).prefill.a = 0.005  # learned a little faster
+    model.endpoint(state(2)).prefill.a = 0.008
+    req = InferenceRequest("r", "m", "/v1/completions", prompt="unique " * 100, max_tokens=32)
+    scores = scorer.score(
+        cycle(model, {"10.0.0.1:1": 3, "10.0.0.1:2": 0}, req), [state(1), state(2)]
+    )
+    assert scores[1] > scores[0]

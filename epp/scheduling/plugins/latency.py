@@ -3,11 +3,14 @@ request on each of them (epp.scheduling.latency), with what the prefix index say
 one caches.
 
 For candidate ``e``: ``cost = queue wait(e) + overhead(e) + prefill rate(e) x
-uncached tokens on e + eviction x recompute cost of the cached blocks the prompt would
-push out of e``. A cache hit behind a short queue beats a miss on an idle endpoint; a
-hot prefix gets a second home only once its home's wait exceeds what a miss elsewhere
-costs, eviction included. Ties (equal predictions, e.g. no shared prefix and free
-slots) go to the endpoint with the fewest requests, as least-request would.
+uncached tokens on e + output tokens x decode slowdown per running request(e) x
+requests on e + eviction x recompute cost of the cached blocks the prompt would push out
+of e``. A cache hit behind a short queue beats a miss on an idle endpoint; a hot prefix
+gets a second home once its home's wait and batch cost more than a miss elsewhere,
+eviction included. An endpoint whose load is unknown (no fresh report) is charged one
+slot time, as if it might be full: never preferred, never excluded. With nothing cached
+anywhere the load terms decide, as least-request would (``out``: the request's
+``max_tokens``, else the model's ``outputTokens`` prior).
 
 With SLO headers (``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms``, or the older
 ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``) the endpoints predicted to meet them always
@@ -110,14 +113,19 @@ class PredictedLatencyScorer:
         block = prefix.block_tokens if prefix is not None else 1
         in_flight = ctx.snapshot.in_flight
         evict = self.eviction_weight if prefix is not None else 0.0
+        out = ctx.request.max_tokens or model.priors.output_tokens
         costs, ttfts, tpots, uncached_all = [], [], [], []
         for state, metrics in zip(candidates, ctx.fresh_metrics(candidates), strict=True):
             address = state.address
             uncached = max(tokens - matches.get(address, 0) * block, 0)
             uncached_all.append(uncached)
             pred = model.predict(state, metrics, in_flight.get(address, 0), uncached)
-            cost = pred.ttft_s + TIE_BREAK_S * pred.load
-            rate = model.endpoint(state).prefill.b
+            learned = model.endpoint(state)
+            rate = learned.prefill.b
+            # its own decode, slowed by each request already running there
+            cost = pred.ttft_s + (out * learned.decode.b + TIE_BREAK_S) * pred.load
+            if metrics is None:  # load unknown: it may be full, as if one slot time away
+                cost += learned.slot_s
             if evict and uncached and prefix is not None:
                 pushed = math.ceil(uncached / block) - prefix.free_blocks(state)
                 if pushed > 0:
@@ -145,8 +153,11 @@ class PredictedLatencyScorer:
         else:
             block = 1
             uncached = np.full(len(candidates), float(tokens))
-        ttft, load, rate = model.predict_view(view, ctx.snapshot.in_flight, uncached)
-        costs = ttft + TIE_BREAK_S * load
+        predicted = model.predict_view(view, ctx.snapshot.in_flight, uncached)
+        ttft, load, rate, slope, slot_s = predicted
+        out = ctx.request.max_tokens or model.priors.output_tokens
+        costs = ttft + (out * slope + TIE_BREAK_S) * load
+        costs = costs + np.where(view.fresh(), 0.0, slot_s)  # load unknown: maybe full
         if self.eviction_weight and prefix is not None:
             free = prefix.free_blocks_view(view)
             pushed = np.maximum(np.ceil(uncached / block) - free, 0.0)
