@@ -4,8 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-routing \
-	bench-routing-matrix clean
+.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-routing clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,7 +25,7 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(BIN)/python -m pytest -q
 
-# All benchmarks (~20 minutes); results land in bench/results/.
+# All benchmarks (~45 minutes); results land in bench/results/.
 bench: bench-overhead bench-decision bench-scrape bench-routing
 
 bench-overhead: $(STAMP)
@@ -39,38 +38,31 @@ bench-decision: $(STAMP)
 bench-scrape: $(STAMP)
 	$(BIN)/python -m bench.scrape
 
-# Two cache settings: the stress one (the pool's free KV holds 1.25 copies of every
-# group's prefix) and a roomier one (2 copies); each compares round robin, least
-# request, the default and the default without bounded-load affinity.
-ROUTING_POLICIES := --policy round-robin --policy least-request --policy default= \
-	--policy "unbounded=--config bench/configs/unbounded.yaml"
-
-bench-routing: $(STAMP)
-	$(BIN)/python -m bench.routing $(ROUTING_POLICIES)
-	$(BIN)/python -m bench.routing $(ROUTING_POLICIES) --prefix-copies 2 --name routing-roomy
-
-# Issue 13's matrix (~12 minutes per workload and KV size with five policies): 16 groups of
-# 1,500-token system prompts, 75-225-token questions, 16-48 output tokens, Zipf skew 1.1,
-# 4 sequences per server; 0.4, 0.7 and 0.95 of round robin's capacity and 1.2 (past it);
-# free KV for 1.6 copies of all prefixes (the stress setting: 6 groups per server) and
-# 2.5 (roomier); workloads groups, control and multi-turn. Results:
-# bench/results/routing-zipf-WORKLOAD-kvCOPIES.*. Narrow it or add a policy, e.g.
-#   make bench-routing-matrix MATRIX_WORKLOADS=groups MATRIX_COPIES=1.6 \
+# Issue 13's matrix (~8 minutes per workload and KV size with five policies at 20 s per
+# rate): 16 groups of 1,500-token system prompts, 75-225-token questions, 16-48 output
+# tokens, Zipf skew 1.1, 4 sequences per server; 0.4, 0.7 and 0.95 of round robin's
+# capacity and 1.2 (past it); free KV for 1.6 copies of all prefixes (the stress
+# setting: 6 groups per server) and 2.5 (roomier); workloads groups, control (no shared
+# prefix) and multi-turn. Policies: round robin (Envoy alone), least request, the former
+# default (`previous`: configs/weighted-scorers.yaml), the default and ideal-split (an
+# oracle). Results: bench/results/routing-zipf-WORKLOAD-kvCOPIES.*. Narrow it or add a
+# policy, e.g.
+#   make bench-routing MATRIX_CELLS="groups:1.6" \
 #     MATRIX_POLICIES='--policy ideal --policy "new=--config configs/new.yaml"'
 MATRIX_SETTING := --groups 16 --prefix-tokens 1500 --question-tokens 75 225 \
 	--output-tokens 16 48 --skew 1.1 --max-num-seqs 4 --loads 0.4 0.7 0.95 1.2
-MATRIX_POLICIES ?= --policy round-robin --policy least-request --policy default= \
-	--policy ideal --policy ideal-split
-MATRIX_DURATION ?= 30
-MATRIX_WORKLOADS ?= groups control multi-turn
-MATRIX_COPIES ?= 1.6 2.5
+MATRIX_POLICIES ?= --policy round-robin --policy least-request \
+	--policy "previous=--config configs/weighted-scorers.yaml" --policy default= \
+	--policy ideal-split
+MATRIX_DURATION ?= 20
+MATRIX_CELLS ?= groups:1.6 control:1.6 groups:2.5 multi-turn:1.6
 
-bench-routing-matrix: $(STAMP)
-	for w in $(MATRIX_WORKLOADS); do for c in $(MATRIX_COPIES); do \
+bench-routing: $(STAMP)
+	for cell in $(MATRIX_CELLS); do w=$${cell%%:*}; c=$${cell##*:}; \
 		$(BIN)/python -m bench.routing $(MATRIX_SETTING) $(MATRIX_POLICIES) \
 			--duration $(MATRIX_DURATION) --workload $$w --prefix-copies $$c \
 			--name routing-zipf-$$w-kv$$c || exit 1; \
-	done; done
+	done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
