@@ -20,12 +20,12 @@ request Envoy shows the EPP:
 
 from __future__ import annotations
 
-import ipaddress
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from epp.addresses import is_ip
 from epp.extproc.messages import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
 from epp.extproc.stream import UPSTREAM_ADDRESS
 from epp.extproc.transport import MAX_DESTINATIONS_METADATA
@@ -89,6 +89,10 @@ class EnvoyOptions:
     # eds: endpoints per request (primary + fallbacks); retries try each of them once
     destinations: int = 3
     connect_timeout_s: float = 1.0
+    # eds: how soon Envoy reopens its EDS stream to the EPP after it broke (an EPP
+    # restart): jittered backoff from the base interval, doubling up to the maximum
+    eds_retry_base_s: float = 0.1
+    eds_retry_max_s: float = 1.0
     # TLS to the EPP's gRPC port (ext_proc and EDS), without verifying its certificate
     # (the EPP's --tls-self-signed; the gateways' usual setting)
     epp_tls: bool = False
@@ -109,7 +113,7 @@ def _address(host: str, port: int) -> dict[str, Any]:
 
 
 def _static_cluster(name: str, endpoints: list[tuple[str, int]], http2: bool) -> dict[str, Any]:
-    literal = all(_is_ip(h) for h, _ in endpoints)
+    literal = all(is_ip(h) for h, _ in endpoints)
     cluster: dict[str, Any] = {
         "name": name,
         # Service names (docker-compose, Kubernetes) need DNS; IP literals do not.
@@ -132,14 +136,6 @@ def _static_cluster(name: str, endpoints: list[tuple[str, int]], http2: bool) ->
             }
         }
     return cluster
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _processing_mode(processing: Processing) -> dict[str, str]:
@@ -371,7 +367,22 @@ def _eds_cluster(opts: EnvoyOptions) -> dict[str, Any]:
                 "api_config_source": {
                     "api_type": "GRPC",
                     "transport_api_version": "V3",
-                    "grpc_services": [{"envoy_grpc": {"cluster_name": "epp"}}],
+                    "grpc_services": [
+                        {
+                            "envoy_grpc": {
+                                "cluster_name": "epp",
+                                # Envoy's default for xDS streams (0.5 s doubling to
+                                # 30 s, jittered) left it on a restarted EPP's old
+                                # endpoints for up to half a minute
+                                "retry_policy": {
+                                    "retry_back_off": {
+                                        "base_interval": _seconds(opts.eds_retry_base_s),
+                                        "max_interval": _seconds(opts.eds_retry_max_s),
+                                    }
+                                },
+                            }
+                        }
+                    ],
                 },
             },
         },

@@ -26,6 +26,7 @@ from epp.scheduling.base import Scheduler
 from epp.scheduling.latency import Dispatch
 from epp.types import InferenceRequest, SchedulingResult
 from epp.usage import Usage
+from epp.xds.eds import EnvoySync
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Router:
         request_headers: Iterable[tuple[str, str]] = (),
         coordinator: Coordinator | None = None,
         outcomes: EndpointOutcomes | None = None,
+        envoy_sync: EnvoySync | None = None,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -85,6 +87,8 @@ class Router:
         # carries out disaggregated requests; without one they simply decode
         self.coordinator = coordinator
         self.outcomes = outcomes
+        # EDS: whether Envoy has this process's endpoints yet (None: never wait)
+        self.envoy_sync = envoy_sync
         self._routed = metrics.requests.labels("routed")
         self._forwarded = metrics.requests.labels("forwarded")
         self._orca_ok = metrics.orca_reports.labels("header", "ok")

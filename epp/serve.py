@@ -43,7 +43,7 @@ from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint
-from epp.xds.eds import EdsServer
+from epp.xds.eds import EdsServer, EnvoySync
 
 if TYPE_CHECKING:
     from epp.extproc.tls import ServerTls
@@ -210,6 +210,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
         engine=cfg.data_layer.engine,
         resolver=names,
     )
+    envoy_sync = EnvoySync()
     router = Router(
         datastore,
         scheduler,
@@ -219,6 +220,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
         request_headers=request_headers,
         coordinator=coordinator,
         outcomes=ejector,
+        envoy_sync=envoy_sync,
     )
     background: list[_Background] = [ejector, membership, names]
     ejector.start()
@@ -226,7 +228,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     background += [*_start_data_layer(datastore, metrics, dl, ejector), probe]
     stop_gc_watch = metrics.watch_gc()
     try:
-        eds = EdsServer(datastore)
+        eds = EdsServer(datastore, sync=envoy_sync)
         transport = make_transport(opts.transport, router, eds)
         health = HealthBoard(transport)
         background += await serve_pool.start(opts.pool, datastore, dl.engine, health)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,8 +11,21 @@ import pytest
 from epp.procs import ManagedProcess, start_epp
 
 
+@pytest.fixture
+def closed_addresses() -> Iterator[list[str]]:
+    """Two loopback ``ip:port`` with nothing listening: held bound (never listening) for
+    the test, so no other process can take the ports meanwhile (a fixed port could be
+    anyone's)."""
+    with socket.socket() as one, socket.socket() as two:
+        for sock in (one, two):
+            sock.bind(("127.0.0.1", 0))
+        yield [f"127.0.0.1:{sock.getsockname()[1]}" for sock in (one, two)]
+
+
 @pytest.fixture(params=["grpcio", "grpclib"])
-def epp_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ManagedProcess]:
+def epp_server(
+    tmp_path: Path, request: pytest.FixtureRequest, closed_addresses: list[str]
+) -> Iterator[ManagedProcess]:
     """A real ``epp serve`` (each gRPC transport) on ephemeral ports routing to two
     (unused) addresses; failure ejection is off, so the dead addresses stay routable."""
     proc = start_epp(
@@ -23,9 +37,9 @@ def epp_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Manag
         "--http-port",
         "0",
         "--endpoint",
-        "127.0.0.1:18001",
+        closed_addresses[0],
         "--endpoint",
-        "127.0.0.1:18002",
+        closed_addresses[1],
         "--max-body-bytes",
         "4096",
         "--eject-after",

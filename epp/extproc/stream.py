@@ -199,7 +199,15 @@ class ExtProcStream:
     def _route(self, body: bytes | None, end_of_stream: bool = True) -> Replies:
         """Schedule, then answer with the routing reply and (full duplex) the body; a
         disaggregated request first lets the coordinator prepare the decode leg, which
-        may take a prefill leg's time (then the replies are awaited)."""
+        may take a prefill leg's time (then the replies are awaited).
+
+        Behind an EDS config (more than one destination), nothing is picked before an
+        Envoy has acknowledged this process's endpoints: just after an EPP restart,
+        Envoy may still hold the old process's list, and would fall back from a pick it
+        does not know to one of those."""
+        sync = self._router.envoy_sync
+        if self._max_destinations > 1 and sync is not None and not sync.synced:
+            return self._route_when_synced(sync.wait(), body, end_of_stream)
         req = self._req
         request, doc = parse_request(req.request_id, req.headers, body, req.subset)
         routed = self._router.route(request, self._max_destinations)
@@ -210,6 +218,21 @@ class ExtProcStream:
         if leg is None or isinstance(leg, DecodeLeg):
             return self._forward(body, end_of_stream, leg)
         return self._forward_after(leg, body, end_of_stream)
+
+    async def _route_when_synced(
+        self, synced: Awaitable[None], body: bytes | None, end_of_stream: bool
+    ) -> list[ProcessingResponse]:
+        await synced
+        if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
+            return []
+        try:
+            replies = self._route(body, end_of_stream)
+            return replies if isinstance(replies, list) else await replies
+        except EppError as error:
+            return [self._reject(error)]
+        except Exception:
+            log.exception("request %s: internal error routing", self._req.request_id)
+            return [self._reject(EppError("internal error in the endpoint picker"))]
 
     async def _forward_after(
         self, pending: Awaitable[DecodeLeg], body: bytes | None, end_of_stream: bool

@@ -11,6 +11,12 @@ Envoy rejects a whole update if one endpoint's address is not an IP literal (e.g
 name) or cannot be connected to, so every member is checked before it is sent
 (:func:`eds_problem`): one bad member is left out and reported, never the pool.
 
+An EPP that starts behind a running Envoy (a restart) may be asked to route before
+Envoy's EDS stream has reconnected: Envoy still holds the old process's endpoints then,
+and a pick it does not know would fall back to one of those. :class:`EnvoySync` tells
+the ext_proc streams when an Envoy has acknowledged this process's endpoints, so they
+can hold their answer until then (``epp.extproc.stream``).
+
 Transport-agnostic: both gRPC transports feed :meth:`EdsServer.stream` the requests
 of one call and send what it yields.
 """
@@ -91,9 +97,51 @@ def load_assignment(
     )
 
 
+# The longest an ext_proc answer waits for Envoy's first EDS acknowledgement; past it
+# (no Envoy takes EDS from us, or a broken EDS config) nothing waits any more.
+EDS_SYNC_WAIT_S = 5.0
+
+
+class EnvoySync:
+    """Whether an Envoy has acknowledged an EDS assignment of this process yet."""
+
+    def __init__(self, wait_s: float = EDS_SYNC_WAIT_S) -> None:
+        self._acked = asyncio.Event()
+        self._wait_s = wait_s
+        self._gave_up = False
+
+    @property
+    def synced(self) -> bool:
+        """True once acknowledged, or once waiting for it timed out."""
+        return self._acked.is_set() or self._gave_up
+
+    def acknowledged(self) -> None:
+        self._acked.set()
+
+    async def wait(self) -> None:
+        """Until an Envoy acknowledges our endpoints, at most ``wait_s`` (then never
+        again: a missing EDS stream must not slow every request)."""
+        if self.synced:
+            return
+        try:
+            await asyncio.wait_for(self._acked.wait(), self._wait_s)
+        except TimeoutError:
+            if not self._gave_up:
+                log.warning(
+                    "no Envoy acknowledged the EDS endpoints within %gs; routing without "
+                    "waiting for it (an Envoy that still has an earlier endpoint list may "
+                    "fall back to one of those)",
+                    self._wait_s,
+                )
+            self._gave_up = True
+
+
 class EdsServer:
-    def __init__(self, datastore: Datastore, cluster: str = MODEL_CLUSTER) -> None:
+    def __init__(
+        self, datastore: Datastore, cluster: str = MODEL_CLUSTER, sync: EnvoySync | None = None
+    ) -> None:
         self._datastore = datastore
+        self.sync = sync or EnvoySync()
         self.cluster = cluster
         self._wakes: set[asyncio.Event] = set()
         self._closed = False
@@ -127,6 +175,8 @@ class EdsServer:
                             request.version_info,
                             request.error_detail.message,
                         )
+                    elif nonce and request.response_nonce == str(nonce):
+                        self.sync.acknowledged()  # Envoy applied what we sent last
                     names = set(request.resource_names)
                     if not names or self.cluster in names:
                         subscribed.set()

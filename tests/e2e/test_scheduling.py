@@ -85,11 +85,14 @@ def test_server_whose_metrics_stop_is_no_longer_preferred(tmp_path: Path) -> Non
 
 def test_saturated_pool_sheds_only_sheddable_requests() -> None:
     opts = ephemeral(servers=2, sim_args=["--time-scale", "0.5", "--max-num-seqs", "1"])
-    with LocalStack(opts) as stack, ThreadPoolExecutor(20) as pool:
+    with LocalStack(opts) as stack, ThreadPoolExecutor(32) as pool:
         calm = complete(stack, "calm", {"x-gateway-inference-priority": "-1"})
         assert calm[0] == 200  # not saturated: sheddable requests are served
-        # 16 long requests on 2 servers running 1 each: 14 wait, however they are split
-        load = [pool.submit(complete, stack, f"load {i} " * 20, None, 300) for i in range(16)]
+        # 24 long requests (~1.2 s each) on 2 servers running 1 each: 22 wait, however
+        # they are split, and the pool stays saturated (10+ waiting) for ~7 s: the
+        # checks below must fit in that window, and a sheddable probe that is not shed
+        # waits behind the whole load. (16 left ~1-2 s: thin on a loaded machine.)
+        load = [pool.submit(complete, stack, f"load {i} " * 20, None, 300) for i in range(24)]
 
         def pool_saturated() -> bool:  # the pool rule: the mean of waiting / 5 reaches 1
             _, _, text = request(f"{stack.epp_http_url}/metrics")

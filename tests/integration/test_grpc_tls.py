@@ -28,6 +28,7 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 class TlsServer:
     proc: ManagedProcess
     trusted_pem: bytes  # the CA, or for self-signed the server's own certificate
+    endpoint: str  # the one (closed) model-server address it routes to
 
     @property
     def address(self) -> str:
@@ -38,10 +39,10 @@ class TlsServer:
         return grpc.secure_channel(self.address, creds)
 
 
-def start(tmp_path: Path, transport: str, *tls_flags: str) -> ManagedProcess:
+def start(tmp_path: Path, endpoint: str, transport: str, *tls_flags: str) -> ManagedProcess:
     return start_epp(
         tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0",
-        "--endpoint", "127.0.0.1:18001", "--eject-after", "0", "--transport", transport,
+        "--endpoint", endpoint, "--eject-after", "0", "--transport", transport,
         *tls_flags,
     )  # fmt: skip
 
@@ -50,19 +51,22 @@ def start(tmp_path: Path, transport: str, *tls_flags: str) -> ManagedProcess:
     params=[(t, mode) for t in ("grpcio", "grpclib") for mode in ("self-signed", "files")],
     ids=lambda p: "-".join(p),
 )
-def tls_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[TlsServer]:
+def tls_server(
+    tmp_path: Path, request: pytest.FixtureRequest, closed_addresses: list[str]
+) -> Iterator[TlsServer]:
+    endpoint = closed_addresses[0]
     transport, mode = request.param
     if mode == "files":
         files = server_files(tmp_path, rsa_bits=2048 if transport == "grpcio" else None)
         flags = ["--tls-cert-file", str(files.cert_file), "--tls-key-file", str(files.key_file)]
-        proc = start(tmp_path, transport, *flags)
+        proc = start(tmp_path, endpoint, transport, *flags)
         trusted = files.ca_pem
     else:
-        proc = start(tmp_path, transport, "--tls-self-signed")
+        proc = start(tmp_path, endpoint, transport, "--tls-self-signed")
         port = proc.info["grpc_port"]
         trusted = ssl.get_server_certificate(("127.0.0.1", port), timeout=5).encode()
     try:
-        yield TlsServer(proc, trusted)
+        yield TlsServer(proc, trusted, endpoint)
     finally:
         proc.stop()
 
@@ -75,7 +79,7 @@ def test_health_and_ext_proc_over_tls(tls_server: TlsServer) -> None:
             assert reply.status == SERVING
         stub = ExternalProcessorStub(channel)
         replies = list(stub.Process(iter([m.request_headers(), *m.chunked(BODY, 7)]), timeout=10))
-    assert m.set_headers(replies[0])["x-gateway-destination-endpoint"] == "127.0.0.1:18001"
+    assert m.set_headers(replies[0])["x-gateway-destination-endpoint"] == tls_server.endpoint
     assert m.streamed_body(replies[1:]) == (BODY, True)
     assert "TLS: " in tls_server.proc.log_tail(100)
     # the HTTP port stays plaintext; /ready is what kubelet probes instead of gRPC health
@@ -92,8 +96,8 @@ def test_plaintext_client_is_refused(tls_server: TlsServer) -> None:
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # refused, not left hanging
 
 
-def test_default_stays_plaintext(tmp_path: Path) -> None:
-    proc = start(tmp_path, "grpclib")
+def test_default_stays_plaintext(tmp_path: Path, closed_addresses: list[str]) -> None:
+    proc = start(tmp_path, closed_addresses[0], "grpclib")
     try:
         address = f"127.0.0.1:{proc.info['grpc_port']}"
         with grpc.insecure_channel(address) as channel:

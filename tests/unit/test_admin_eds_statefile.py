@@ -15,7 +15,7 @@ from epp import statefile
 from epp.admin.instances import BadInput, parse_body
 from epp.datastore import Datastore
 from epp.types import Endpoint, Role
-from epp.xds.eds import EDS_TYPE_URL, MODEL_CLUSTER, EdsServer, load_assignment
+from epp.xds.eds import EDS_TYPE_URL, MODEL_CLUSTER, EdsServer, EnvoySync, load_assignment
 
 
 def test_body_forms_accepted() -> None:
@@ -88,9 +88,12 @@ async def test_eds_stream_pushes_every_change_and_ends_with_its_requests() -> No
     await requests.put(DiscoveryRequest(type_url=EDS_TYPE_URL, resource_names=[MODEL_CLUSTER]))
     first = await asyncio.wait_for(anext(responses), 5)
     assert _hosts(first) == ["10.0.0.1:1"]
+    assert not eds.sync.synced  # sent, not yet acknowledged
     await requests.put(
         DiscoveryRequest(response_nonce=first.nonce, version_info=first.version_info)
     )
+    await asyncio.wait_for(eds.sync.wait(), 5)
+    assert eds.sync.synced
     ds.add(Endpoint("10.0.0.2", 2))
     second = await asyncio.wait_for(anext(responses), 5)
     assert _hosts(second) == ["10.0.0.1:1", "10.0.0.2:2"]
@@ -98,6 +101,28 @@ async def test_eds_stream_pushes_every_change_and_ends_with_its_requests() -> No
     await requests.put(None)  # Envoy hangs up
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(anext(responses), 5)
+
+
+async def test_a_rejected_eds_update_is_no_acknowledgement() -> None:
+    eds = EdsServer(Datastore(), sync=EnvoySync(wait_s=0.05))
+    requests: asyncio.Queue[DiscoveryRequest | None] = asyncio.Queue()
+
+    async def incoming() -> AsyncIterator[DiscoveryRequest]:
+        while (r := await requests.get()) is not None:
+            yield r
+
+    responses = eds.stream(incoming())
+    await requests.put(DiscoveryRequest(type_url=EDS_TYPE_URL))
+    first = await asyncio.wait_for(anext(responses), 5)
+    nack = DiscoveryRequest(response_nonce=first.nonce)
+    nack.error_detail.message = "rejected"
+    await requests.put(nack)
+    await requests.put(None)
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(responses), 5)
+    assert not eds.sync.synced
+    await eds.sync.wait()  # gives up after wait_s, and never waits again
+    assert eds.sync.synced
 
 
 async def test_eds_close_ends_open_streams() -> None:

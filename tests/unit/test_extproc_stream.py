@@ -1,5 +1,6 @@
 """The per-stream state machine, fed the exact protobuf messages Envoy sends."""
 
+import asyncio
 import json
 import random
 from pathlib import Path
@@ -17,13 +18,14 @@ from epp.extproc.messages import MAX_CHUNK_BYTES
 from epp.extproc.stream import ExtProcStream, Phase
 from epp.router import Router
 from epp.types import Endpoint
+from epp.xds.eds import EnvoySync
 from tests.support import extproc as m
 
 LEAST_REQUEST = (Path(__file__).parents[2] / "configs" / "least-request.yaml").read_text()
 BODY = orjson.dumps({"model": "m", "prompt": "hello " * 50, "max_tokens": 4})
 
 
-def make_router(n: int = 2, max_body: int = 1 << 20) -> Router:
+def make_router(n: int = 2, max_body: int = 1 << 20, envoy_sync: EnvoySync | None = None) -> Router:
     ds = Datastore()
     for i in range(n):
         ds.add(Endpoint("127.0.0.1", 8000 + i))
@@ -33,6 +35,7 @@ def make_router(n: int = 2, max_body: int = 1 << 20) -> Router:
         EppMetrics(ds),
         max_body_bytes=max_body,
         rng=random.Random(0),
+        envoy_sync=envoy_sync,
     )
 
 
@@ -261,3 +264,37 @@ def test_h2_no_longer_hex_dumps_every_received_data_frame() -> None:
     skip_hex_dumps_of_received_data()
     frame = DataFrame(1, data=b"\x00" * 16384)
     assert repr(frame).endswith("<16384 bytes>")
+
+
+async def test_an_eds_envoy_gets_no_pick_before_it_acknowledged_our_endpoints() -> None:
+    """Just after an EPP (re)start, Envoy may still hold the old endpoint list: the
+    answer waits for its EDS acknowledgement; an original-dst Envoy (one destination,
+    no EDS) never waits."""
+    sync = EnvoySync()
+    router = make_router(envoy_sync=sync)
+    original_dst = ExtProcStream(router, max_destinations=1)
+    assert len(run(original_dst, [m.request_headers(), *m.chunked(BODY)])) == 2
+    original_dst.close()
+    stream = ExtProcStream(router, max_destinations=3)
+    stream.on_message(m.request_headers())
+    pending = stream.on_message(m.request_body(BODY, end_of_stream=True))
+    assert not isinstance(pending, list)
+    waiting = asyncio.ensure_future(pending)
+    await asyncio.sleep(0)
+    assert not waiting.done() and sum(router.datastore.snapshot().in_flight.values()) == 0
+    sync.acknowledged()
+    replies = await asyncio.wait_for(waiting, 5)
+    assert m.set_headers(replies[0])["x-gateway-destination-endpoint"].startswith("127.0.0.1:")
+    assert stream.phase is Phase.UPSTREAM
+
+
+async def test_a_stream_closed_while_waiting_for_eds_sends_nothing() -> None:
+    sync = EnvoySync()
+    router = make_router(envoy_sync=sync)
+    stream = ExtProcStream(router, max_destinations=3)
+    stream.on_message(m.request_headers())
+    pending = stream.on_message(m.request_body(BODY, end_of_stream=True))
+    assert not isinstance(pending, list)
+    stream.close()
+    sync.acknowledged()
+    assert await pending == []

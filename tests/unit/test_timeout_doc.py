@@ -12,6 +12,7 @@ from epp.cli import build_parser
 from epp.config import DataLayerConfig, DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
 from epp.envoyconfig import EnvoyOptions, epp_config
+from epp.xds import eds
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "timeouts.md"
 
@@ -44,6 +45,8 @@ def test_every_value_in_the_table_is_the_codes() -> None:
         "retries": str(e.destinations),
         "route timeout": seconds(e.route_timeout_s),
         "ext_proc graceful close": "1 s",
+        "EDS reconnect": f"{e.eds_retry_base_s:g} s → {e.eds_retry_max_s:g} s",
+        "EDS acknowledgement wait": seconds(eds.EDS_SYNC_WAIT_S),
         "EDS settle": seconds(router.EDS_SETTLE_S),
         "scrape": seconds(DataLayerConfig().scrape_timeout_s),
         "metrics stale after": seconds(DataLayerConfig().stale_after_s),
@@ -62,6 +65,8 @@ def test_every_value_in_the_table_is_the_codes() -> None:
 def test_the_nesting_holds_for_the_defaults() -> None:
     e = EnvoyOptions()
     assert DisaggConfig().prefill_timeout_s < e.message_timeout_s
+    # the first EDS acknowledgement comes after one reconnect, well within the wait
+    assert e.eds_retry_max_s < eds.EDS_SYNC_WAIT_S < e.message_timeout_s
     assert e.stream_idle_timeout_s <= e.first_byte_timeout_s < e.route_timeout_s
     # a scrape may outlast staleAfterSeconds (a busy engine answers /metrics slowly);
     # what must hold is that the interval stretch leaves room for a failed scrape
