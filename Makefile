@@ -43,17 +43,16 @@ bench-scrape: $(STAMP)
 # tokens, Zipf skew 1.1, 4 sequences per server; 0.4, 0.7 and 0.95 of round robin's
 # capacity and 1.2 (past it); free KV for 1.6 copies of all prefixes (the stress
 # setting: 6 groups per server) and 2.5 (roomier); workloads groups, control (no shared
-# prefix) and multi-turn. Policies: round robin (Envoy alone), least request, the former
-# default (`previous`: configs/weighted-scorers.yaml), the default and ideal-split (an
-# oracle). Results: bench/results/routing-zipf-WORKLOAD-kvCOPIES.*. Narrow it or add a
+# prefix) and multi-turn. Policies: round robin (Envoy alone), least request, the
+# default, the latency-model scheduler (configs/predicted-latency.yaml) and ideal-split
+# (an oracle). Results: bench/results/routing-zipf-WORKLOAD-kvCOPIES.*. Narrow it or add a
 # policy, e.g.
 #   make bench-routing MATRIX_CELLS="groups:1.6" \
 #     MATRIX_POLICIES='--policy ideal --policy "new=--config configs/new.yaml"'
 MATRIX_SETTING := --groups 16 --prefix-tokens 1500 --question-tokens 75 225 \
 	--output-tokens 16 48 --skew 1.1 --max-num-seqs 4 --loads 0.4 0.7 0.95 1.2
-MATRIX_POLICIES ?= --policy round-robin --policy least-request \
-	--policy "previous=--config configs/weighted-scorers.yaml" --policy default= \
-	--policy ideal-split
+MATRIX_POLICIES ?= --policy round-robin --policy least-request --policy default= \
+	--policy "predicted=--config configs/predicted-latency.yaml" --policy ideal-split
 MATRIX_DURATION ?= 20
 MATRIX_CELLS ?= groups:1.6 control:1.6 groups:2.5 multi-turn:1.6
 

@@ -42,15 +42,18 @@ plugins:
     prefixPlugin: prefix-cache-scorer
 - type: decode-filter
 - type: prefill-filter
+- type: queue-scorer
+  parameters:
+    normalize: threshold
+    threshold: 5
+- type: kv-cache-utilization-scorer
+- type: in-flight-load-scorer
 - type: prefix-cache-scorer
   parameters:
     blockSize: 16
     maxPrefixBlocksToMatch: 256
     lruCapacityPerServer: 31250
-- type: predicted-latency-scorer
-  parameters:
-    prefixPlugin: prefix-cache-scorer
-    evictionWeight: 0.5
+    loadBound: 1.25
 - type: max-score-picker
   parameters:
     maxTargets: 3
@@ -58,12 +61,24 @@ schedulingProfiles:
 - name: decode
   plugins:
   - pluginRef: decode-filter
-  - pluginRef: predicted-latency-scorer
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: in-flight-load-scorer
+    weight: 1
+  - pluginRef: prefix-cache-scorer
+    weight: 3
   - pluginRef: max-score-picker
 - name: prefill
   plugins:
   - pluginRef: prefill-filter
-  - pluginRef: predicted-latency-scorer
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: in-flight-load-scorer
+    weight: 1
+  - pluginRef: prefix-cache-scorer
+    weight: 3
   - pluginRef: max-score-picker
 saturationDetector:
   queueDepthThreshold: 5

@@ -21,8 +21,8 @@ def test_show_prints_the_effective_default_config() -> None:
     profile, _prefill = doc["schedulingProfiles"]
     assert profile["name"] == "decode"
     assert doc["disaggregation"]["coordinator"] == "nixl"
-    refs = [p["pluginRef"] for p in profile["plugins"]]
-    assert refs == ["decode-filter", "predicted-latency-scorer", "max-score-picker"]
+    weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
+    assert weights["prefix-cache-scorer"] == 3 and weights["queue-scorer"] == 2
     assert doc["latencyModel"]["maxNumSeqs"] is None
 
 

@@ -16,12 +16,12 @@ def test_default_config_is_complete() -> None:
     cfg = config.load(None)
     decode, prefill = cfg.profiles
     assert (decode.name, prefill.name) == ("decode", "prefill")
-    # both profiles rank by predicted time to first token; the prefix index only informs it
-    for profile in (decode, prefill):
-        assert [r.plugin for r in profile.plugins][1:] == [
-            "predicted-latency-scorer",
-            "max-score-picker",
-        ]
+    weights = {r.plugin: r.weight for r in decode.plugins}
+    assert weights["queue-scorer"] == 2
+    assert weights["kv-cache-utilization-scorer"] == 2
+    assert weights["prefix-cache-scorer"] == 3
+    # prefill favours cache hits and short queues; KV headroom matters where tokens decode
+    assert "kv-cache-utilization-scorer" not in {r.plugin for r in prefill.plugins}
     assert cfg.saturation.queue_threshold == 5 and cfg.saturation.kv_threshold == 0.8
     assert cfg.data_layer.scrape_interval_s == 0.05 and cfg.data_layer.stale_after_s == 2.0
     assert cfg.disaggregation.coordinator == "nixl"
@@ -44,7 +44,7 @@ def test_partial_file_keeps_defaults_for_the_rest() -> None:
     assert cfg.data_layer.orca_request_format == "TEXT"
     assert cfg.data_layer.stale_after_s == 2.0
     assert cfg.data_layer.max_scrapes_per_s == 400
-    assert len(cfg.profiles[0].plugins) == 3  # default profiles untouched
+    assert len(cfg.profiles[0].plugins) == 6  # default profiles untouched
     assert cfg.disaggregation.prefill_timeout_s == 25
 
 
