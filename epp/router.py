@@ -119,8 +119,8 @@ class Router:
             return Routed(result, ticket)
         if pred.meets_slo is not None:
             self.metrics.slo_predictions.labels("met" if pred.meets_slo else "missed").inc()
-        if result.prefill is not None:
-            return Routed(result, ticket)
+        if result.prefill is not None or request.model is None:
+            return Routed(result, ticket)  # nothing for the latency model to learn from
         dispatch = Dispatch(
             result.primary.address, self.clock(), pred, request.prompt_tokens, request.stream
         )

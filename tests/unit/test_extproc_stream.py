@@ -298,3 +298,25 @@ async def test_a_stream_closed_while_waiting_for_eds_sends_nothing() -> None:
     stream.close()
     sync.acknowledged()
     assert await pending == []
+
+
+def test_a_streamed_response_teaches_the_latency_model_and_a_models_listing_does_not() -> None:
+    router = make_router(n=1)
+    model = router.scheduler.latency
+    stream = ExtProcStream(router)
+    body = orjson.dumps({"model": "m", "prompt": "hi " * 40, "max_tokens": 3, "stream": True})
+    run(stream, [m.request_headers(), m.request_body(body, True)])
+    stream.on_message(m.response_headers(200))
+    stream.on_message(m.response_body(b'data: {"choices": [{"text": "a"}]}\n\n', False))
+    usage = b'data: {"usage": {"prompt_tokens": 30, "completion_tokens": 3, '
+    usage += b'"prompt_tokens_details": {"cached_tokens": 16}}}\n\ndata: [DONE]\n\n'
+    stream.on_message(m.response_body(usage, True))
+    learned = model.status("127.0.0.1:8000")
+    assert learned is not None
+    assert (learned["completions"], learned["ttft_samples"]) == (1, 1)
+    # a GET without a body is forwarded, not an inference request: nothing to learn
+    listing = ExtProcStream(router)
+    listing.on_message(m.request_headers(path="/v1/models", method="GET", end_of_stream=True))
+    listing.on_message(m.response_headers(200))
+    listing.on_message(m.response_body(b'{"data": []}', True))
+    assert model.status("127.0.0.1:8000")["completions"] == 1  # type: ignore[index]
