@@ -121,9 +121,7 @@ class Router:
             self.metrics.slo_predictions.labels("met" if pred.meets_slo else "missed").inc()
         if result.prefill is not None or request.model is None:
             return Routed(result, ticket)  # nothing for the latency model to learn from
-        dispatch = Dispatch(
-            result.primary.address, self.clock(), pred, request.prompt_tokens, request.stream
-        )
+        dispatch = Dispatch(result.primary.address, self.clock(), pred, request.stream)
         return Routed(result, ticket, dispatch=dispatch)
 
     def hand_off(

@@ -78,10 +78,6 @@ class RobustLine:
         self.a, self.b = a0, b0
         self._points: deque[tuple[float, float]] = deque(maxlen=max(window, 2))
 
-    @property
-    def samples(self) -> int:
-        return len(self._points)
-
     def __call__(self, x: float) -> float:
         return self.a + self.b * x
 
@@ -188,7 +184,6 @@ class Dispatch:
     address: str
     sent_at: float
     prediction: Prediction
-    prompt_tokens: int
     streaming: bool
     first_byte_at: float | None = None
 
@@ -262,9 +257,6 @@ class LatencyModel:
         cols["slots"][row] = model.slots or 0
         cols["last_done"][row] = model.last_done
         cols["decode_slope"][row] = model.decode.b
-
-    def get(self, address: str) -> EndpointLatency | None:
-        return self._endpoints.get(address)
 
     def retain(self, addresses: set[str]) -> None:
         """Forget endpoints that left the pool."""

@@ -75,7 +75,7 @@ def observe_prefills(
         pred = model.predict(s, None, 0, uncached)
         sent = 0.0
         ttft = 0.008 + 0.0002 * uncached
-        dispatch = Dispatch(s.address, sent, pred, uncached, True, first_byte_at=ttft)
+        dispatch = Dispatch(s.address, sent, pred, True, first_byte_at=ttft)
         model.observe(dispatch, ttft + 39 * 0.010, uncached, 0, 40)
 
 
@@ -101,7 +101,7 @@ def test_cached_tokens_reported_by_the_server_win_over_the_estimate() -> None:
         # the router thought everything was uncached; the server says otherwise
         pred = model.predict(s, None, 0, 3000)
         ttft = 0.008 + 0.0002 * uncached
-        dispatch = Dispatch(s.address, 0.0, pred, 3000, True, first_byte_at=ttft)
+        dispatch = Dispatch(s.address, 0.0, pred, True, first_byte_at=ttft)
         model.observe(dispatch, ttft + 0.1, 3000, 3000 - uncached, 10)
     assert model.predict(s, None, 0, 1000).ttft_s == pytest.approx(0.208, rel=0.05)
 
@@ -288,7 +288,7 @@ def test_a_request_that_queued_bounds_the_slots_and_never_teaches_prefill() -> N
     def served(load: int, ttft: float) -> None:
         pred = model.predict(s, None, load, 1000)
         assert pred.load == load
-        model.observe(Dispatch(s.address, 0.0, pred, 1000, True, ttft), ttft + 0.1, 1000, 0, 2)
+        model.observe(Dispatch(s.address, 0.0, pred, True, ttft), ttft + 0.1, 1000, 0, 2)
 
     before = model.endpoint(s).prefill(1000)
     served(5, 0.105 + 0.3)  # 5 on it, waited 0.3 s: full at 5
