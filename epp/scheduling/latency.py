@@ -34,9 +34,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from epp.scheduling.columns import CandidateView, FloatArray, IndexArray
-from epp.types import EndpointMetrics, EndpointState, Prediction
+from epp.types import EndpointMetrics, EndpointState, InferenceRequest, Prediction
+
+BoolArray = npt.NDArray[np.bool_]
 
 # An endpoint label that sets how many sequences the server runs at once (vLLM's
 # --max-num-seqs), for pools whose servers differ and whose queues the EPP cannot see.
@@ -429,6 +432,19 @@ class LatencyModel:
 
     def addresses(self) -> Mapping[str, EndpointLatency]:
         return self._endpoints
+
+
+def slo_missed(
+    request: InferenceRequest, ttft_s: float | FloatArray, tpot_s: float | FloatArray
+) -> bool | BoolArray:
+    """Whether predicted TTFT and TPOT (seconds; floats, or arrays for many candidates)
+    miss the request's SLO headers (False where it set none)."""
+    missed: bool | BoolArray = False
+    if request.slo_ttft_ms is not None:
+        missed = missed | (ttft_s * 1000 > request.slo_ttft_ms)
+    if request.slo_tpot_ms is not None:
+        missed = missed | (tpot_s * 1000 > request.slo_tpot_ms)
+    return missed
 
 
 def _known(value: float | None) -> float:

@@ -118,7 +118,7 @@ class PrefixIndex:
 
     def size(self) -> int:
         """Blocks held across all endpoints (memory is proportional to this)."""
-        return sum(len(lru) for lru in self._lru.values())
+        return sum(self._held.values())
 
     def _drop(self, h: int, bit: int) -> None:
         mask = self._holders.get(h, 0) & ~bit

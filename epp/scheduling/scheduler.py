@@ -14,7 +14,7 @@ from epp.scheduling.base import (
     ProfileRunner,
     RoutingObserver,
 )
-from epp.scheduling.latency import UNCACHED_KEY, LatencyModel
+from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
 from epp.scheduling.profile import Profile
 from epp.scheduling.saturation import (
     AdmissionConfig,
@@ -100,14 +100,10 @@ class ProfileScheduler:
         request = ctx.request
         uncached = ctx.cache.get(UNCACHED_KEY, {}).get(primary.address, request.prompt_tokens)
         in_flight = ctx.snapshot.in_flight.get(primary.address, 0)
-        self.latency.observe_load(primary, ctx.metrics(primary))
         pred = self.latency.predict(primary, ctx.metrics(primary), in_flight, uncached)
         if request.slo_ttft_ms is None and request.slo_tpot_ms is None:
             return pred
-        meets = (request.slo_ttft_ms is None or pred.ttft_s * 1000 <= request.slo_ttft_ms) and (
-            request.slo_tpot_ms is None or pred.tpot_s * 1000 <= request.slo_tpot_ms
-        )
-        return replace(pred, meets_slo=meets)
+        return replace(pred, meets_slo=not slo_missed(request, pred.ttft_s, pred.tpot_s))
 
     def on_routed(
         self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
@@ -115,5 +111,8 @@ class ProfileScheduler:
         if snapshot.version != self._latency_version:  # membership changed
             self._latency_version = snapshot.version
             self.latency.retain({s.address for s in snapshot.endpoints})
+        primary = snapshot.state(result.primary.address)
+        if primary is not None:  # what its report says of its slots
+            self.latency.observe_load(primary, primary.metrics)
         for observer in self.observers:
             observer.on_routed(request, result, snapshot)

@@ -325,3 +325,14 @@ def test_with_nothing_cached_load_outweighs_small_differences_in_learned_overhea
         cycle(model, {"10.0.0.1:1": 3, "10.0.0.1:2": 0}, req), [state(1), state(2)]
     )
     assert scores[1] > scores[0]
+
+
+def test_slots_are_learned_when_a_request_is_routed_not_while_scheduling() -> None:
+    sched = build_scheduler("{}", clock=lambda: NOW)  # the default config
+    full = state(1, waiting=2.0, running=4.0)
+    snap = Snapshot((full,), {})
+    req = InferenceRequest("r", "m", "/v1/completions", prompt="hi")
+    result = sched.schedule(req, snap, random.Random(0))
+    assert sched.latency.endpoint(full).slots is None  # scheduling is a read
+    sched.on_routed(req, result, snap)
+    assert sched.latency.endpoint(full).slots == 4

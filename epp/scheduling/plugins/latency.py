@@ -28,7 +28,7 @@ import numpy as np
 
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import FloatArray
-from epp.scheduling.latency import UNCACHED_KEY, LatencyModel
+from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.types import EndpointState
@@ -87,15 +87,10 @@ class PredictedLatencyScorer:
             costs_list, ttft_list, tpot_list = self._costs(ctx, candidates)
             costs, ttft, tpot = np.array(costs_list), np.array(ttft_list), np.array(tpot_list)
         request = ctx.request
-        slo_ttft, slo_tpot = request.slo_ttft_ms, request.slo_tpot_ms
-        if slo_ttft is None and slo_tpot is None:
+        if request.slo_ttft_ms is None and request.slo_tpot_ms is None:
             result: FloatArray = costs.min() / costs
             return result
-        missed = np.zeros(len(costs), np.bool_)
-        if slo_ttft is not None:
-            missed |= ttft * 1000 > slo_ttft
-        if slo_tpot is not None:
-            missed |= tpot * 1000 > slo_tpot
+        missed = np.asarray(slo_missed(request, ttft, tpot), np.bool_)  # one per candidate
         best_meet = float(costs[~missed].min()) if not missed.all() else 0.0
         scored: FloatArray = np.where(
             missed, 0.5 * float(costs.min()) / costs, 0.5 + 0.5 * best_meet / costs
