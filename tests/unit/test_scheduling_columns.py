@@ -91,6 +91,16 @@ SCORERS = [
 ]
 
 
+def hold_some_prefix(
+    scorer: prefix.PrefixCacheScorer, snap: Snapshot, prompt: str, data: st.DataObject
+) -> None:
+    """Each endpoint is routed a drawn leading part of ``prompt`` (possibly none)."""
+    for s in snap.endpoints:
+        cut = data.draw(st.integers(0, len(prompt)))
+        req = InferenceRequest("r", "m", "/", prompt=prompt[:cut])
+        scorer.on_routed(req, SchedulingResult((s.endpoint,)), snap)
+
+
 @given(endpoint_specs, st.text(alphabet="ab", max_size=40), st.data())
 @settings(max_examples=150)
 def test_builtin_scorers_give_the_same_scores_with_numpy(
@@ -102,11 +112,8 @@ def test_builtin_scorers_give_the_same_scores_with_numpy(
     registry = builtin_registry()
     for name, params in SCORERS:
         scorer = registry.get(name, "test").factory(Params(name, params))
-        if isinstance(scorer, prefix.PrefixCacheScorer):  # some endpoints hold some prefix
-            for s in snap.endpoints:
-                cut = data.draw(st.integers(0, len(prompt)))
-                req = InferenceRequest("r", "m", "/", prompt=prompt[:cut])
-                scorer.on_routed(req, SchedulingResult((s.endpoint,)), snap)
+        if isinstance(scorer, prefix.PrefixCacheScorer):
+            hold_some_prefix(scorer, snap, prompt, data)
         candidates = data.draw(st.sampled_from([snap.endpoints, list(snap.endpoints[::2])]))
         lists = scorer.score(ctx(snap, LISTS, prompt), candidates)
         arrays = scorer.score(ctx(snap, NUMPY, prompt), candidates)
@@ -365,13 +372,7 @@ def test_the_latency_scorer_gives_the_same_scores_with_numpy(
     snap = pool(specs)
     registry = builtin_registry()
     index = prefix.prefix_cache_scorer(Params("p", {"blockSize": 1, "lruCapacityPerServer": 64}))
-    for s in snap.endpoints:
-        cut = data.draw(st.integers(0, len(prompt)))
-        index.on_routed(
-            InferenceRequest("r", "m", "/", prompt=prompt[:cut]),
-            SchedulingResult((s.endpoint,)),
-            snap,
-        )
+    hold_some_prefix(index, snap, prompt, data)
     scorer = registry.get("predicted-latency-scorer", "t").factory(
         Params("t", {"evictionWeight": data.draw(st.sampled_from([0.0, 0.5]))})
     )
