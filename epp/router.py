@@ -56,7 +56,8 @@ class Routed:
 class EndpointOutcomes(Protocol):
     """Told how each routed request went on its endpoint (failure ejection)."""
 
-    def failure(self, address: str, reason: str) -> None: ...
+    def failure(self, address: str, reason: str, slow: bool = False, serving: bool = False) -> None:
+        """``serving``: the server answered, wrongly (a 5xx)."""
 
     def success(self, address: str) -> None: ...
 
@@ -174,7 +175,7 @@ class Router:
                 outcomes.failure(address, f"Envoy failed over to {served}")
             address = served
         if status >= 500:
-            outcomes.failure(address, f"HTTP {status} on the response path")
+            outcomes.failure(address, f"HTTP {status} on the response path", serving=True)
         else:
             outcomes.success(address)
 

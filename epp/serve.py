@@ -200,7 +200,15 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     probe = ReadinessProbe(model=opts.membership.model)
     ejector = Ejector(datastore, opts.membership.ejection, probe.check)
     coordinator = COORDINATORS[pd.coordinator](
-        CoordinatorEnv(datastore, metrics, legs, rng, pd.bootstrap_port, ejector.success)
+        CoordinatorEnv(
+            datastore,
+            metrics,
+            legs,
+            rng,
+            pd.bootstrap_port,
+            ejector.success,
+            lambda address, reason, serving: ejector.failure(address, reason, serving=serving),
+        )
     )
     membership = RuntimeMembership(
         datastore,
@@ -321,7 +329,7 @@ def _start_data_layer(
             stale_after_s=dl.stale_after_s,
             timeout_s=dl.scrape_timeout_s,
             on_unreachable=ejector.failure,
-            on_success=ejector.success,
+            on_success=lambda address: ejector.success(address, serving=False),
         )
         scraper.start()
         started.append(scraper)

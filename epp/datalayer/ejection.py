@@ -64,6 +64,8 @@ class _Record:
     ejections: int = 0  # consecutive, without a recovery in between
     until: float = 0.0  # ejected: when to probe next
     failing_since: float | None = None  # when the first ejection of this streak began
+    # a failure in serving (a 5xx answer), which reaching the server does not undo
+    serving: bool = False
 
 
 class Ejector:
@@ -89,9 +91,11 @@ class Ejector:
         datastore.on_change(self._forget_gone)
 
     # -- signals (synchronous: called from the request path and the scraper) -------------
-    def failure(self, address: str, reason: str, slow: bool = False) -> None:
+    def failure(self, address: str, reason: str, slow: bool = False, serving: bool = False) -> None:
         """One failure; ``slow``: the server did not answer in time (a scrape timeout),
-        ignored while it has succeeded at something within ``slow_grace_s``."""
+        ignored while it has succeeded at something within ``slow_grace_s``;
+        ``serving``: it answered, wrongly (a 5xx), so a scrape that works does not
+        reset the count."""
         member = self._datastore.member(address)
         if not self.policy.eject_after or member is None or member.status is not Status.ACTIVE:
             return  # off; or ejected ones are judged by their probes only
@@ -101,18 +105,22 @@ class Ejector:
                 return
         record = self._records.setdefault(address, _Record())
         record.failures += 1
+        record.serving |= serving
         if record.failures >= self.policy.eject_after:
             self._eject(address, record, reason)
 
-    def success(self, address: str) -> None:
+    def success(self, address: str, serving: bool = True) -> None:
         """Anything the server got right: resets its consecutive failures (an ejected
-        one still waits for its probe)."""
+        one still waits for its probe). ``serving=False`` (a scrape that worked: the
+        server is reachable) resets only failures to reach it, not 5xx answers."""
         member = self._datastore.member(address)
         if member is None:
             return
         self._last_success[address] = self._clock()
         if member.status is Status.ACTIVE:
-            self._records.pop(address, None)
+            record = self._records.get(address)
+            if record is not None and (serving or not record.serving):
+                del self._records[address]
 
     def state(self, address: str) -> FailureState:
         """What /status shows about ``address``'s failures."""

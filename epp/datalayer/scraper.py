@@ -9,7 +9,8 @@ counts in ``epp_scrape_failures_total{endpoint}`` and leaves the metrics alone, 
 server cannot be reached at all (connect error; a timeout, marked ``slow``)
 ``on_unreachable`` is also told, which is how failure ejection
 (:mod:`epp.datalayer.ejection`) hears of dead servers that get no traffic; a scrape
-that worked tells ``on_success`` (the server is alive: its failure count starts over).
+that worked tells ``on_success`` (the server is reachable: failures to reach it start
+over, 5xx answers do not).
 
 Logging stays quiet at 20 scrapes a second: a warning when an endpoint starts failing,
 debug while it keeps failing, info when it recovers.

@@ -68,8 +68,10 @@ class CoordinatorEnv:
     client: LegClient
     rng: random.Random
     bootstrap_port: int | None = None
-    # told the address of a prefill server that answered a leg well (failure accounting)
+    # failure accounting: told the prefill server that answered a leg well, and the one
+    # that failed a leg (address, reason, serving: it answered with a 5xx)
     on_success: Callable[[str], None] | None = None
+    on_failure: Callable[[str, str, bool], None] | None = None
 
 
 class PrefillLegs:
@@ -105,6 +107,8 @@ class PrefillLegs:
             log.warning(
                 "request %s: prefill leg failed (%s); decode alone", h.request.request_id, exc
             )
+            if self.env.on_failure is not None:
+                self.env.on_failure(h.prefill.address, f"prefill leg failed: {exc}", False)
             return None
         finally:
             ticket.release()
@@ -125,6 +129,9 @@ class PrefillLegs:
                 h.prefill.address,
                 result.status,
             )
+            if self.env.on_failure is not None and result.status >= 500:
+                reason = f"prefill leg answered HTTP {result.status}"
+                self.env.on_failure(h.prefill.address, reason, True)
             return None
         if self.env.on_success is not None:
             self.env.on_success(h.prefill.address)

@@ -118,3 +118,45 @@ async def test_a_leg_without_kv_params_counts_once(no_params_server: int) -> Non
     legs, ejector, address = await _run_leg(no_params_server)
     assert legs == {"no_kv_params": 1.0}  # not also "ok"
     assert ejector.state(address).failures == 0  # the server answered: it is alive
+
+
+@pytest.fixture
+async def failing_prefill() -> AsyncIterator[int]:
+    """A prefill server that answers every leg with a 503."""
+
+    async def complete(_: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "overloaded"}}, status=503)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_failed_prefill_leg_counts_against_the_prefill_server(
+    failing_prefill: int,
+) -> None:
+    ds, ejector, endpoint = _pool(failing_prefill)
+    metrics = EppMetrics(ds)
+    legs = LegClient(1.0, 10.0)
+    env = CoordinatorEnv(
+        ds,
+        metrics,
+        legs,
+        random.Random(0),
+        None,
+        ejector.success,
+        lambda address, reason, serving: ejector.failure(address, reason, serving=serving),
+    )
+    try:
+        await NixlCoordinator(env).hand_off(_handoff(endpoint))
+    finally:
+        await legs.close()
+    assert _legs(metrics) == {"failed": 1.0}
+    assert ejector.state(endpoint.address).failures == 1

@@ -257,7 +257,7 @@ class Outcomes:
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []
 
-    def failure(self, address: str, reason: str) -> None:
+    def failure(self, address: str, reason: str, slow: bool = False, serving: bool = False) -> None:
         self.events.append(("failure", address))
 
     def success(self, address: str) -> None:
@@ -375,3 +375,18 @@ def test_a_late_release_after_a_drain_deadline_does_not_touch_a_re_added_member(
     assert ds.in_flight(endpoint.address) == 1
     fresh.release()
     assert ds.member(endpoint.address) is None and ds.in_flight(endpoint.address) == 0
+
+
+def test_a_working_scrape_does_not_excuse_5xx_answers() -> None:
+    """A server that answers /metrics but fails every request is still ejected; one
+    that could not be reached and now scrapes fine starts over."""
+    ej, ds, _ = ejector(EjectionPolicy(eject_after=3), {})
+    for _ in range(3):
+        ej.failure(A.address, "HTTP 500 on the response path", serving=True)
+        ej.success(A.address, serving=False)  # its /metrics answers in between
+    assert active(ds) == [B.address]
+    ej2, ds2, _ = ejector(EjectionPolicy(eject_after=3), {})
+    for _ in range(3):
+        ej2.failure(A.address, "connect failure")
+        ej2.success(A.address, serving=False)
+    assert A.address in active(ds2)
