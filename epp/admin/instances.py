@@ -221,17 +221,19 @@ def add_routes(
         if isinstance(parsed, web.Response):
             return parsed
         role, named = parsed
-        results = {}
-        for e in named:
+        addresses = []
+        for e in named:  # every name first: one that does not resolve removes nothing
             address = e.address
             if not is_ip(e.host):  # the address the name was added under, else its own now
-                name = join(e.host, e.port)
-                address = resolver.address_of(name) or address
+                address = resolver.address_of(join(e.host, e.port)) or address
                 if datastore.member(address) is None:
                     try:
                         address = (await resolver.resolve(e)).address
                     except ResolveError as exc:
                         return error(400, "unresolvable_instance", str(exc))
+            addresses.append(address)
+        results = {}
+        for address in addresses:
             member = datastore.member(address)
             if member is None or member.endpoint.role is not role:
                 results[address] = Outcome.NOT_FOUND

@@ -96,6 +96,11 @@ def test_admin_api_takes_names_and_refuses_the_unspecified_address(
     assert doc["message"] == f"add decode instances: ['{address}']."
     assert doc["instance_messages"] == [f"Added {address} to decode_instances."]
     wait_for(lambda: address in served_by(stack, 6), timeout=20)
+    # one name that does not resolve: nothing in the call is removed
+    both = {"type": "decode", "instances": [f"localhost:{c.port}", "nowhere.invalid:1"]}
+    code, doc = admin(stack, "/instances/remove", both)
+    assert code == 400 and doc["error"]["code"] == "unresolvable_instance"
+    assert address in {e["instance"] for e in status(stack)["endpoints"]}
     code, doc = admin(
         stack, "/instance/remove", {"type": "decode", "instance": f"localhost:{c.port}"}
     )
