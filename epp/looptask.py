@@ -4,7 +4,6 @@ name re-resolution loop)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -25,5 +24,5 @@ class LoopTask:
         if self._task is not None:
             task, self._task = self._task, None
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # gather, not await: a cancel of stop() itself must not be swallowed
+            await asyncio.gather(task, return_exceptions=True)

@@ -120,7 +120,10 @@ class NameResolver:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception:  # the loop must outlive one bad pass
+                log.exception("re-resolving host names failed; trying again next time")
 
     async def refresh(self) -> None:
         """Look every followed name up once and apply what changed."""
@@ -140,8 +143,8 @@ class NameResolver:
                 continue
             if old is not None:
                 member = self._datastore.member(old.address)
-                if member is None or member.status is Status.WAITING:
-                    continue  # gone; or its readiness wait runs on the old address
+                if member is None or member.status in (Status.WAITING, Status.DRAINING):
+                    continue  # gone or removed; or its readiness wait runs on the old one
                 # keep what the pool learnt about it since (role changed by an add)
                 resolved = replace(member.endpoint, host=resolved.host, name=name)
             followed.current = resolved

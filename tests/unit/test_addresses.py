@@ -122,6 +122,19 @@ async def test_a_changed_address_replaces_the_old_which_drains() -> None:
     assert ds.members() == []
 
 
+async def test_a_removed_name_draining_its_requests_is_not_brought_back_by_dns() -> None:
+    dns, ds = Dns(), Datastore()
+    dns.answers["vllm-0"] = [(V4, "10.0.0.1")]
+    names = NameResolver(ds, lookup=dns.lookup)
+    await names.add_static(Endpoint("vllm-0", 8000))
+    ticket = ds.acquire("10.0.0.1:8000")
+    ds.remove("10.0.0.1:8000")  # removed while a request runs: draining
+    dns.answers["vllm-0"] = [(V4, "10.0.0.2")]
+    await names.refresh()
+    assert ds.member("10.0.0.2:8000") is None
+    ticket.release()
+
+
 async def test_a_static_name_that_does_not_resolve_yet_joins_when_it_does(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
