@@ -112,13 +112,15 @@ def _address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def _static_cluster(name: str, endpoints: list[tuple[str, int]], http2: bool) -> dict[str, Any]:
+def _static_cluster(
+    name: str, endpoints: list[tuple[str, int]], http2: bool, connect_timeout_s: float
+) -> dict[str, Any]:
     literal = all(is_ip(h) for h, _ in endpoints)
     cluster: dict[str, Any] = {
         "name": name,
         # Service names (docker-compose, Kubernetes) need DNS; IP literals do not.
         "type": "STATIC" if literal else "STRICT_DNS",
-        "connect_timeout": _seconds(EnvoyOptions.connect_timeout_s),
+        "connect_timeout": _seconds(connect_timeout_s),
         "lb_policy": "ROUND_ROBIN",
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
         "load_assignment": {
@@ -308,7 +310,12 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
         },
     }
     model_servers = _eds_cluster(opts) if opts.cluster == "eds" else _original_dst_cluster(opts)
-    epp = _static_cluster("epp", [(opts.epp_host, opts.epp_port)], http2=True)
+    epp = _static_cluster(
+        "epp",
+        [(opts.epp_host, opts.epp_port)],
+        http2=True,
+        connect_timeout_s=opts.connect_timeout_s,
+    )
     if opts.epp_tls:
         epp["transport_socket"] = _unverified_tls()
     config = _bootstrap(opts, [ext_proc], [model_servers, epp], _routes(opts))
@@ -433,7 +440,8 @@ def _eds_cluster(opts: EnvoyOptions) -> dict[str, Any]:
 
 def baseline_config(opts: EnvoyOptions, servers: list[tuple[str, int]]) -> dict[str, Any]:
     """Envoy alone: a static round-robin cluster over ``servers``, no EPP (for benchmarks)."""
-    return _bootstrap(opts, [], [_static_cluster("model_servers", servers, http2=False)])
+    cluster = _static_cluster("model_servers", servers, False, opts.connect_timeout_s)
+    return _bootstrap(opts, [], [cluster])
 
 
 def client_routed_config(opts: EnvoyOptions) -> dict[str, Any]:
