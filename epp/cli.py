@@ -1,7 +1,9 @@
 """The single ``epp`` entry point: ``epp serve | sim | stack | sidecar | config``.
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
-``run(args) -> int``; this file only wires them together.
+``run(args) -> int``; this file only wires them together. Modules are named by string
+and imported only for the command being run: ``sim`` and ``stack`` live in the dev
+harness (``epp_harness``), which the product never imports statically.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from epp import __version__
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("epp.serve", "run the endpoint picker (Envoy ext_proc gRPC server + HTTP admin)"),
-    "sim": ("epp.sim.cli", "run one simulated vLLM-compatible model server"),
-    "stack": ("epp.stack", "run Envoy + EPP + simulated model servers locally (make run)"),
+    "sim": ("epp_harness.sim.cli", "run one simulated vLLM-compatible model server"),
+    "stack": ("epp_harness.stack", "run Envoy + EPP + simulated model servers locally (make run)"),
     "sidecar": ("epp.disagg.sidecar", "run the decode-side P/D proxy (coordinator: sidecar)"),
     "config": ("epp.configcmd", "show the effective config, or list plugin types"),
 }

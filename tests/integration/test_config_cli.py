@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from epp.procs import epp_argv
+from epp_harness.procs import epp_argv
 
 
 def epp(*args: str) -> subprocess.CompletedProcess[str]:

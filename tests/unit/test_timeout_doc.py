@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from epp import router, stack
+from epp import router
 from epp.admin import metrics
 from epp.cli import build_parser
 from epp.config import DataLayerConfig, DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
-from epp.envoyconfig import EnvoyOptions, epp_config
 from epp.xds import eds
+from epp_harness import stack
+from epp_harness.envoyconfig import EnvoyOptions, epp_config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "timeouts.md"
 
