@@ -62,6 +62,7 @@ def parse_request(
             subset=subset,
             slo_ttft_ms=slo_ttft,
             slo_tpot_ms=slo_tpot,
+            body=doc,
         ),
         doc,
     )

@@ -140,6 +140,9 @@ class InferenceRequest:
     # latency objectives from the SLO headers (milliseconds), None when not asked
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    # the decoded JSON body, for plugins that need what the fields above leave out (the
+    # precise prefix-cache scorer tokenizes `prompt` or `messages` as the engine does)
+    body: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def prompt_tokens(self) -> int:

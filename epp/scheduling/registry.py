@@ -8,7 +8,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from epp.scheduling.params import ConfigError, Params
-from epp.scheduling.plugins import affinity, filters, latency, load, pd, pickers, prefix
+from epp.scheduling.plugins import (
+    affinity,
+    filters,
+    latency,
+    load,
+    pd,
+    pickers,
+    precise,
+    prefix,
+)
 from epp.scheduling.scheduler import SingleProfileHandler
 
 Kind = Literal["filter", "scorer", "picker", "handler"]
@@ -61,6 +70,12 @@ def register_builtin_plugins(registry: Registry) -> Registry:
     r("kv-cache-utilization-scorer", "scorer", load.kv_cache_scorer, "more free KV cache")
     r("in-flight-load-scorer", "scorer", load.in_flight_scorer, "fewer EPP in-flight")
     r("prefix-cache-scorer", "scorer", prefix.prefix_cache_scorer, "longest cached prefix")
+    r(
+        "precise-prefix-cache-scorer",
+        "scorer",
+        precise.precise_prefix_cache_scorer,
+        "longest prefix the server reports it holds (KV events)",
+    )
     r(
         "predicted-latency-scorer",
         "scorer",

@@ -30,10 +30,13 @@ from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import FloatArray
 from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
 from epp.scheduling.params import ConfigError, Params
+from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.types import EndpointState
 
 DEFAULT_PREFIX_PLUGIN = "prefix-cache-scorer"
+# preferred when configured: what the servers report holding, not what was routed
+PRECISE_PREFIX_PLUGIN = "precise-prefix-cache-scorer"
 # per in-flight request: orders otherwise equal predictions by load (seconds)
 TIE_BREAK_S = 1e-4
 FLOOR_S = 1e-3  # costs below this count as this (scores are ratios to the best)
@@ -64,17 +67,39 @@ class PredictedLatencyScorer:
         self.prefix_plugin = prefix_plugin
         self.eviction_weight = eviction_weight
         self.prefix: PrefixCacheScorer | None = None
+        self.precise: PrecisePrefixCacheScorer | None = None
 
     def bind(self, plugins: Mapping[str, Any], profiles: Sequence[str]) -> None:
-        name = self.prefix_plugin or DEFAULT_PREFIX_PLUGIN
+        name = self.prefix_plugin
+        if name is None:
+            name = (
+                PRECISE_PREFIX_PLUGIN if PRECISE_PREFIX_PLUGIN in plugins else DEFAULT_PREFIX_PLUGIN
+            )
         plugin = plugins.get(name)
-        if isinstance(plugin, PrefixCacheScorer):
+        if isinstance(plugin, PrecisePrefixCacheScorer):
+            self.precise = plugin
+        elif isinstance(plugin, PrefixCacheScorer):
             self.prefix = plugin
         elif self.prefix_plugin is not None:
             raise ConfigError(
-                f"{self.where}.prefixPlugin: {name!r} is not a configured prefix-cache-scorer"
+                f"{self.where}.prefixPlugin: {name!r} is not a configured prefix-cache-scorer "
+                "or precise-prefix-cache-scorer"
             )
         # else: no index; every prompt token counts as uncached everywhere
+
+    def _cached(self, ctx: CycleContext) -> tuple[int, Mapping[str, int], PrefixCacheScorer | None]:
+        """(prompt tokens, address -> prompt tokens it caches, the approximate scorer
+        whose geometry estimates free blocks): precise where the servers report their
+        blocks and the prompt's real tokens are known, else approximate."""
+        if self.precise is not None:
+            precise = self.precise
+            return precise.prompt_tokens(ctx), precise.cached_tokens(ctx), precise.fallback
+        prefix = self.prefix
+        if prefix is None:
+            return ctx.request.prompt_tokens, {}, None
+        block = prefix.block_tokens
+        cached = {a: n * block for a, n in prefix.matches(ctx).items()}
+        return ctx.request.prompt_tokens, cached, prefix
 
     def score(
         self, ctx: CycleContext, candidates: Sequence[EndpointState]
@@ -102,9 +127,7 @@ class PredictedLatencyScorer:
     ) -> tuple[list[float], list[float], list[float]]:
         """(cost, TTFT, TPOT) per candidate, one at a time (few candidates)."""
         model: LatencyModel = ctx.latency
-        tokens = ctx.request.prompt_tokens
-        prefix = self.prefix
-        matches: Mapping[str, int] = prefix.matches(ctx) if prefix is not None else {}
+        tokens, cached, prefix = self._cached(ctx)
         block = prefix.block_tokens if prefix is not None else 1
         in_flight = ctx.snapshot.in_flight
         evict = self.eviction_weight if prefix is not None else 0.0
@@ -112,7 +135,7 @@ class PredictedLatencyScorer:
         costs, ttfts, tpots, uncached_all = [], [], [], []
         for state, metrics in zip(candidates, ctx.fresh_metrics(candidates), strict=True):
             address = state.address
-            uncached = max(tokens - matches.get(address, 0) * block, 0)
+            uncached = max(tokens - cached.get(address, 0), 0)
             uncached_all.append(uncached)
             pred = model.predict(state, metrics, in_flight.get(address, 0), uncached)
             learned = model.endpoint(state)
@@ -139,15 +162,9 @@ class PredictedLatencyScorer:
         computed when an SLO asks for it (NaN otherwise)."""
         model: LatencyModel = ctx.latency
         view = ctx.view(candidates)
-        tokens = ctx.request.prompt_tokens
-        prefix = self.prefix
-        if prefix is not None:
-            block = prefix.block_tokens
-            matched = view.by_address(prefix.matches(ctx))
-            uncached = np.maximum(tokens - matched * block, 0.0)
-        else:
-            block = 1
-            uncached = np.full(len(candidates), float(tokens))
+        tokens, cached, prefix = self._cached(ctx)
+        block = prefix.block_tokens if prefix is not None else 1
+        uncached = np.maximum(tokens - view.by_address(cached), 0.0)
         predicted = model.predict_view(view, ctx.snapshot.in_flight, uncached)
         ttft, load, rate, slope, slot_s = predicted
         out = ctx.request.max_tokens or model.priors.output_tokens

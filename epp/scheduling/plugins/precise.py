@@ -1,0 +1,247 @@
+"""Precise prefix-cache affinity: prefer the endpoint that holds the longest prefix of
+this prompt's blocks, as the endpoints themselves reported them (vLLM's KV events,
+:mod:`epp.kvevents`), with the prompt tokenized as the engine does
+(:mod:`epp.tokenization`).
+
+Endpoints whose events are not trusted (none received, or some lost and not yet
+rebuilt) and requests whose tokens are unknown (no tokenizer configured, or a request
+the tokenizer cannot reproduce) are scored by the approximate prefix-cache scorer
+instead. docs/kv-events.md describes the whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from epp.kvevents.index import Held, PreciseIndex, chain_keys, token_bytes
+from epp.kvevents.settings import DEFAULT_PORT, KvEventsSettings
+from epp.scheduling.base import CycleContext
+from epp.scheduling.columns import FloatArray
+from epp.scheduling.params import ConfigError, Params
+from epp.scheduling.plugins.prefix import LOAD_BOUND, PrefixCacheScorer, prefix_cache_scorer
+from epp.tokenization import HfTokenizer, PromptTokenizer, TokenizerError, prompt_token_ids
+from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
+
+DEFAULT_FALLBACK = "prefix-cache-scorer"
+
+
+@dataclass(frozen=True, slots=True)
+class _Prompt:
+    tokens: bytes  # packed (epp.kvevents.index.token_bytes)
+    count: int
+    lora: str
+
+
+class PrecisePrefixCacheScorer:
+    """Score = blocks of the prompt the endpoint holds / the prompt's full blocks, a
+    block held only off the GPU (offloaded to CPU memory) counting ``cpuWeight``.
+
+    Parameters: ``tokenizer`` (a directory with the model's ``tokenizer.json`` and
+    ``tokenizer_config.json``; without it only prompts given as token ids match),
+    ``kvEvents`` (``port`` 5557 on each endpoint's host, 0 = only endpoints whose label
+    names one; ``topic`` ""; ``replayPort`` 0 = none), ``maxPrefixBlocksToMatch``
+    (512), ``cpuWeight`` (0.5), ``maxBlocksPerEndpoint`` (100,000), ``rebuildSeconds``
+    (60: how long an endpoint whose events were lost is scored approximately),
+    ``loadBound`` (1.25, as the approximate scorer's), ``fallbackPlugin`` (the
+    prefix-cache-scorer to ask for endpoints without events; default the one named
+    ``prefix-cache-scorer``, else one of its own with default parameters).
+    """
+
+    def __init__(
+        self,
+        where: str,
+        *,
+        index: PreciseIndex,
+        tokenizer: PromptTokenizer | None,
+        events: KvEventsSettings,
+        max_blocks: int = 512,
+        cpu_weight: float = 0.5,
+        load_bound: float = LOAD_BOUND,
+        fallback_plugin: str | None = None,
+    ) -> None:
+        self.where = where
+        self.index = index
+        self.tokenizer = tokenizer
+        self.events = events
+        self.max_blocks = max_blocks
+        self.cpu_weight = cpu_weight
+        self.load_bound = load_bound
+        self.fallback_plugin = fallback_plugin
+        self.fallback: PrefixCacheScorer | None = None
+        self._own_fallback = False
+        self._key = f"precise/{id(self)}"
+
+    def bind(self, plugins: Mapping[str, Any], profiles: Sequence[str]) -> None:
+        name = self.fallback_plugin or DEFAULT_FALLBACK
+        plugin = plugins.get(name)
+        if isinstance(plugin, PrefixCacheScorer):
+            self.fallback = plugin
+        elif self.fallback_plugin is not None:
+            raise ConfigError(
+                f"{self.where}.fallbackPlugin: {name!r} is not a configured prefix-cache-scorer"
+            )
+        else:  # none declared: keep one of our own, fed by on_routed below
+            self.fallback = prefix_cache_scorer(Params(f"{self.where} (fallback)", {}))
+            self._own_fallback = True
+
+    def on_routed(
+        self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
+    ) -> None:
+        if self._own_fallback and self.fallback is not None:
+            self.fallback.on_routed(request, result, snapshot)
+
+    # -- per cycle (each computed once and shared by every profile) -------------------
+    def prompt(self, ctx: CycleContext) -> _Prompt | None:
+        """The request's tokens, or None when they cannot be known exactly."""
+        key = self._key + "/prompt"
+        if key not in ctx.cache:
+            r = ctx.request
+            ids = prompt_token_ids(r.path, r.body, self.tokenizer)
+            lora = r.model if r.model in self.index.lora_names else ""
+            ctx.cache[key] = None if ids is None else _Prompt(token_bytes(ids), len(ids), lora)
+        found: _Prompt | None = ctx.cache[key]
+        return found
+
+    def held(self, ctx: CycleContext) -> dict[str, Held]:
+        """address -> leading blocks of the prompt it holds (trusted or not)."""
+        key = self._key + "/held"
+        found: dict[str, Held] | None = ctx.cache.get(key)
+        if found is None:
+            found = {}
+            prompt = self.prompt(ctx)
+            if prompt is not None:
+                index = self.index
+                root = index.root(prompt.lora)
+                for size in index.block_sizes():
+                    keys = chain_keys(prompt.tokens, size, self.max_blocks, root)
+                    found.update(index.match(keys, size))
+            ctx.cache[key] = found
+        return found
+
+    def prompt_tokens(self, ctx: CycleContext) -> int:
+        """The prompt's length in the engine's tokens when known, else the estimate."""
+        prompt = self.prompt(ctx)
+        return prompt.count if prompt is not None else ctx.request.prompt_tokens
+
+    def cached_tokens(self, ctx: CycleContext) -> dict[str, int]:
+        """address -> prompt tokens it probably caches: what trusted endpoints hold,
+        else the approximate index's estimate (omitted where none)."""
+        key = self._key + "/cached"
+        found: dict[str, int] | None = ctx.cache.get(key)
+        if found is None:
+            trusted = self.index.trusted(ctx.now) if self.prompt(ctx) is not None else ()
+            found = {}
+            if self.fallback is not None:
+                block = self.fallback.block_tokens
+                for address, blocks in self.fallback.matches(ctx).items():
+                    if address not in trusted:
+                        found[address] = blocks * block
+            for address, held in self.held(ctx).items():
+                if address in trusted:
+                    found[address] = round(self._blocks(held) * held.block_size)
+            ctx.cache[key] = found
+        return found
+
+    def cached_fraction(self, ctx: CycleContext, address: str) -> float:
+        """Share of the prompt ``address`` probably caches (the P/D decider asks)."""
+        total = self.prompt_tokens(ctx)
+        return min(self.cached_tokens(ctx).get(address, 0) / total, 1.0) if total else 0.0
+
+    def score(
+        self, ctx: CycleContext, candidates: Sequence[EndpointState]
+    ) -> list[float] | FloatArray:
+        prompt = self.prompt(ctx)
+        trusted = self.index.trusted(ctx.now) if prompt is not None else frozenset()
+        vectorize = ctx.vectorize(candidates)
+        addresses = ctx.view(candidates).addresses if vectorize else [s.address for s in candidates]
+        everyone = bool(trusted) and trusted.issuperset(addresses)
+        base: Sequence[float] | FloatArray
+        if everyone:
+            base = []
+        elif self.fallback is not None:
+            base = self.fallback.score(ctx, candidates)
+        else:
+            base = [0.0] * len(candidates)
+        if not trusted or prompt is None:
+            return base if isinstance(base, np.ndarray) else list(base)
+        precise = {
+            address: self._blocks(held) / full
+            for address, held in self.held(ctx).items()
+            if address in trusted
+            and (full := min(prompt.count // held.block_size, self.max_blocks))
+        }
+        if vectorize:
+            view = ctx.view(candidates)
+            scores = view.by_address(precise)
+            if not everyone:
+                mask = np.fromiter(map(trusted.__contains__, addresses), np.bool_, len(addresses))
+                scores = np.where(mask, scores, np.asarray(base, np.float64))
+            if self.load_bound > 0 and len(candidates) > 1:
+                load = view.counts(ctx.snapshot.in_flight)
+                scores[load > self.load_bound * float(load.sum()) / len(load) + 1] = 0.0
+            return scores
+        values = [
+            precise.get(a, 0.0) if everyone or a in trusted else base[i]
+            for i, a in enumerate(addresses)
+        ]
+        if self.load_bound > 0 and len(candidates) > 1:
+            in_flight = ctx.snapshot.in_flight
+            loads = [in_flight.get(a, 0) for a in addresses]
+            cap = self.load_bound * sum(loads) / len(loads) + 1
+            values = [0.0 if load > cap else x for x, load in zip(values, loads, strict=True)]
+        return values
+
+    def _blocks(self, held: Held) -> float:
+        return held.gpu + self.cpu_weight * (held.any - held.gpu)
+
+
+def precise_prefix_cache_scorer(p: Params) -> PrecisePrefixCacheScorer:
+    directory = p._get("tokenizer")
+    tokenizer: PromptTokenizer | None = None
+    if directory is not None:
+        if not isinstance(directory, str) or not directory:
+            raise ConfigError(f"{p.where}.tokenizer: a directory with tokenizer.json")
+        try:
+            tokenizer = HfTokenizer(Path(directory))
+        except TokenizerError as exc:
+            raise ConfigError(f"{p.where}.tokenizer: {exc}") from None
+    cpu_weight = p.number("cpuWeight", 0.5, minimum=0.0)
+    if cpu_weight > 1:
+        raise ConfigError(f"{p.where}.cpuWeight: must be <= 1 (a GPU block counts 1)")
+    fallback = p._get("fallbackPlugin")
+    if fallback is not None and (not isinstance(fallback, str) or not fallback):
+        raise ConfigError(f"{p.where}.fallbackPlugin: the name of a prefix-cache-scorer plugin")
+    return PrecisePrefixCacheScorer(
+        p.where,
+        index=PreciseIndex(
+            max_blocks_per_endpoint=p.integer("maxBlocksPerEndpoint", 100_000, minimum=1),
+            rebuild_s=p.number("rebuildSeconds", 60.0, minimum=0.0),
+        ),
+        tokenizer=tokenizer,
+        events=_events(Params(f"{p.where}.kvEvents", p._get("kvEvents"))),
+        max_blocks=p.integer("maxPrefixBlocksToMatch", 512, minimum=1),
+        cpu_weight=cpu_weight,
+        load_bound=p.number("loadBound", LOAD_BOUND, minimum=0.0),
+        fallback_plugin=fallback,
+    )
+
+
+def _events(p: Params) -> KvEventsSettings:
+    ports: dict[str, int | None] = {}
+    for key, default in (("port", DEFAULT_PORT), ("replayPort", 0)):
+        raw = p.integer(key, default, minimum=0)
+        if raw > 65535:
+            raise ConfigError(f"{p.where}.{key}: a port 1-65535 (0 = none), got {raw}")
+        ports[key] = raw or None
+    topic = p._get("topic")
+    if topic is None:
+        topic = ""
+    if not isinstance(topic, str):
+        raise ConfigError(f"{p.where}.topic: a string (the subscription prefix), got {topic!r}")
+    p.done()
+    return KvEventsSettings(port=ports["port"], topic=topic, replay_port=ports["replayPort"])

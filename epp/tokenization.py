@@ -1,0 +1,255 @@
+"""A request's prompt as the engine's token ids, computed in process from the model's own
+tokenizer files (no download, no call to the server). docs/kv-events.md says why this
+and not the server's ``/tokenize``, and what it costs.
+
+What vLLM does, reproduced here:
+
+* completions: ``prompt`` encoded with ``add_special_tokens`` (the request's field,
+  default true: BOS and the like, as the tokenizer's post-processor adds them); a
+  prompt of token ids is used as is; of a batch of prompts only the first is matched;
+* chat: ``messages`` rendered by the model's chat template (jinja2, in the sandbox and
+  with the options Hugging Face's ``apply_chat_template`` uses: ``trim_blocks``,
+  ``lstrip_blocks``, ``raise_exception``, ``strftime_now``, a ``tojson`` that keeps
+  non-ASCII), with ``add_generation_prompt`` (default true), ``continue_final_message``,
+  ``tools``, ``documents`` and ``chat_template_kwargs``, and the tokenizer's special
+  tokens (``bos_token`` ...); the text then encoded *without* special tokens (the
+  template writes them), unless the request sets ``add_special_tokens``. Content given
+  as a list of parts becomes its text parts joined by newlines (vLLM's "string"
+  content format).
+
+Anything else (a request-supplied ``chat_template``, images, a template that raises)
+gives None: the scorer then falls back to the approximate index for that request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+_SPECIAL = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+class TokenizerError(ValueError):
+    """The tokenizer files cannot be used (the message names the file and why)."""
+
+
+class PromptTokenizer(Protocol):
+    """Text to the engine's token ids. Contract: synchronous, no I/O (files are read
+    when it is made); returns None when it cannot say exactly what the engine would."""
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]: ...
+
+    def render_chat(self, body: Mapping[str, Any]) -> str | None: ...
+
+
+def prompt_token_ids(
+    path: str, body: Mapping[str, Any] | None, tokenizer: PromptTokenizer | None
+) -> list[int] | None:
+    """The token ids the engine will see for this request, or None if unknown."""
+    if body is None:
+        return None
+    if path == COMPLETIONS:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt:
+            prompt = prompt[0] if not _is_id(prompt[0]) else prompt
+        if isinstance(prompt, list):
+            return prompt if prompt and all(map(_is_id, prompt)) else None
+        if isinstance(prompt, str) and tokenizer is not None:
+            special = body.get("add_special_tokens", True)
+            return tokenizer.encode(prompt, special is not False)
+        return None
+    if path == CHAT and tokenizer is not None:
+        text = tokenizer.render_chat(body)
+        if text is None:
+            return None
+        return tokenizer.encode(text, body.get("add_special_tokens") is True)
+    return None
+
+
+class HfTokenizer:
+    """A model's ``tokenizer.json`` with its chat template (``chat_template.jinja``, else
+    ``chat_template`` in ``tokenizer_config.json``) and special tokens, from a local
+    directory. Raises :class:`TokenizerError` when the directory cannot be used."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        path = directory / "tokenizer.json"
+        try:
+            self._tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises plain Exception for every problem
+            raise TokenizerError(f"{path}: cannot load: {exc}") from None
+        config = _read_json(directory / "tokenizer_config.json")
+        self.special_tokens = {
+            name: text for name in _SPECIAL if (text := _token_text(config.get(name))) is not None
+        }
+        self._templates = _templates(directory, config)
+        self._compiled: dict[str, jinja2.Template] = {}
+        self.render_failures = 0  # chat requests the template refused (vLLM answers 400)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+
+    def render_chat(self, body: Mapping[str, Any]) -> str | None:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or "chat_template" in body:
+            return None
+        tools = body.get("tools")
+        template = self._template("tool_use" if tools else "default")
+        if template is None:
+            return None
+        normalized = [_message(m) for m in messages]
+        if any(m is None for m in normalized):
+            return None
+        kwargs = body.get("chat_template_kwargs")
+        continue_final = body.get("continue_final_message") is True
+        variables: dict[str, Any] = {
+            **self.special_tokens,
+            **(kwargs if isinstance(kwargs, dict) else {}),
+            "messages": normalized,
+            "tools": tools,
+            "documents": body.get("documents"),
+            "add_generation_prompt": body.get("add_generation_prompt", True) is not False
+            and not continue_final,
+        }
+        try:
+            text = template.render(variables)
+        except jinja2.TemplateError:
+            self.render_failures += 1
+            return None
+        if continue_final and normalized:
+            # end the text where the last message's content ends (no end-of-turn)
+            final = normalized[-1].get("content")  # type: ignore[union-attr]
+            final = final.strip() if isinstance(final, str) else ""
+            at = text.rfind(final) if final else -1
+            if at < 0:
+                return None
+            text = text[: at + len(final)]
+        return text
+
+    def _template(self, name: str) -> jinja2.Template | None:
+        source = self._templates.get(name) or self._templates.get("default")
+        if source is None:
+            return None
+        compiled = self._compiled.get(source)
+        if compiled is None:
+            compiled = self._compiled[source] = _environment().from_string(source)
+        return compiled
+
+
+def _templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str]:
+    """Named chat templates: a ``chat_template.jinja`` file is the default one."""
+    found: dict[str, str] = {}
+    raw = config.get("chat_template")
+    if isinstance(raw, str):
+        found["default"] = raw
+    elif isinstance(raw, list):  # [{"name": ..., "template": ...}]
+        for item in raw:
+            if isinstance(item, dict) and isinstance(item.get("template"), str):
+                found[str(item.get("name", "default"))] = item["template"]
+    jinja_file = directory / "chat_template.jinja"
+    if jinja_file.is_file():
+        found["default"] = jinja_file.read_text()
+    return found
+
+
+def _message(message: Any) -> dict[str, Any] | None:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        return None
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                return None  # an image or audio part: placeholders we cannot reproduce
+            texts.append(str(part.get("text", "")))
+        content = "\n".join(texts)
+    elif content is None:
+        content = ""
+    elif not isinstance(content, str):
+        return None
+    return {**message, "content": content}
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` (marks assistant text for training
+    masks in Hugging Face's renderer): here it only renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _environment() -> jinja2.Environment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _GenerationBlock],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
+    return env
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(f"{path}: cannot read: {exc}") from None
+    return doc if isinstance(doc, dict) else {}
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        content: str = value["content"]
+        return content
+    return None
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
