@@ -21,6 +21,7 @@ from epp.admin.instances import add_routes
 from epp.admin.metrics import EppMetrics
 from epp.cli import add_log_level
 from epp.datalayer.ejection import Ejector
+from epp.datalayer.kvevents import start_kv_events
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datalayer.scraper import MetricsScraper
@@ -234,6 +235,8 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     ejector.start()
     names.start()
     background += [*_start_data_layer(datastore, metrics, dl, ejector), probe]
+    if isinstance(scheduler, ProfileScheduler):  # precise prefix-cache scorers' KV events
+        background += start_kv_events(datastore, metrics.registry, scheduler.plugins)
     stop_gc_watch = metrics.watch_gc()
     try:
         eds = EdsServer(datastore, sync=envoy_sync)

@@ -12,6 +12,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 from aiohttp import web
 
@@ -21,6 +22,7 @@ from epp_harness.sim.flags import add_arguments, config_from_args
 from epp_harness.sim.kv_routes import make_bootstrap_app
 from epp_harness.sim.orca import OrcaServer
 from epp_harness.sim.server import SIM_SERVER, make_app
+from epp_harness.sim.tokenizer import write_tokenizer_files
 
 # the subcommand contract of epp.cli
 __all__ = ["add_arguments", "run"]
@@ -115,11 +117,28 @@ async def _serve(args: argparse.Namespace) -> int:
             except OSError as exc:
                 log.error("cannot serve the bootstrap rendezvous: %s", exc)
                 return 1
+        publisher = runner.app[SIM_SERVER].kv_events
+        if publisher is not None:  # vLLM's --kv-events-config, the publisher binding
+            try:
+                events_port, replay_port = await publisher.start(
+                    config.host, args.kv_events_port, args.kv_events_replay_port
+                )
+            except Exception as exc:  # zmq.ZMQError: the port is taken
+                log.error("cannot publish KV events: %s", exc)
+                return 1
+            ready["kv_events_port"] = events_port
+            if replay_port is not None:
+                ready["kv_events_replay_port"] = replay_port
+        if args.write_tokenizer:
+            write_tokenizer_files(Path(args.write_tokenizer))
         write_ready(args.ready_file, ready)
         log.info("simulating %r as %s on %s: %s", config.model, config.instance_id, url, config)
         await stop.wait()
         log.info("stopping %s", config.instance_id)
     finally:
+        publisher = runner.app[SIM_SERVER].kv_events
+        if publisher is not None:
+            await publisher.stop()
         if orca_server is not None:
             await orca_server.stop()
         if bootstrap_runner is not None:

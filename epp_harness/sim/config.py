@@ -65,6 +65,11 @@ class SimConfig:
     kv_transfer_ms_per_token: float = 0.005  # decode-side cost of KV received, scaled
     kv_pool_dir: str | None = None  # the shared pool (kv_connector pool only)
     bootstrap_port: int | None = None  # a separate rendezvous port (sglang/mooncake)
+    # KV events (epp_harness.sim.kv_events): publish on this port (0 = a free one;
+    # None = off); prompts are then tokenized (epp_harness.sim.tokenizer)
+    kv_events_port: int | None = None
+    kv_events_replay_port: int | None = None
+    kv_events_topic: str = ""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -76,6 +81,12 @@ class SimConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, got {self.port}")
         self._check_disaggregation()
+        for name in ("kv_events_port", "kv_events_replay_port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 65535:
+                raise ValueError(f"{name} must be 0-65535, got {value}")
+        if self.kv_events_replay_port is not None and self.kv_events_port is None:
+            raise ValueError("kv_events_replay_port needs kv_events_port (--kv-events-port)")
         for name in ("max_num_seqs", "kv_blocks", "block_size", "default_max_tokens"):
             value = getattr(self, name)
             if value < 1:

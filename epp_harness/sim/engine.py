@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from epp_harness.sim.config import SimConfig
 from epp_harness.sim.prefix_cache import (
@@ -97,11 +98,28 @@ class PromptReport:
     cached_tokens: int = 0
 
 
+class KvEventSink(Protocol):
+    """Hears what the prefix cache stores and evicts (the KV-event publisher)."""
+
+    def stored(
+        self,
+        parent: BlockHash | None,
+        hashes: Sequence[BlockHash],
+        token_ids: Sequence[int],
+        size: int,
+    ) -> None: ...
+
+    def removed(self, block: BlockHash) -> None: ...
+
+    def cleared(self) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class _Sequence:
     prompt_tokens: int
     hashes: list[BlockHash]
     arrival: float
+    token_ids: Sequence[int] | None = None
     generated: int = 0
     blocks: int = 0
     cached_tokens: int = 0
@@ -117,10 +135,12 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_first_token: Callable[[float], None] | None = None,
+        kv_events: KvEventSink | None = None,
     ) -> None:
         self.config = config
         self.counters = EngineCounters()
-        self.prefix_cache = PrefixCache()
+        self.kv_events = kv_events
+        self.prefix_cache = PrefixCache(None if kv_events is None else kv_events.removed)
         self._clock = clock
         self._sleep = sleep
         self._on_first_token = on_first_token
@@ -160,6 +180,32 @@ class Engine:
     def _cache_capacity(self) -> int:
         return self.config.kv_blocks - self._blocks_used
 
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block (``POST /reset_prefix_cache``)."""
+        self.prefix_cache.clear()
+        if self.kv_events is not None:
+            self.kv_events.cleared()
+
+    def _announce(self, seq: _Sequence, new: list[int]) -> None:
+        """Tell the KV-event sink which of ``seq``'s blocks were newly cached: one
+        BlockStored per run of consecutive new blocks, linked to the block before."""
+        if self.kv_events is None or seq.token_ids is None:
+            return
+        size = self.config.block_size
+        start = 0
+        while start < len(new):
+            end = start
+            while end + 1 < len(new) and new[end + 1] == new[end] + 1:
+                end += 1
+            first, last = new[start], new[end]
+            self.kv_events.stored(
+                seq.hashes[first - 1] if first else None,
+                seq.hashes[first : last + 1],
+                seq.token_ids[first * size : (last + 1) * size],
+                size,
+            )
+            start = end + 1
+
     def block_hashes(self, req: GenerationRequest) -> list[BlockHash]:
         """The chained hashes of the prompt's full KV blocks."""
         if req.prompt_token_ids is not None:
@@ -185,7 +231,7 @@ class Engine:
         ``report``, when given, gets the prompt tokens that were not prefilled here.
         """
         start = self._clock() if arrival is None else arrival
-        seq = _Sequence(req.prompt_tokens, self.block_hashes(req), start)
+        seq = _Sequence(req.prompt_tokens, self.block_hashes(req), start, req.prompt_token_ids)
         self.counters.requests_total += 1
         await self._admit()
         try:
@@ -198,7 +244,8 @@ class Engine:
                 await self._sleep(delay)
             self.counters.prompt_tokens_total += seq.prompt_tokens
             # Cache the prompt only once it is computed, as a real engine would.
-            self.prefix_cache.insert(seq.hashes, self._cache_capacity())
+            announce = None if self.kv_events is None else lambda new: self._announce(seq, new)
+            self.prefix_cache.insert(seq.hashes, self._cache_capacity(), announce)
             for index in range(req.max_tokens):
                 if index:
                     delay = itl_seconds(self.config, self._running)

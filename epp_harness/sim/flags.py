@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-file",
         default=None,
         metavar="PATH",
-        help="write {host, port, url, instance[, orca_port][, bootstrap_port]} here once bound",
+        help="write {host, port, url, instance[, orca_port][, bootstrap_port]"
+        "[, kv_events_port][, kv_events_replay_port]} here once bound",
     )
     add("--model", default=d.model, help="the served model name")
     add("--instance-id", default=None, help="name in x-sim-instance (default: host:port)")
@@ -99,7 +100,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(0 = pick a free one; not given = off)",
     )
     _add_disaggregation_arguments(parser, d)
+    _add_kv_event_arguments(parser, d)
     add_log_level(parser)
+
+
+def _add_kv_event_arguments(parser: argparse.ArgumentParser, d: SimConfig) -> None:
+    group = parser.add_argument_group(
+        "KV events",
+        "publish what the prefix cache stores and evicts as vLLM does with "
+        "--kv-events-config (ZMQ PUB, msgpack; docs/kv-events.md). With events on, "
+        "prompts are tokenized by the simulator's own tokenizer (one token per UTF-8 "
+        "byte; chat through its own template), so blocks hold --block-size bytes and "
+        "usage counts those tokens; POST /tokenize answers with the same ids either way",
+    )
+    add = group.add_argument
+    add(
+        "--kv-events-port",
+        type=argtypes.port,
+        default=None,
+        metavar="PORT",
+        help="bind the PUB socket on --host:PORT (0 = a free one, named in the ready file; "
+        "not given = no events)",
+    )
+    add(
+        "--kv-events-replay-port",
+        type=argtypes.port,
+        default=None,
+        metavar="PORT",
+        help="also serve replays of buffered messages on this port (vLLM's "
+        "replay_endpoint: a ROUTER socket; 0 = a free one)",
+    )
+    add(
+        "--kv-events-topic",
+        default=d.kv_events_topic,
+        metavar="TOPIC",
+        help="topic frame of every message (default: empty, as vLLM's)",
+    )
+    add(
+        "--write-tokenizer",
+        default=None,
+        metavar="DIR",
+        help="write the simulator's tokenizer as tokenizer.json and tokenizer_config.json "
+        "(with its chat template) into DIR at start, for the EPP's precise-prefix-cache-"
+        "scorer `tokenizer` parameter",
+    )
 
 
 def _add_disaggregation_arguments(parser: argparse.ArgumentParser, d: SimConfig) -> None:
@@ -185,4 +229,7 @@ def config_from_args(args: argparse.Namespace, port: int) -> SimConfig:
         kv_transfer_ms_per_token=args.kv_transfer_ms_per_token,
         kv_pool_dir=args.kv_pool_dir,
         bootstrap_port=args.bootstrap_port,
+        kv_events_port=args.kv_events_port,
+        kv_events_replay_port=args.kv_events_replay_port,
+        kv_events_topic=args.kv_events_topic,
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 BlockHash = bytes
 
@@ -62,11 +62,15 @@ class PrefixCache:
 
     The bound is not fixed: the simulator gives the cache whatever KV blocks running
     sequences do not hold, so callers pass the current capacity to ``insert``/``trim``.
+    A prompt's blocks are used tail first, so its tail is evicted before its head (as
+    vLLM frees a request's blocks): what remains is always a matchable prefix.
+    ``on_evict`` hears of every evicted block (the KV-event publisher).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_evict: Callable[[BlockHash], None] | None = None) -> None:
         # Insertion order is recency order: first = least recently used.
         self._blocks: OrderedDict[BlockHash, None] = OrderedDict()
+        self._on_evict = on_evict
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -80,12 +84,9 @@ class PrefixCache:
         Chaining makes the first miss final: a later block cannot be valid once an
         earlier one is missing.
         """
-        matched = 0
-        for h in hashes:
-            if h not in self._blocks:
-                break
+        matched = self.peek(hashes)
+        for h in reversed(hashes[:matched]):
             self._blocks.move_to_end(h)
-            matched += 1
         return matched
 
     def peek(self, hashes: Sequence[BlockHash]) -> int:
@@ -97,20 +98,36 @@ class PrefixCache:
             matched += 1
         return matched
 
-    def insert(self, hashes: Sequence[BlockHash], capacity: int) -> None:
+    def insert(
+        self,
+        hashes: Sequence[BlockHash],
+        capacity: int,
+        stored: Callable[[list[int]], None] | None = None,
+    ) -> None:
         """Cache a prompt's blocks as most recently used, keeping at most ``capacity``.
 
         When the prompt alone exceeds the capacity only its leading blocks are kept: a
-        tail without its head can never be matched.
+        tail without its head can never be matched. ``stored`` hears the positions of
+        the blocks that were not cached before, ahead of any eviction this causes.
         """
         keep = hashes[: max(capacity, 0)]
-        for h in keep:
-            self._blocks[h] = None
-            self._blocks.move_to_end(h)
+        blocks = self._blocks
+        new = [i for i, h in enumerate(keep) if h not in blocks]
+        for h in reversed(keep):
+            blocks[h] = None
+            blocks.move_to_end(h)
+        if stored is not None and new:
+            stored(new)
         self.trim(capacity)
+
+    def clear(self) -> None:
+        """Forget every block (vLLM's reset_prefix_cache)."""
+        self._blocks.clear()
 
     def trim(self, capacity: int) -> None:
         """Evict least recently used blocks until at most ``capacity`` remain."""
         excess = len(self._blocks) - max(capacity, 0)
         for _ in range(excess):
-            self._blocks.popitem(last=False)
+            evicted, _ = self._blocks.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(evicted)

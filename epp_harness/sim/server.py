@@ -1,7 +1,8 @@
 """The simulator's HTTP surface: an aiohttp app serving vLLM's API plus test hooks.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics``, for tests ``GET /sim/stats``,
+``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /reset_prefix_cache``,
+for tests ``GET /sim/stats``,
 ``GET /sim/last-request`` and ``POST /sim/faults``, and for P/D handoffs between
 instances ``POST /sim/kv/pull`` and ``POST /sim/bootstrap/join`` (epp_harness.sim.kv_routes).
 Every response carries ``x-sim-instance: <instance id>``.
@@ -27,10 +28,12 @@ from epp_harness.sim import orca, responses
 from epp_harness.sim.config import SimConfig
 from epp_harness.sim.engine import Engine, PromptReport
 from epp_harness.sim.handoff import Plan, SimHandoff
+from epp_harness.sim.kv_events import KvEventPublisher
 from epp_harness.sim.kv_routes import KvRoutes
 from epp_harness.sim.metrics import METRICS_CONTENT_TYPE, SimMetrics
 from epp_harness.sim.protocol import MAX_TOKENS_LIMIT, ApiKind, SimError, parse_request
 from epp_harness.sim.responses import error_response, json_response
+from epp_harness.sim.tokenizer import tokenize_body, tokenized
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,13 @@ class SimServer:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.metrics = SimMetrics(config.model)
-        self.engine = Engine(config, on_first_token=self.metrics.observe_ttft)
+        # KV events: bound by `epp sim` (cli), which starts it once the loop runs
+        self.kv_events = (
+            None if config.kv_events_port is None else KvEventPublisher(config.kv_events_topic)
+        )
+        self.engine = Engine(
+            config, on_first_token=self.metrics.observe_ttft, kv_events=self.kv_events
+        )
         self.handoff = SimHandoff(config, self.engine)
         self.metrics.attach(self.engine, self.handoff)
         self.last_request: LastRequest | None = None
@@ -113,6 +122,8 @@ class SimServer:
             )
         except SimError as exc:
             return error_response(exc)
+        if self.kv_events is not None:  # blocks announced carry token ids
+            req = tokenized(req)
         # TTFT counts from here: a KV handoff's wait is part of it.
         arrival = self.engine.now()
         with ExitStack() as stack:
@@ -193,6 +204,22 @@ class SimServer:
         body = responses.models_list(self.config.model, responses.now_created(), MAX_TOKENS_LIMIT)
         return json_response(body)
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize``: the prompt's (or the chat's) token ids."""
+        try:
+            doc = orjson.loads(await request.read())
+            body = tokenize_body(doc, self.config.model, MAX_TOKENS_LIMIT)
+        except orjson.JSONDecodeError as exc:
+            return error_response(SimError(400, f"Invalid JSON body: {exc}"))
+        except SimError as exc:
+            return error_response(exc)
+        return json_response(body)
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /reset_prefix_cache``: drop every cached block."""
+        self.engine.reset_prefix_cache()
+        return web.Response(status=200)
+
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
@@ -231,16 +258,27 @@ class SimServer:
 
     async def faults(self, request: web.Request) -> web.Response:
         """``POST /sim/faults {"metrics_down": bool}``: make /metrics fail (or recover)
-        while requests are still served, as a model server with a broken exporter."""
+        while requests are still served, as a model server with a broken exporter.
+        ``{"kv_events_drop": n}``: do not send the next n KV-event messages (a
+        subscriber sees a sequence gap; the replay socket still has them)."""
         try:
             doc = orjson.loads(await request.read())
-            down = doc["metrics_down"]
-            if not isinstance(down, bool):
+            down = doc.get("metrics_down", self.metrics_down)
+            drop = doc.get("kv_events_drop", 0)
+            if not isinstance(down, bool) or not set(doc) & {"metrics_down", "kv_events_drop"}:
                 raise TypeError
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            return error_response(SimError(400, 'expected {"metrics_down": true|false}'))
+            if isinstance(drop, bool) or not isinstance(drop, int) or drop < 0:
+                raise TypeError
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            return error_response(
+                SimError(400, 'expected {"metrics_down": true|false} or {"kv_events_drop": n}')
+            )
+        if drop and self.kv_events is None:
+            return error_response(SimError(400, "kv_events_drop: KV events are off"))
         self.metrics_down = down
-        return json_response({"metrics_down": down})
+        if drop and self.kv_events is not None:
+            self.kv_events.drop_next(drop)
+        return json_response({"metrics_down": down, "kv_events_drop": drop})
 
     async def last_request_info(self, request: web.Request) -> web.Response:
         if self.last_request is None:
@@ -277,6 +315,8 @@ def make_app(config: SimConfig) -> web.Application:
     app.router.add_get("/v1/models", server.models)
     app.router.add_get("/health", server.health)
     app.router.add_get("/metrics", server.prometheus)
+    app.router.add_post("/tokenize", server.tokenize)
+    app.router.add_post("/reset_prefix_cache", server.reset_prefix_cache)
     app.router.add_get("/sim/stats", server.stats)
     app.router.add_get("/sim/last-request", server.last_request_info)
     app.router.add_post("/sim/faults", server.faults)
