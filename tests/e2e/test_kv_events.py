@@ -1,0 +1,124 @@
+"""Precise prefix routing through Envoy: the EPP follows two simulators' KV events and
+sends a prompt to the server that really holds its blocks, even after the one it was
+routed to evicted them (which the approximate index, knowing only its own routing,
+cannot see)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from epp_harness.sim.tokenizer import write_tokenizer_files
+from epp_harness.stack import LocalStack
+from tests.e2e.conftest import ephemeral
+from tests.support.http import metric_sum, request
+from tests.support.sim import SimProc, sims
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+
+BS = 16
+SIM = ["--block-size", str(BS), "--kv-blocks", "48", "--time-scale", "0",
+       "--enable-prompt-tokens-details", "--kv-events-port", "0"]  # fmt: skip
+PROMPT = "You answer questions about the tides. " * 9  # 342 bytes: 21 full blocks
+FULL = len(PROMPT.encode()) // BS
+
+
+def epp_config(path: Path, tokenizer: Path, servers: list[SimProc]) -> Path:
+    endpoints = "".join(
+        f"- address: 127.0.0.1:{s.port}\n"
+        f"  labels: {{epp.dev/kv-events: \"{s.proc.info['kv_events_port']}\"}}\n"
+        for s in servers
+    )
+    path.write_text(f"""
+plugins:
+- type: prefix-cache-scorer
+- type: precise-prefix-cache-scorer
+  parameters: {{tokenizer: {tokenizer}, kvEvents: {{port: 0}}, loadBound: 0}}
+- type: queue-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: precise-prefix-cache-scorer
+    weight: 10
+  - pluginRef: queue-scorer
+  - pluginRef: max-score-picker
+endpoints:
+{endpoints}""")
+    return path
+
+
+def metrics(stack: LocalStack) -> str:
+    return request(f"{stack.epp_http_url}/metrics")[2].decode()
+
+
+def sample(text: str, name: str, *labels: str) -> float:
+    lines = [ln for ln in text.splitlines() if all(label in ln for label in labels)]
+    return metric_sum("\n".join(lines), name)
+
+
+def gpu_blocks(stack: LocalStack, sim: SimProc) -> float:
+    return sample(metrics(stack), "epp_kv_index_blocks", f'endpoint="127.0.0.1:{sim.port}"',
+                  'medium="GPU"')  # fmt: skip
+
+
+def complete(url: str, prompt: str) -> tuple[str, int]:
+    """(the instance that answered, prompt tokens it served from its cache)."""
+    body = orjson.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": 1})
+    status, headers, raw = request(f"{url}/v1/completions", body)
+    assert status == 200, raw
+    details = orjson.loads(raw)["usage"]["prompt_tokens_details"]  # null when none cached
+    return headers["x-sim-instance"], details["cached_tokens"] if details else 0
+
+
+def synced(stack: LocalStack, servers: list[SimProc]) -> None:
+    """Both servers' events trusted by the EPP: a probe each until its blocks show (a
+    PUB socket drops what it sends before the subscription reaches it), then a cache
+    reset each (AllBlocksCleared: an empty cache is known state)."""
+    for sim in servers:
+        probes = iter(range(1000))
+
+        def seen(sim: SimProc = sim) -> bool:
+            complete(sim.url, f"probe {next(probes)} " * 4)
+            return gpu_blocks(stack, sim) > 0
+
+        wait_for(seen, timeout=20, what=f"the EPP to see {sim.url}'s events")
+        assert sim.post("/reset_prefix_cache", {})[0] == 200
+    wait_for(lambda: sample(metrics(stack), "epp_kv_index_endpoints", 'state="trusted"') == 2,
+             timeout=20, what="both servers trusted")  # fmt: skip
+
+
+def test_a_prefix_moves_with_the_server_that_really_holds_it(tmp_path: Path) -> None:
+    tokenizer = write_tokenizer_files(tmp_path / "tokenizer")
+    with sims(tmp_path, SIM, SIM) as servers:
+        config = epp_config(tmp_path / "epp.yaml", tokenizer, servers)
+        opts = ephemeral(servers=0, epp_args=["--config", str(config)])
+        with LocalStack(opts) as stack:
+            synced(stack, servers)
+            by_instance = {s.proc.info["instance"]: s for s in servers}
+            first, _ = complete(stack.envoy_url, PROMPT)
+            home = by_instance[first]
+            other = next(s for s in servers if s is not home)
+            wait_for(lambda: gpu_blocks(stack, home) >= FULL, what="the prompt's blocks")
+            again, cached = complete(stack.envoy_url, PROMPT + " Why?")
+            assert (again, cached) == (first, FULL * BS)  # the prefix stays home
+
+            # home evicts the prompt (fillers sent to it directly), the other server
+            # caches it (sent directly too): only KV events tell the EPP
+            for i in range(2):
+                complete(home.url, f"filler {i} " * 50)
+            complete(other.url, PROMPT)
+            wait_for(
+                lambda: sample(metrics(stack), "epp_kv_index_blocks_changed_total",
+                               'kind="removed"') >= FULL and gpu_blocks(stack, other) >= FULL,
+                what="the eviction and the new copy in the EPP's index",
+            )  # fmt: skip
+            moved, cached = complete(stack.envoy_url, PROMPT + " And when?")
+            assert moved == other.proc.info["instance"]
+            assert cached == FULL * BS  # served from the cache the events described
+            text = metrics(stack)
+            assert sample(text, "epp_kv_event_total", 'kind="decode_errors"') == 0
+            assert sample(text, "epp_kv_event_total", 'kind="messages"') >= 4
