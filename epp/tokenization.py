@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from array import array
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -73,7 +74,7 @@ def prompt_token_ids(
         if isinstance(prompt, list) and prompt:
             prompt = prompt[0] if not _is_id(prompt[0]) else prompt
         if isinstance(prompt, list):
-            return prompt if prompt and all(map(_is_id, prompt)) else None
+            return _ids(prompt)
         if isinstance(prompt, str) and tokenizer is not None:
             special = body.get("add_special_tokens", True)
             return tokenizer.encode(prompt, special is not False)
@@ -249,6 +250,18 @@ def _token_text(value: Any) -> str | None:
         content: str = value["content"]
         return content
     return None
+
+
+def _ids(values: list[Any]) -> list[int] | None:
+    """``values`` when it is a non-empty list of integers (checked in C: a prompt may
+    hold many thousands)."""
+    if not values:
+        return None
+    try:
+        array("q", values)
+    except (TypeError, OverflowError):
+        return None
+    return values
 
 
 def _is_id(value: object) -> bool:

@@ -60,14 +60,10 @@ def chain_keys(tokens: bytes, block_size: int, max_blocks: int, root: int) -> li
     return keys
 
 
-@dataclass(frozen=True, slots=True)
-class Held:
-    """How many leading blocks of a request an endpoint holds: ``gpu`` on the GPU and
-    ``any`` on the GPU or another medium (``any >= gpu``), in blocks of ``block_size``."""
-
-    gpu: int
-    any: int
-    block_size: int
+# How many leading blocks of a request an endpoint holds: (on the GPU, on the GPU or
+# another medium); the second is never smaller. Plain tuples: a lookup may return one
+# per endpoint of a large pool.
+Held = tuple[int, int]
 
 
 @dataclass(slots=True)
@@ -101,7 +97,7 @@ class PreciseIndex:
         self._gpu: dict[int, int] = {}  # key -> bitmask of endpoints holding it on GPU
         self._other: dict[int, int] = {}  # key -> bitmask holding it on another medium
         self._endpoints: dict[str, _Endpoint] = {}
-        self._address: dict[int, str] = {}  # bit -> address
+        self._names: list[str | None] = []  # bit number -> address (None: free)
         self._free: list[int] = []  # bit numbers of forgotten endpoints
         self._sizes: dict[int, int] = {}  # block size -> endpoints using it
         self.lora_names: set[str] = set()  # adapters seen in events (requests by name)
@@ -156,8 +152,9 @@ class PreciseIndex:
             return
         self._clear(ep)
         self._set_block_size(ep, 0)
-        del self._address[ep.bit]
-        self._free.append(ep.bit.bit_length() - 1)
+        number = ep.bit.bit_length() - 1
+        self._names[number] = None
+        self._free.append(number)
         self._trust_until = -math.inf
 
     # -- what the scorer asks ----------------------------------------------------------
@@ -183,40 +180,59 @@ class PreciseIndex:
             root = self._roots[lora] = chain_root(lora)
         return root
 
-    def match(self, keys: Sequence[int], block_size: int) -> dict[str, Held]:
-        """address -> leading blocks of ``keys`` (cut at ``block_size``) it holds, for
-        endpoints holding at least the first; O(blocks matched), not O(endpoints)."""
+    def match(self, keys: Sequence[int]) -> dict[str, Held]:
+        """address -> (GPU, any medium) leading blocks of ``keys`` it holds, for the
+        endpoints holding at least the first; O(blocks + endpoints matched)."""
         if not keys:
             return {}
         gpu_of, other_of = self._gpu, self._other
+        if not other_of:  # nothing offloaded anywhere: one walk counts both
+            return self._match_gpu(keys)
         on_gpu = gpu_of.get(keys[0], 0)
         anywhere = on_gpu | other_of.get(keys[0], 0)
         if not anywhere:
             return {}
-        gpu_len: dict[int, int] = {}
-        any_len: dict[int, int] = {}
+        names = self._names
+        gpu_len: dict[int, int] = {}  # bit number -> blocks, for those that stopped early
+        found: dict[str, Held] = {}
         for i in range(1, len(keys)):
             key = keys[i]
             g = gpu_of.get(key, 0)
             if on_gpu and on_gpu & g != on_gpu:
-                for bit in _bits(on_gpu & ~g):
-                    gpu_len[bit] = i
+                for number in _numbers(on_gpu & ~g):
+                    gpu_len[number] = i
                 on_gpu &= g
             held = g | other_of.get(key, 0)
             if anywhere & held != anywhere:
-                for bit in _bits(anywhere & ~held):
-                    any_len[bit] = i
+                for number in _numbers(anywhere & ~held):
+                    found[names[number]] = (gpu_len.get(number, 0), i)  # type: ignore[index]
                 anywhere &= held
                 if not anywhere:
-                    break
+                    return found
         n = len(keys)
+        for number in _numbers(anywhere):
+            gpu = n if on_gpu >> number & 1 else gpu_len.get(number, 0)
+            found[names[number]] = (gpu, n)  # type: ignore[index]
+        return found
+
+    def _match_gpu(self, keys: Sequence[int]) -> dict[str, Held]:
+        """:meth:`match` when every block is on the GPU."""
+        holders_of, names = self._gpu, self._names
+        alive = holders_of.get(keys[0], 0)
         found: dict[str, Held] = {}
-        for bit, length in any_len.items():
-            found[self._address[bit]] = Held(gpu_len.get(bit, 0), length, block_size)
-        for bit in _bits(anywhere):
-            found[self._address[bit]] = Held(
-                n if on_gpu & bit else gpu_len.get(bit, 0), n, block_size
-            )
+        if not alive:
+            return found
+        for i in range(1, len(keys)):
+            holders = holders_of.get(keys[i], 0)
+            if alive & holders != alive:
+                for number in _numbers(alive & ~holders):
+                    found[names[number]] = (i, i)  # type: ignore[index]
+                alive &= holders
+                if not alive:
+                    return found
+        n = len(keys)
+        for number in _numbers(alive):
+            found[names[number]] = (n, n)  # type: ignore[index]
         return found
 
     def blocks(self, address: str) -> tuple[int, int]:
@@ -235,9 +251,13 @@ class PreciseIndex:
     def _endpoint(self, address: str) -> _Endpoint:
         ep = self._endpoints.get(address)
         if ep is None:
-            bit = 1 << (self._free.pop() if self._free else len(self._address))
-            ep = self._endpoints[address] = _Endpoint(bit)
-            self._address[bit] = address
+            if self._free:
+                number = self._free.pop()
+                self._names[number] = address
+            else:
+                number = len(self._names)
+                self._names.append(address)
+            ep = self._endpoints[address] = _Endpoint(1 << number)
         return ep
 
     def _set_trust(self, ep: _Endpoint, trusted_from: float) -> None:
@@ -350,10 +370,20 @@ def _unset(holders: dict[int, int], key: int, bit: int) -> None:
         holders.pop(key, None)
 
 
-def _bits(mask: int) -> list[int]:
+def _numbers(mask: int) -> list[int]:
+    """The numbers of the bits set in ``mask``, lowest first: a few bits by integer
+    arithmetic, many by searching its binary digits (a pool of hundreds of endpoints
+    makes masks of hundreds of bits, where each integer operation costs more)."""
     found = []
-    while mask:
-        low = mask & -mask
-        found.append(low)
-        mask ^= low
+    if mask.bit_count() <= 8:
+        while mask:
+            low = mask & -mask
+            found.append(low.bit_length() - 1)
+            mask ^= low
+        return found
+    digits = bin(mask)[:1:-1]  # least significant first, without "0b"
+    at = digits.find("1")
+    while at >= 0:
+        found.append(at)
+        at = digits.find("1", at + 1)
     return found

@@ -5,6 +5,7 @@ cannot see)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -20,8 +21,17 @@ from tests.support.wait import wait_for
 pytestmark = pytest.mark.e2e
 
 BS = 16
-SIM = ["--block-size", str(BS), "--kv-blocks", "48", "--time-scale", "0",
-       "--enable-prompt-tokens-details", "--kv-events-port", "0"]  # fmt: skip
+SIM = [
+    "--block-size",
+    str(BS),
+    "--kv-blocks",
+    "48",
+    "--time-scale",
+    "0",
+    "--enable-prompt-tokens-details",
+    "--kv-events-port",
+    "0",
+]
 PROMPT = "You answer questions about the tides. " * 9  # 342 bytes: 21 full blocks
 FULL = len(PROMPT.encode()) // BS
 
@@ -29,7 +39,7 @@ FULL = len(PROMPT.encode()) // BS
 def epp_config(path: Path, tokenizer: Path, servers: list[SimProc]) -> Path:
     endpoints = "".join(
         f"- address: 127.0.0.1:{s.port}\n"
-        f"  labels: {{epp.dev/kv-events: \"{s.proc.info['kv_events_port']}\"}}\n"
+        f'  labels: {{epp.dev/kv-events: "{s.proc.info["kv_events_port"]}"}}\n'
         for s in servers
     )
     path.write_text(f"""
@@ -61,8 +71,9 @@ def sample(text: str, name: str, *labels: str) -> float:
 
 
 def gpu_blocks(stack: LocalStack, sim: SimProc) -> float:
-    return sample(metrics(stack), "epp_kv_index_blocks", f'endpoint="127.0.0.1:{sim.port}"',
-                  'medium="GPU"')  # fmt: skip
+    return sample(
+        metrics(stack), "epp_kv_index_blocks", f'endpoint="127.0.0.1:{sim.port}"', 'medium="GPU"'
+    )
 
 
 def complete(url: str, prompt: str) -> tuple[str, int]:
@@ -81,14 +92,17 @@ def synced(stack: LocalStack, servers: list[SimProc]) -> None:
     for sim in servers:
         probes = iter(range(1000))
 
-        def seen(sim: SimProc = sim) -> bool:
+        def seen(sim: SimProc = sim, probes: Iterator[int] = probes) -> bool:
             complete(sim.url, f"probe {next(probes)} " * 4)
             return gpu_blocks(stack, sim) > 0
 
         wait_for(seen, timeout=20, what=f"the EPP to see {sim.url}'s events")
         assert sim.post("/reset_prefix_cache", {})[0] == 200
-    wait_for(lambda: sample(metrics(stack), "epp_kv_index_endpoints", 'state="trusted"') == 2,
-             timeout=20, what="both servers trusted")  # fmt: skip
+    wait_for(
+        lambda: sample(metrics(stack), "epp_kv_index_endpoints", 'state="trusted"') == 2,
+        timeout=20,
+        what="both servers trusted",
+    )
 
 
 def test_a_prefix_moves_with_the_server_that_really_holds_it(tmp_path: Path) -> None:
@@ -112,10 +126,13 @@ def test_a_prefix_moves_with_the_server_that_really_holds_it(tmp_path: Path) -> 
                 complete(home.url, f"filler {i} " * 50)
             complete(other.url, PROMPT)
             wait_for(
-                lambda: sample(metrics(stack), "epp_kv_index_blocks_changed_total",
-                               'kind="removed"') >= FULL and gpu_blocks(stack, other) >= FULL,
+                lambda: (
+                    sample(metrics(stack), "epp_kv_index_blocks_changed_total", 'kind="removed"')
+                    >= FULL
+                    and gpu_blocks(stack, other) >= FULL
+                ),
                 what="the eviction and the new copy in the EPP's index",
-            )  # fmt: skip
+            )
             moved, cached = complete(stack.envoy_url, PROMPT + " And when?")
             assert moved == other.proc.info["instance"]
             assert cached == FULL * BS  # served from the cache the events described

@@ -80,7 +80,7 @@ async def synced(sim: SimProc, subscribers: KvEventSubscribers, address: str) ->
         before = subscribers.counters.messages
         await complete(sim, f"probe {i} " * 4)
         try:
-            await until(lambda: subscribers.counters.messages > before, "a probe", within=0.3)
+            await until(lambda n=before: subscribers.counters.messages > n, "a probe", within=0.3)
             break
         except AssertionError:
             continue
@@ -213,9 +213,16 @@ class Batch(msgspec.Struct, array_like=True, omit_defaults=True):
 
 def stored(first_hash: int, tokens: list[int]) -> dict[str, Any]:
     n = len(tokens) // 4
-    return {"type": "BlockStored", "block_hashes": list(range(first_hash, first_hash + n)),
-            "parent_block_hash": None, "token_ids": tokens, "block_size": 4,
-            "lora_id": None, "medium": "GPU", "lora_name": None}  # fmt: skip
+    return {
+        "type": "BlockStored",
+        "block_hashes": list(range(first_hash, first_hash + n)),
+        "parent_block_hash": None,
+        "token_ids": tokens,
+        "block_size": 4,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+    }
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ and parent links, looked up by a request's tokens cut at the endpoint's block si
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from typing import Any
 
@@ -26,7 +27,7 @@ def chain_events(tokens: list[int], first_hash: int = 1, pieces: int = 1) -> lis
     n = len(tokens) // BS
     cuts = [round(i * n / pieces) for i in range(pieces + 1)]
     events = []
-    for lo, hi in zip(cuts, cuts[1:], strict=False):
+    for lo, hi in itertools.pairwise(cuts):
         if hi > lo:
             parent = None if lo == 0 else first_hash + lo - 1
             hashes = list(range(first_hash + lo, first_hash + hi))
@@ -36,7 +37,7 @@ def chain_events(tokens: list[int], first_hash: int = 1, pieces: int = 1) -> lis
 
 def lookup(index: PreciseIndex, tokens: list[int], lora: str = "") -> dict[str, Held]:
     keys = chain_keys(token_bytes(tokens), BS, 10_000, index.root(lora))
-    return index.match(keys, BS)
+    return index.match(keys)
 
 
 def fresh(*addresses: str) -> PreciseIndex:
@@ -57,11 +58,11 @@ def test_chained_lookup_at_every_block_boundary() -> None:
         if expect == 0:
             assert held is None, length
         else:
-            assert held == Held(expect, expect, BS), length
+            assert held == (expect, expect), length
     # a prompt that differs at token t matches the blocks before t's block
     for t in range(len(tokens)):
         changed = [*tokens[:t], -5, *tokens[t + 1 :]]
-        assert lookup(index, changed).get(A, Held(0, 0, BS)).any == t // BS
+        assert lookup(index, changed).get(A, (0, 0))[1] == t // BS
 
 
 def test_each_endpoint_gets_its_own_longest_chain() -> None:
@@ -69,8 +70,8 @@ def test_each_endpoint_gets_its_own_longest_chain() -> None:
     index = fresh(A, B)
     index.apply(A, chain_events(shared + a_tail), 0.0)
     index.apply(B, chain_events(shared + b_tail, first_hash=100), 0.0)
-    assert lookup(index, shared + a_tail + [1]) == {A: Held(4, 4, BS), B: Held(2, 2, BS)}
-    assert lookup(index, shared + b_tail) == {A: Held(2, 2, BS), B: Held(3, 3, BS)}
+    assert lookup(index, shared + a_tail + [1]) == {A: (4, 4), B: (2, 2)}
+    assert lookup(index, shared + b_tail) == {A: (2, 2), B: (3, 3)}
     assert lookup(index, [9] * BS * 3) == {}
 
 
@@ -79,12 +80,12 @@ def test_gpu_blocks_and_offloaded_blocks_are_told_apart() -> None:
     index = fresh(A)
     index.apply(A, [ev([1, 2, 3, 4], None, tokens[: 4 * BS], medium="GPU")], 0.0)
     index.apply(A, [ev([5, 6], 4, tokens[4 * BS :], medium="CPU")], 0.0)
-    assert lookup(index, tokens) == {A: Held(4, 6, BS)}
+    assert lookup(index, tokens) == {A: (4, 6)}
     assert index.blocks(A) == (4, 2)
     # the GPU evicts block 2 while the CPU holds a copy of the first three
     index.apply(A, [ev([1, 2, 3], None, tokens[: 3 * BS], medium="CPU")], 0.0)
     index.apply(A, [BlockRemoved((2,), "GPU")], 0.0)
-    assert lookup(index, tokens) == {A: Held(1, 6, BS)}
+    assert lookup(index, tokens) == {A: (1, 6)}
 
 
 def test_removed_blocks_cut_the_chain_where_they_were() -> None:
@@ -92,9 +93,9 @@ def test_removed_blocks_cut_the_chain_where_they_were() -> None:
     index = fresh(A)
     index.apply(A, chain_events(tokens), 0.0)
     index.apply(A, [BlockRemoved((5,), "GPU"), BlockRemoved((4,), "GPU")], 0.0)  # tail first
-    assert lookup(index, tokens) == {A: Held(3, 3, BS)}
+    assert lookup(index, tokens) == {A: (3, 3)}
     index.apply(A, [BlockRemoved((2,), None)], 0.0)  # a middle block: the rest is unusable
-    assert lookup(index, tokens) == {A: Held(1, 1, BS)}
+    assert lookup(index, tokens) == {A: (1, 1)}
     index.apply(A, [BlockRemoved((99,), "GPU")], 0.0)
     assert index.stats.removed == 3 and index.stats.removed_unknown == 1
 
@@ -104,7 +105,7 @@ def test_all_blocks_cleared_empties_the_endpoint_and_makes_it_trusted() -> None:
     index = PreciseIndex(rebuild_s=30.0)
     index.reset(A, 0.0, complete=False)  # events were lost: scored approximately
     index.apply(A, chain_events(tokens), 1.0)
-    assert lookup(index, tokens) == {A: Held(3, 3, BS)}
+    assert lookup(index, tokens) == {A: (3, 3)}
     assert A not in index.trusted(1.0)
     index.apply(A, [AllBlocksCleared()], 2.0)
     assert lookup(index, tokens) == {} and index.size() == 0
@@ -132,8 +133,8 @@ def test_lora_blocks_match_only_requests_for_that_adapter() -> None:
     index = fresh(A, B)
     index.apply(A, [ev([1, 2], None, tokens, lora_name="sql", lora_id=3)], 0.0)
     index.apply(B, [ev([1, 2], None, tokens)], 0.0)
-    assert lookup(index, tokens) == {B: Held(2, 2, BS)}
-    assert lookup(index, tokens, lora="sql") == {A: Held(2, 2, BS)}
+    assert lookup(index, tokens) == {B: (2, 2)}
+    assert lookup(index, tokens, lora="sql") == {A: (2, 2)}
     assert index.lora_names == {"sql"}
 
 
@@ -146,7 +147,7 @@ def test_blocks_with_extra_keys_beyond_the_adapter_never_match_plain_tokens() ->
     assert index.blocks(A) == (3, 0)  # held (removals must find them), just unmatchable
     adapter_only = ev([4], None, tokens[:BS], lora_name="ad", extra_keys=(("ad",),))
     index.apply(A, [adapter_only], 0.0)
-    assert lookup(index, tokens, lora="ad") == {A: Held(1, 1, BS)}
+    assert lookup(index, tokens, lora="ad") == {A: (1, 1)}
 
 
 def test_orphans_and_other_groups_are_counted_not_indexed() -> None:
@@ -164,7 +165,7 @@ def test_memory_is_bounded_per_endpoint() -> None:
         assert index.size() <= 32
     assert index.stats.dropped == 100 - index.size()
     newest = [9] * BS * 10
-    assert lookup(index, newest) == {A: Held(10, 10, BS)}  # the oldest went first
+    assert lookup(index, newest) == {A: (10, 10)}  # the oldest went first
 
 
 def test_block_sizes_follow_the_endpoints() -> None:
@@ -217,4 +218,4 @@ def test_lookups_agree_with_a_model_of_what_each_endpoint_holds(
         n = 0
         while (n + 1) * BS <= len(probe) and tuple(probe[: (n + 1) * BS]) in mine:
             n += 1
-        assert found.get(address, Held(0, 0, BS)).any == n
+        assert found.get(address, (0, 0))[1] == n

@@ -110,8 +110,9 @@ def test_fields_left_out_take_their_defaults() -> None:
 
 
 def test_lora_medium_extra_keys_and_group_are_read() -> None:
-    event = stored([3], 2, lora_id=4, lora_name="ad", medium="CPU", extra_keys=[["ad"]],
-                   group_idx=1)  # fmt: skip
+    event = stored(
+        [3], 2, lora_id=4, lora_name="ad", medium="CPU", extra_keys=[["ad"]], group_idx=1
+    )
     (decoded,) = decode_message(frames(0, event)).batch.events
     assert isinstance(decoded, BlockStored)
     assert (decoded.lora_id, decoded.lora_name, decoded.medium) == (4, "ad", "CPU")
@@ -166,15 +167,19 @@ def test_unknown_event_types_are_skipped_and_unknown_fields_ignored_and_counted(
         (msgspec.msgpack.encode([1.0, [{"block_hashes": []}]]), "'type'"),
         (msgspec.msgpack.encode(Batch(1, [Removed(["x"], None)])), "block_hashes"),  # type: ignore[list-item]
         (msgspec.msgpack.encode(Batch(1, [stored([1], None, block=0)])), "block_size"),
-        (msgspec.msgpack.encode(Batch(1, [Stored([1], None, [1.5, 2], 2, None, None, None)])),  # type: ignore[list-item]
-         "non-integer"),
-        (msgspec.msgpack.encode(Batch(1, [Stored([1, 2], None, [1, 2], 2, None, None, None)])),
-         "2 token ids for 2 blocks"),
+        (
+            msgspec.msgpack.encode(Batch(1, [Stored([1], None, [1.5, 2], 2, None, None, None)])),  # type: ignore[list-item]
+            "non-integer",
+        ),
+        (
+            msgspec.msgpack.encode(Batch(1, [Stored([1, 2], None, [1, 2], 2, None, None, None)])),
+            "2 token ids for 2 blocks",
+        ),
         (msgspec.msgpack.encode(Batch(1, [stored([1], None, medium=3)])), "medium"),
         (msgspec.msgpack.encode(Batch(1, [stored([1], None, extra_keys=[])])), "extra_keys"),
         (msgspec.msgpack.encode(Batch(1, [stored([1], "p")])), "parent_block_hash"),
     ],
-)  # fmt: skip
+)
 def test_bad_payloads_raise_a_decode_error_saying_what(payload: bytes, problem: str) -> None:
     with pytest.raises(KvEventDecodeError, match=problem):
         decode_batch(payload)

@@ -73,8 +73,10 @@ def cycle(snapshot: Snapshot, req: InferenceRequest, vectorize_from: int = 64) -
 
 def plugins(text: str) -> tuple[ProfileScheduler, PrecisePrefixCacheScorer, PrefixCacheScorer]:
     sched = build_scheduler(text, clock=lambda: NOW)
-    precise, approx = sched.plugins["precise-prefix-cache-scorer"], sched.plugins[
-        "prefix-cache-scorer"]  # fmt: skip
+    precise, approx = (
+        sched.plugins["precise-prefix-cache-scorer"],
+        sched.plugins["prefix-cache-scorer"],
+    )
     assert isinstance(precise, PrecisePrefixCacheScorer) and isinstance(approx, PrefixCacheScorer)
     return sched, precise, approx
 
@@ -196,7 +198,7 @@ def test_bad_parameters_are_config_errors(tokenizer_dir: Path, extra: str, probl
 
 
 def test_a_missing_tokenizer_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="tokenizer.json"):
+    with pytest.raises(ConfigError, match=r"tokenizer\.json"):
         build_scheduler(config(tmp_path))
 
 
@@ -207,12 +209,13 @@ def test_kv_event_addresses_follow_the_endpoint_labels(tokenizer_dir: Path) -> N
         "tcp://10.0.0.9:7000",
         "tcp://10.0.0.9:7001",
     )
-    labelled = Endpoint("10.0.0.9", 8000, labels={"epp.dev/kv-events": "7100",
-                                                  "epp.dev/kv-events-replay": "none"})  # fmt: skip
+    labelled = Endpoint(
+        "10.0.0.9", 8000, labels={"epp.dev/kv-events": "7100", "epp.dev/kv-events-replay": "none"}
+    )
     assert settings.addresses(labelled) == ("tcp://10.0.0.9:7100", None)
     other = Endpoint("fd00::1", 8000, labels={"epp.dev/kv-events": "[fd00::2]:9"})
     assert settings.addresses(other)[0] == "tcp://[fd00::2]:9"
     off = Endpoint("10.0.0.9", 8000, labels={"epp.dev/kv-events": "none"})
     assert settings.addresses(off) == (None, None)
-    with pytest.raises(ValueError, match="epp.dev/kv-events"):
+    with pytest.raises(ValueError, match=r"epp\.dev/kv-events"):
         settings.addresses(Endpoint("10.0.0.9", 8000, labels={"epp.dev/kv-events": "99999"}))

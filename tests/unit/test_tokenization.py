@@ -161,7 +161,7 @@ def test_no_template_no_chat(tmp_path: Path, raw: Tokenizer) -> None:
 
 
 def test_unusable_directories_raise_tokenizer_errors(tmp_path: Path) -> None:
-    with pytest.raises(TokenizerError, match="tokenizer.json"):
+    with pytest.raises(TokenizerError, match=r"tokenizer\.json"):
         HfTokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="cannot load"):

@@ -11,7 +11,7 @@ instead. docs/kv-events.md describes the whole.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,25 +107,55 @@ class PrecisePrefixCacheScorer:
         found: _Prompt | None = ctx.cache[key]
         return found
 
-    def held(self, ctx: CycleContext) -> dict[str, Held]:
-        """address -> leading blocks of the prompt it holds (trusted or not)."""
-        key = self._key + "/held"
-        found: dict[str, Held] | None = ctx.cache.get(key)
+    def trusted(self, ctx: CycleContext) -> frozenset[str]:
+        """The endpoints scored precisely this cycle: those whose events are trusted,
+        provided the prompt's tokens are known (it is tokenized only if there are any)."""
+        key = self._key + "/trusted"
+        found: frozenset[str] | None = ctx.cache.get(key)
         if found is None:
-            found = {}
+            found = self.index.trusted(ctx.now)
+            if found and self.prompt(ctx) is None:
+                found = frozenset()
+            ctx.cache[key] = found
+        return found
+
+    def held(self, ctx: CycleContext) -> list[tuple[int, dict[str, Held]]]:
+        """Per block size endpoints announce (usually one): address -> (GPU, any
+        medium) leading blocks of the prompt it holds, trusted or not."""
+        key = self._key + "/held"
+        found: list[tuple[int, dict[str, Held]]] | None = ctx.cache.get(key)
+        if found is None:
+            found = []
             prompt = self.prompt(ctx)
             if prompt is not None:
                 index = self.index
                 root = index.root(prompt.lora)
                 for size in index.block_sizes():
                     keys = chain_keys(prompt.tokens, size, self.max_blocks, root)
-                    found.update(index.match(keys, size))
+                    found.append((size, index.match(keys)))
             ctx.cache[key] = found
         return found
 
-    def prompt_tokens(self, ctx: CycleContext) -> int:
-        """The prompt's length in the engine's tokens when known, else the estimate."""
+    def blocks_held(self, ctx: CycleContext, trusted: Container[str]) -> dict[str, float]:
+        """address -> share of the prompt's full blocks it holds (GPU blocks count 1,
+        others ``cpuWeight``), for the ``trusted`` endpoints holding any."""
         prompt = self.prompt(ctx)
+        shares: dict[str, float] = {}
+        if prompt is None:
+            return shares
+        w = self.cpu_weight
+        for size, held in self.held(ctx):
+            full = min(prompt.count // size, self.max_blocks)
+            if full:
+                shares.update(
+                    {a: (g + w * (n - g)) / full for a, (g, n) in held.items() if a in trusted}
+                )
+        return shares
+
+    def prompt_tokens(self, ctx: CycleContext) -> int:
+        """The prompt's length in the engine's tokens when it was tokenized, else the
+        estimate."""
+        prompt = self.prompt(ctx) if self.trusted(ctx) else None
         return prompt.count if prompt is not None else ctx.request.prompt_tokens
 
     def cached_tokens(self, ctx: CycleContext) -> dict[str, int]:
@@ -134,16 +164,18 @@ class PrecisePrefixCacheScorer:
         key = self._key + "/cached"
         found: dict[str, int] | None = ctx.cache.get(key)
         if found is None:
-            trusted = self.index.trusted(ctx.now) if self.prompt(ctx) is not None else ()
+            trusted = self.trusted(ctx)
             found = {}
             if self.fallback is not None:
                 block = self.fallback.block_tokens
                 for address, blocks in self.fallback.matches(ctx).items():
                     if address not in trusted:
                         found[address] = blocks * block
-            for address, held in self.held(ctx).items():
-                if address in trusted:
-                    found[address] = round(self._blocks(held) * held.block_size)
+            w = self.cpu_weight
+            for size, held in self.held(ctx) if trusted else ():
+                for address, (gpu, anywhere) in held.items():
+                    if address in trusted:
+                        found[address] = round((gpu + w * (anywhere - gpu)) * size)
             ctx.cache[key] = found
         return found
 
@@ -155,8 +187,7 @@ class PrecisePrefixCacheScorer:
     def score(
         self, ctx: CycleContext, candidates: Sequence[EndpointState]
     ) -> list[float] | FloatArray:
-        prompt = self.prompt(ctx)
-        trusted = self.index.trusted(ctx.now) if prompt is not None else frozenset()
+        trusted = self.trusted(ctx)
         vectorize = ctx.vectorize(candidates)
         addresses = ctx.view(candidates).addresses if vectorize else [s.address for s in candidates]
         everyone = bool(trusted) and trusted.issuperset(addresses)
@@ -167,14 +198,9 @@ class PrecisePrefixCacheScorer:
             base = self.fallback.score(ctx, candidates)
         else:
             base = [0.0] * len(candidates)
-        if not trusted or prompt is None:
+        if not trusted:
             return base if isinstance(base, np.ndarray) else list(base)
-        precise = {
-            address: self._blocks(held) / full
-            for address, held in self.held(ctx).items()
-            if address in trusted
-            and (full := min(prompt.count // held.block_size, self.max_blocks))
-        }
+        precise = self.blocks_held(ctx, trusted)
         if vectorize:
             view = ctx.view(candidates)
             scores = view.by_address(precise)
@@ -195,9 +221,6 @@ class PrecisePrefixCacheScorer:
             cap = self.load_bound * sum(loads) / len(loads) + 1
             values = [0.0 if load > cap else x for x, load in zip(values, loads, strict=True)]
         return values
-
-    def _blocks(self, held: Held) -> float:
-        return held.gpu + self.cpu_weight * (held.any - held.gpu)
 
 
 def precise_prefix_cache_scorer(p: Params) -> PrecisePrefixCacheScorer:
