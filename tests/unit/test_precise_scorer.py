@@ -9,6 +9,8 @@ from array import array
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp.config import build_scheduler
 from epp.kvevents.wire import BlockStored
@@ -219,3 +221,51 @@ def test_kv_event_addresses_follow_the_endpoint_labels(tokenizer_dir: Path) -> N
     assert settings.addresses(off) == (None, None)
     with pytest.raises(ValueError, match=r"epp\.dev/kv-events"):
         settings.addresses(Endpoint("10.0.0.9", 8000, labels={"epp.dev/kv-events": "99999"}))
+
+
+def test_the_shipped_example_config_loads() -> None:
+    path = Path(__file__).resolve().parents[2] / "configs" / "precise-prefix.yaml"
+    sched = build_scheduler(path.read_text(), source=str(path))
+    precise = sched.plugins["precise-prefix-cache-scorer"]
+    assert isinstance(precise, PrecisePrefixCacheScorer)
+    assert precise.fallback is sched.plugins["prefix-cache-scorer"]
+    assert precise.tokenizer is None  # none named: token-id prompts only
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["none", "rebuilding", "trusted"]),
+            st.integers(0, 14),
+            st.booleans(),
+            st.integers(0, 14),
+            st.integers(0, 6),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_numpy_and_list_paths_give_the_same_scores(
+    tokenizer_dir: Path, specs: list[tuple[str, int, bool, int, int]], half: bool
+) -> None:
+    text = config(tokenizer_dir).replace("loadBound: 0", "loadBound: 1.25")
+    _, precise, approx = plugins(text)
+    eps = states(len(specs))
+    in_flight = {}
+    for s, (trust, blocks, on_cpu, routed, load) in zip(eps, specs, strict=True):
+        if trust != "none":
+            precise.index.reset(s.address, NOW, complete=trust == "trusted")
+        if blocks:
+            hold(precise, s.address, PROMPT[: blocks * BS], "CPU" if on_cpu else "GPU")
+        if routed:
+            cut = InferenceRequest("r", "m", "/v1/completions", prompt=PROMPT[: routed * BS])
+            approx.on_routed(cut, SchedulingResult((s.endpoint,)), Snapshot(eps, {}))
+        in_flight[s.address] = load
+    candidates = eps[::2] if half else eps
+    snap = Snapshot(eps, in_flight)
+    lists = precise.score(cycle(snap, request(PROMPT), vectorize_from=10_000), candidates)
+    arrays = precise.score(cycle(snap, request(PROMPT), vectorize_from=1), candidates)
+    assert isinstance(lists, list)
+    assert list(arrays) == pytest.approx(lists)
