@@ -74,7 +74,7 @@ def step(expected: int | None, seq: int, replayed_upto: int) -> Step:
         return Step.NEXT
     if seq > expected:
         return Step.GAP
-    if 0 < seq <= replayed_upto:
+    if seq <= replayed_upto:  # a replay applied it; the live stream repeats it
         return Step.DUPLICATE
     return Step.RESTART
 
@@ -235,6 +235,7 @@ class KvEventSubscribers:
         kind = step(stream.expected, seq, stream.replayed_upto)
         if kind is Step.DUPLICATE:
             return
+        stream.replayed_upto = -1  # past the replay: a smaller number is a restart again
         if kind is Step.NEXT:
             self.index.resume(address)
         elif kind in (Step.FIRST, Step.RESTART) and seq == 0:

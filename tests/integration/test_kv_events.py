@@ -96,6 +96,7 @@ def test_sequence_steps() -> None:
     assert step(5, 0, -1) is Step.RESTART
     assert step(5, 3, -1) is Step.RESTART  # a new publisher, some of it missed
     assert step(5, 3, 4) is Step.DUPLICATE  # already applied from a replay
+    assert step(5, 0, 4) is Step.DUPLICATE
 
 
 async def test_simulator_events_drive_the_index_and_the_scorer(
