@@ -58,7 +58,7 @@ class PromptTokenizer(Protocol):
     """Text to the engine's token ids. Contract: synchronous, no I/O (files are read
     when it is made); returns None when it cannot say exactly what the engine would."""
 
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool) -> list[int] | None: ...
 
     def render_chat(self, body: Mapping[str, Any]) -> str | None: ...
 
@@ -103,12 +103,22 @@ class HfTokenizer:
         self.special_tokens = {
             name: text for name in _SPECIAL if (text := _token_text(config.get(name))) is not None
         }
-        self._templates = _templates(directory, config)
-        self._compiled: dict[str, jinja2.Template] = {}
-        self.render_failures = 0  # chat requests the template refused (vLLM answers 400)
+        env = _environment()
+        self._templates: dict[str, jinja2.Template] = {}
+        for name, source in _templates(directory, config).items():
+            try:
+                self._templates[name] = env.from_string(source)
+            except jinja2.TemplateSyntaxError as exc:
+                raise TokenizerError(f"{directory}: chat template {name!r}: {exc}") from None
+        self.failures = 0  # requests the template or the tokenizer refused
 
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(self, text: str, add_special_tokens: bool) -> list[int] | None:
+        try:
+            encoding = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        except Exception:  # tokenizers raises plain Exception (e.g. unencodable text)
+            self.failures += 1
+            return None
+        ids: list[int] = encoding.ids
         return ids
 
     def render_chat(self, body: Mapping[str, Any]) -> str | None:
@@ -116,11 +126,12 @@ class HfTokenizer:
         if not isinstance(messages, list) or "chat_template" in body:
             return None
         tools = body.get("tools")
-        template = self._template("tool_use" if tools else "default")
+        template = self._templates.get("tool_use" if tools else "default")
+        template = template or self._templates.get("default")
         if template is None:
             return None
-        normalized = [_message(m) for m in messages]
-        if any(m is None for m in normalized):
+        normalized = [m for m in map(_message, messages) if m is not None]
+        if len(normalized) != len(messages):
             return None
         kwargs = body.get("chat_template_kwargs")
         continue_final = body.get("continue_final_message") is True
@@ -135,27 +146,17 @@ class HfTokenizer:
         }
         try:
             text = template.render(variables)
-        except jinja2.TemplateError:
-            self.render_failures += 1
+        except Exception:  # raise_exception(), or any error of the template's own code
+            self.failures += 1
             return None
         if continue_final and normalized:
             # end the text where the last message's content ends (no end-of-turn)
-            final = normalized[-1].get("content")  # type: ignore[union-attr]
-            final = final.strip() if isinstance(final, str) else ""
+            final = str(normalized[-1]["content"]).strip()
             at = text.rfind(final) if final else -1
             if at < 0:
                 return None
             text = text[: at + len(final)]
         return text
-
-    def _template(self, name: str) -> jinja2.Template | None:
-        source = self._templates.get(name) or self._templates.get("default")
-        if source is None:
-            return None
-        compiled = self._compiled.get(source)
-        if compiled is None:
-            compiled = self._compiled[source] = _environment().from_string(source)
-        return compiled
 
 
 def _templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str]:

@@ -152,7 +152,7 @@ def test_a_template_that_raises_gives_none_and_is_counted(tmp_path: Path, raw: T
     tok = HfTokenizer(tmp_path)
     assert tok.render_chat(chat(("user", "a"), ("assistant", "b"))) == "ab20"
     assert prompt_token_ids(CHAT, chat(("system", "x")), tok) is None
-    assert tok.render_failures == 1
+    assert tok.failures == 1
 
 
 def test_no_template_no_chat(tmp_path: Path, raw: Tokenizer) -> None:
@@ -160,12 +160,23 @@ def test_no_template_no_chat(tmp_path: Path, raw: Tokenizer) -> None:
     assert HfTokenizer(tmp_path).render_chat(chat(("user", "x"))) is None
 
 
-def test_unusable_directories_raise_tokenizer_errors(tmp_path: Path) -> None:
+def test_unusable_directories_raise_tokenizer_errors(tmp_path: Path, raw: Tokenizer) -> None:
     with pytest.raises(TokenizerError, match=r"tokenizer\.json"):
         HfTokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="cannot load"):
         HfTokenizer(tmp_path)
+    raw.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"chat_template": "{% if %}"}')
+    with pytest.raises(TokenizerError, match="chat template 'default'"):
+        HfTokenizer(tmp_path)
+
+
+def test_a_template_failing_in_its_own_code_gives_none(tmp_path: Path, raw: Tokenizer) -> None:
+    raw.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] + 5 }}")
+    tok = HfTokenizer(tmp_path)
+    assert prompt_token_ids(CHAT, chat(("user", "x")), tok) is None and tok.failures == 1
 
 
 # -- the simulator's tokenizer: its own code against its Hugging Face files ---------------
