@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-routing clean
+.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-routing \
+	bench-kv-events clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,7 +27,7 @@ test: lint typecheck
 	$(BIN)/python -m pytest -q
 
 # All benchmarks (~45 minutes); results land in bench/results/.
-bench: bench-overhead bench-decision bench-scrape bench-routing
+bench: bench-overhead bench-decision bench-scrape bench-kv-events bench-routing
 
 bench-overhead: $(STAMP)
 	$(BIN)/python -m bench.overhead
@@ -37,6 +38,10 @@ bench-decision: $(STAMP)
 
 bench-scrape: $(STAMP)
 	$(BIN)/python -m bench.scrape
+
+# KV events (docs/kv-events.md): index update and lookup cost, tokenization (~10 s)
+bench-kv-events: $(STAMP)
+	$(BIN)/python -m bench.kv_events
 
 # Issue 13's matrix (~8 minutes per workload and KV size with five policies at 20 s per
 # rate): 16 groups of 1,500-token system prompts, 75-225-token questions, 16-48 output

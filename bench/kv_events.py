@@ -10,7 +10,7 @@
   tokens trained here on the standard library's sources (no model is downloaded), for
   completions prompts of several sizes and a chat request through a template.
 
-About 30 s. Not part of ``make bench``; run ``python -m bench.kv_events``. Writes
+About 10 s (``make bench-kv-events``, also part of ``make bench``). Writes
 bench/results/kv-events.{md,json}.
 """
 
