@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from epp.errors import InternalError
 from epp.types import Endpoint
 
 # Client headers a prefill leg carries over (the body is JSON we re-encode).
@@ -31,7 +32,7 @@ class LegResult:
             return None
 
 
-class LegFailed(Exception):
+class LegFailed(InternalError):
     """The prefill server could not be reached or did not answer in time."""
 
 
