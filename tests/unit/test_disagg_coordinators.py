@@ -118,9 +118,9 @@ def rig(
     return r
 
 
-def handoff(prefill: Endpoint = PREFILL) -> Handoff:
+def handoff(prefill: Endpoint = PREFILL, path: str = "/v1/completions") -> Handoff:
     request = InferenceRequest(
-        "r-1", "m", "/v1/completions", PROMPT, stream=True, max_tokens=50, headers=CLIENT_HEADERS
+        "r-1", "m", path, PROMPT, stream=True, max_tokens=50, headers=CLIENT_HEADERS
     )
     return Handoff(request, CLIENT_DOC, prefill, DECODE)
 
@@ -139,14 +139,17 @@ def in_flight_seen(r: Rig, then: Handler) -> tuple[list[int], Handler]:
 # -- nixl: prefill leg first, then the decode body carries kv_transfer_params ----------
 
 
-async def test_nixl_prefills_one_token_and_the_decode_body_carries_the_returned_params() -> None:
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_nixl_prefills_one_token_and_the_decode_body_carries_the_returned_params(
+    path: str,
+) -> None:
     r = rig()
     seen, r.transport.servers[PREFILL.address] = in_flight_seen(
         r, answer(200, {"choices": [{"text": "x"}], "kv_transfer_params": RETURNED_KV})
     )
-    leg = await NixlCoordinator(r.env).hand_off(handoff())
+    leg = await NixlCoordinator(r.env).hand_off(handoff(path=path))
     [sent] = r.transport.sent
-    assert sent.url == "http://10.0.0.1:8000/v1/completions"
+    assert sent.url == f"http://10.0.0.1:8000{path}"
     assert sent.headers == LEG_HEADERS
     assert sent.json() == {
         **ONE_TOKEN,
@@ -344,6 +347,8 @@ async def test_concurrent_cancelled_before_connecting_cancels_its_prefill_leg() 
     pending.cancel()
     with pytest.raises(asyncio.CancelledError):
         await pending
+    await asyncio.sleep(0)  # the leg's task runs its cancellation
+    r.assert_nothing_left()  # gone with the hand-off, not only at close()
     await coordinator.close()
     assert r.outcomes("concurrent") == {}
     assert (r.successes, r.failures) == ([], [])
