@@ -26,7 +26,7 @@ from epp.datalayer.orca_oob import OrcaStreams
 from epp.datalayer.scraper import MetricsScraper
 from epp.datastore import Datastore
 from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
-from epp.disagg.legs import LegClient
+from epp.disagg.legs import AiohttpLegTransport, LegClient
 from epp.discovery import flags as membership_flags
 from epp.discovery import serve_pool, static
 from epp.discovery.flags import MembershipOptions
@@ -195,7 +195,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     if dl.orca_request_format is not None:
         request_headers.append((ORCA_FORMAT_HEADER, dl.orca_request_format))
     pd = cfg.disaggregation
-    legs = LegClient(pd.connect_timeout_s, pd.prefill_timeout_s)
+    legs = LegClient(AiohttpLegTransport(pd.connect_timeout_s, pd.prefill_timeout_s))
     rng = random.Random()
     probe = ReadinessProbe(model=opts.membership.model)
     ejector = Ejector(datastore, opts.membership.ejection, probe.check)

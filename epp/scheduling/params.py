@@ -6,8 +6,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from epp.errors import InternalError
 
-class ConfigError(ValueError):
+
+class ConfigError(InternalError, ValueError):
     """A config problem; the message names where (file, key) and why."""
 
 
