@@ -23,8 +23,6 @@ from epp.errors import (
     ShedError,
 )
 
-# the dev harness, on its way out of the product package: not part of the tree
-HARNESS = ("epp.sim", "epp.stack", "epp.envoyconfig", "epp.envoyproc", "epp.procs")
 # both gRPC transports register grpc.health.v1, so one process imports only one of
 # them (neither defines an exception)
 SKIPPED = ("epp.__main__", "epp.extproc.grpclib_transport")
@@ -33,7 +31,7 @@ SKIPPED = ("epp.__main__", "epp.extproc.grpclib_transport")
 def _product_exceptions() -> list[type[BaseException]]:
     found = []
     for info in pkgutil.walk_packages(epp.__path__, "epp."):
-        if info.name.startswith(HARNESS) or info.name in SKIPPED:
+        if info.name in SKIPPED:
             continue
         module = importlib.import_module(info.name)
         for _, cls in inspect.getmembers(module, inspect.isclass):
