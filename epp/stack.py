@@ -19,7 +19,6 @@ from types import FrameType
 from typing import Self
 
 from epp import argtypes
-from epp.cli import add_log_level
 from epp.envoyconfig import (
     CLUSTER_KINDS,
     PROCESSING_MODES,
@@ -32,6 +31,7 @@ from epp.envoyconfig import (
 )
 from epp.envoyproc import EnvoyProcess, write_config
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
+from epp.logsetup import add_log_level
 from epp.procs import ManagedProcess, ProcessFailed, scratch_dir, spawn_epp
 from epp.readyfile import read_ready
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from epp import router, stack
-from epp.admin import metrics
+from epp import metrics, router, stack
 from epp.cli import build_parser
 from epp.config import DataLayerConfig, DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
