@@ -18,6 +18,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check epp epp_harness tests bench
 	$(BIN)/ruff format --check epp epp_harness tests bench
+	$(BIN)/lint-imports  # the layers and import rules in pyproject.toml
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

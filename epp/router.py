@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from epp.admin.metrics import EppMetrics
 from epp.datalayer.orca import (
     ORCA_BIN_HEADER,
     ORCA_HEADER,
@@ -22,6 +21,7 @@ from epp.datastore import Datastore, InFlightTicket
 from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
 from epp.errors import ClientVisibleError
+from epp.metrics import EppMetrics
 from epp.scheduling.base import Scheduler
 from epp.scheduling.latency import Dispatch
 from epp.types import InferenceRequest, SchedulingResult

@@ -39,12 +39,12 @@ from typing import Protocol
 
 import aiohttp
 
-from epp.admin.metrics import EppMetrics
 from epp.datalayer.engines import engine_names
 from epp.datalayer.prometheus import parse_metrics
 from epp.datalayer.tasks import EndpointTasks
 from epp.datastore import Datastore
 from epp.errors import InternalError
+from epp.metrics import EppMetrics
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)

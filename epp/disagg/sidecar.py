@@ -32,10 +32,10 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from epp import argtypes
-from epp.cli import add_log_level
 from epp.disagg import bodies
 from epp.disagg.coordinators import PREFILLER_HEADER
 from epp.disagg.legs import AiohttpLegTransport, LegClient, LegFailed
+from epp.logsetup import add_log_level
 from epp.readyfile import write_ready
 from epp.types import Endpoint, parse_host_port
 

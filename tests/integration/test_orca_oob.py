@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from epp.admin.metrics import EppMetrics
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datastore import Datastore
+from epp.metrics import EppMetrics
 from epp.types import Endpoint
 from epp_harness.procs import ManagedProcess, start_epp
 from tests.support.http import open_raw_post

@@ -13,7 +13,6 @@ from typing import Any
 import orjson
 import pytest
 
-from epp.admin.metrics import EppMetrics
 from epp.datastore import Datastore
 from epp.disagg.coordinators import (
     COORDINATORS,
@@ -28,6 +27,7 @@ from epp.disagg.coordinators import (
 )
 from epp.disagg.legs import LegClient
 from epp.errors import PrefillRejectedError
+from epp.metrics import EppMetrics
 from epp.types import Endpoint, InferenceRequest, Role
 from tests.support.legs import Handler, MemoryLegTransport, SentLeg, answer, held, times_out
 

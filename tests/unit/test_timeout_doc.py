@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from epp import router
-from epp.admin import metrics
+from epp import metrics, router
 from epp.cli import build_parser
 from epp.config import DataLayerConfig, DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
