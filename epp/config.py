@@ -24,7 +24,7 @@ from epp.scheduling.base import ReferencesPlugins, RoutingObserver
 from epp.scheduling.latency import LatencyModel, LatencyPriors
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.profile import Profile, WeightedScorer
-from epp.scheduling.registry import Registry, register_builtin_plugins
+from epp.scheduling.registry import INSTALLED_PLUGINS, Registry, register_builtin_plugins
 from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
 from epp.scheduling.scheduler import ProfileScheduler, SingleProfileHandler
 from epp.types import Endpoint, Role
@@ -523,7 +523,8 @@ def load_text(text: str, source: str, registry: Registry | None = None) -> EppCo
 
 
 def builtin_registry() -> Registry:
-    return register_builtin_plugins(Registry())
+    """The built-in plugin types, and those installed packages add (epp.plugins)."""
+    return register_builtin_plugins(Registry(INSTALLED_PLUGINS))
 
 
 def build_scheduler(

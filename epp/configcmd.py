@@ -21,11 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.action == "plugins":
-        for name, plugin in sorted(config.builtin_registry().types().items()):
-            print(f"{name:30} {plugin.kind:7} {plugin.summary}")
-        return 0
     try:
+        if args.action == "plugins":
+            for name, plugin in sorted(config.builtin_registry().types().items()):
+                print(f"{name:30} {plugin.kind:7} {plugin.summary}")
+            return 0
         cfg = config.load(args.config)
         config.instantiate(cfg, config.builtin_registry())  # parameters checked too
     except ConfigError as exc:

@@ -14,6 +14,8 @@ raises on purpose, and one branch of it is what a client may see.
     │   └── PrefillRejectedError     400-451 as the prefill server answered, with its body
     └── InternalError                never shown to a client as it is: logged, counted
         ├── ConfigError              (scheduling/params.py)      config file or parameters
+        ├── ExtensionError           (extensions.py)             an installed plugin
+        │                                                        package's entry point
         ├── TlsError                 (extproc/tls.py)            certificate or key files
         ├── ResolveError             (discovery/names.py)        a name with no address
         ├── PoolError                (discovery/pool_endpoints.py) an unusable InferencePool
@@ -25,7 +27,7 @@ raises on purpose, and one branch of it is what a client may see.
 
 The classes in parentheses live beside the code that raises them (this module is the
 bottom layer: it imports nothing from ``epp``). Those about bad input (config, TLS
-files, names, pools, engine reports) are also ValueErrors (``class
+files, entry points, names, pools, engine reports) are also ValueErrors (``class
 ConfigError(InternalError, ValueError)``): parsing code that catches ``ValueError``
 catches them too.
 

@@ -7,7 +7,7 @@ The service names live here, at the bottom of the layers, so that what sets a st
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -38,3 +38,31 @@ class HealthBoard:
 
     def serving(self, name: str = READINESS) -> bool:
         return self._serving.get(name, False)
+
+
+class ReadinessGate:
+    """Readiness as the discovery sources allow it: SERVING while none holds it back
+    (one that lists its endpoints asynchronously holds it until its first full list);
+    liveness is always SERVING."""
+
+    def __init__(self, health: HealthSetter) -> None:
+        self._health = health
+        self._held: set[str] = set()
+
+    def hold(self, holder: str) -> Callable[[bool], Awaitable[None]]:
+        """Hold readiness back for ``holder`` (from the first :meth:`publish`); returns
+        how it says it is ready (True) or not again (False)."""
+        self._held.add(holder)
+
+        async def report(ready: bool) -> None:
+            if ready:
+                self._held.discard(holder)
+            else:
+                self._held.add(holder)
+            await self.publish()
+
+        return report
+
+    async def publish(self) -> None:
+        await self._health.set_serving(not self._held)
+        await self._health.set_serving(True, [LIVENESS])

@@ -1,24 +1,27 @@
-"""``epp serve``: the ext_proc gRPC server, gRPC health, and the HTTP admin port."""
+"""``epp serve``: the ext_proc gRPC server, gRPC health, and the HTTP admin port.
+
+Three steps: the flags become :class:`ServeOptions` and a validated config
+(:func:`run`); :func:`build` wires every part into an :class:`~epp.lifecycle.App`
+without starting anything; :func:`epp.lifecycle.run` starts the parts in order, waits
+for SIGINT/SIGTERM and stops them in reverse order."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import random
-import signal
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from aiohttp import web
-
-from epp import argtypes, config, membershipflags
-from epp.admin.auth import API_KEY_ENV, ApiKeyAuth
+from epp import argtypes, config, lifecycle, membershipflags
+from epp.admin.auth import API_KEY_ENV
 from epp.admin.http import make_admin_app
-from epp.admin.instances import add_routes
+from epp.admin.instances import add_status_routes
 from epp.datalayer.ejection import Ejector
+from epp.datalayer.engines import engine_names
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datalayer.scraper import MetricsScraper
@@ -29,19 +32,21 @@ from epp.discovery import serve_pool, static
 from epp.discovery.names import NameResolver
 from epp.discovery.poolref import PoolRef
 from epp.discovery.readiness import ReadinessProbe
-from epp.discovery.runtime import RuntimeMembership
+from epp.extensions import ExtensionError
 from epp.extproc import tlsflags
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
-from epp.health import HealthBoard
+from epp.health import HealthBoard, ReadinessGate
+from epp.lifecycle import App, Component, Step
+from epp.listeners import Listeners
 from epp.logsetup import add_log_level
 from epp.membershipflags import MembershipOptions
 from epp.metrics import EppMetrics
-from epp.readyfile import write_ready
 from epp.router import Router
 from epp.scheduling.base import Scheduler
 from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
+from epp.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
 from epp.types import Endpoint
 from epp.xds.eds import EdsServer, EnvoySync
 
@@ -169,28 +174,42 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             log.info("uvloop not installed; using asyncio's default loop")
     try:
-        asyncio.run(serve(opts, cfg, scheduler))
+        asyncio.run(_serve(opts, cfg, scheduler))
+    except ExtensionError as exc:  # an installed coordinator, source or engine
+        log.error("%s", exc)
+        return 2
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
     return 0
 
 
-async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler) -> None:
+async def _serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler) -> None:
     log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
+    await lifecycle.run(build(opts, cfg, scheduler))
+
+
+def build(
+    opts: ServeOptions,
+    cfg: config.EppConfig,
+    scheduler: Scheduler,
+    *,
+    discovery: Mapping[str, DiscoveryKind] = DISCOVERY_SOURCES,
+) -> App:
+    """Wire every part of the EPP, starting nothing: no port opens, no task starts (call
+    it inside the event loop: some parts bind to it). ``discovery``: the source kinds
+    to ask. Raises ExtensionError if an installed part the config names cannot load."""
+    dl = cfg.data_layer
+    for engine in {dl.engine, *(e.engine for e in cfg.endpoints)}:
+        engine_names(engine)  # an installed dialect that cannot load fails now
     datastore = Datastore(drain_timeout_s=opts.membership.drain_timeout_s)
     names = NameResolver(datastore, interval_s=opts.membership.resolve_interval_s)
-    for endpoint in cfg.endpoints:
-        await names.add_static(endpoint)
-    for endpoint in opts.endpoints:  # flags name no engine: the config's applies
-        await names.add_static(replace(endpoint, engine=cfg.data_layer.engine))
     metrics = EppMetrics(datastore)
     metrics.report_latency_model(scheduler.latency)
     if isinstance(scheduler, ProfileScheduler):
         metrics.report_prefix_indexes(
             {n: p.index for n, p in scheduler.plugins.items() if isinstance(p, PrefixCacheScorer)}
         )
-    dl = cfg.data_layer
     request_headers = []
     if dl.orca_request_format is not None:
         request_headers.append((ORCA_FORMAT_HEADER, dl.orca_request_format))
@@ -210,14 +229,6 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
             lambda address, reason, serving: ejector.failure(address, reason, serving=serving),
         )
     )
-    membership = RuntimeMembership(
-        datastore,
-        probe.check,
-        opts.membership.wait,
-        state_file=opts.membership.state_file,
-        engine=cfg.data_layer.engine,
-        resolver=names,
-    )
     envoy_sync = EnvoySync()
     router = Router(
         datastore,
@@ -230,41 +241,32 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
         outcomes=ejector,
         envoy_sync=envoy_sync,
     )
-    background: list[_Background] = [ejector, membership, names]
-    ejector.start()
-    names.start()
-    background += [*_start_data_layer(datastore, metrics, dl, ejector), probe]
-    stop_gc_watch = metrics.watch_gc()
-    try:
-        eds = EdsServer(datastore, sync=envoy_sync)
-        transport = make_transport(opts.transport, router, eds)
-        health = HealthBoard(transport)
-        background += await serve_pool.start(opts.pool, datastore, dl.engine, health)
-        grpc_port = await transport.start(opts.listen_host, opts.grpc_port, opts.tls)
+    eds = EdsServer(datastore, sync=envoy_sync)
+    transport = make_transport(opts.transport, router, eds)
+    health = HealthBoard(transport)
+    readiness = ReadinessGate(health)
+    admin = make_admin_app(datastore, metrics, ready=health.serving)
+    add_status_routes(admin, datastore, ejector.state, scheduler.latency)
+    ctx = DiscoveryContext(
+        datastore,
+        names,
+        readiness,
+        admin,
+        probe.check,
+        engine=dl.engine,
+        # flags name no engine: the config's applies
+        endpoints=(*cfg.endpoints, *(replace(e, engine=dl.engine) for e in opts.endpoints)),
+        pool=opts.pool,
+        membership=opts.membership,
+    )
+    before: list[Component] = []
+    after: list[Component] = []
+    for kind in discovery.values():
+        source = kind.create(ctx)
+        if source is not None:
+            (after if kind.after_listening else before).append(source)
 
-        app = make_admin_app(datastore, metrics, ready=health.serving)
-        add_routes(
-            app,
-            datastore,
-            membership,
-            ApiKeyAuth(opts.membership.admin_api_key),
-            ejector.state,
-            cfg.data_layer.engine,
-            names,
-            scheduler.latency,
-        )
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, opts.listen_host, opts.http_port)
-        try:
-            await site.start()
-        except OSError as exc:
-            await transport.stop(0)
-            raise OSError(
-                f"HTTP port {opts.listen_host}:{opts.http_port}: {exc.strerror}"
-            ) from None
-        http_port = runner.addresses[0][1]
-
+    def listening(grpc_port: int, http_port: int) -> None:
         log.info(
             "serving ext_proc (%s, %s) on %s:%d, HTTP on %s:%d, coordinator %s, %d endpoint(s): %s",
             opts.transport,
@@ -286,40 +288,60 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
                 "--admin-api-key-file to enable them)",
                 API_KEY_ENV,
             )
-        await membership.restore()
-        # Start-up made ~60,000 long-lived objects (modules, protos, config); keep them
-        # out of every later full GC pass, which otherwise walks them all each time.
-        gc.collect()
-        gc.freeze()
-        write_ready(opts.ready_file, {"grpc_port": grpc_port, "http_port": http_port})
 
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        log.info("shutting down")
-        await health.set_serving(False)
-        eds.close()  # Envoy keeps the endpoints it has; open requests may finish
-        await transport.stop(grace=opts.shutdown_grace_s)
-        await runner.cleanup()
-    finally:
-        stop_gc_watch()
-        for task in background:
-            await task.stop()
-        await coordinator.close()
-        await legs.close()
+    listeners = Listeners(
+        transport,
+        eds,
+        health,
+        admin,
+        host=opts.listen_host,
+        grpc_port=opts.grpc_port,
+        http_port=opts.http_port,
+        tls=opts.tls,
+        grace_s=opts.shutdown_grace_s,
+        on_listening=listening,
+    )
+    # started in this order, stopped in the reverse one
+    components: list[Component] = [
+        Step("legs", on_stop=legs.close),
+        Step("coordinator", on_stop=coordinator.close),
+        Step("readiness-probe", on_stop=probe.stop),
+        Step("ejector", ejector.start, ejector.stop),
+        Step("names", names.start, names.stop),
+        *_data_layer(datastore, metrics, dl, ejector),
+        _GcWatch(metrics),
+        Step("readiness", readiness.publish),
+        *before,
+        listeners,
+        *after,
+    ]
+    return App(
+        components,
+        ready_file=opts.ready_file,
+        ready_info=lambda: {"grpc_port": listeners.grpc_port, "http_port": listeners.http_port},
+    )
 
 
-class _Background(Protocol):
-    async def stop(self) -> None: ...
+class _GcWatch:
+    """Times every GC pass into ``epp_gc_pause_seconds`` while started."""
+
+    def __init__(self, metrics: EppMetrics) -> None:
+        self._metrics = metrics
+        self._stop: Callable[[], None] | None = None
+
+    async def start(self) -> None:
+        self._stop = self._metrics.watch_gc()
+
+    async def stop(self) -> None:
+        if self._stop is not None:
+            self._stop()
 
 
-def _start_data_layer(
+def _data_layer(
     datastore: Datastore, metrics: EppMetrics, dl: config.DataLayerConfig, ejector: Ejector
-) -> list[_Background]:
-    """Start the scrapers and ORCA streams the config asks for (inside the loop)."""
-    started: list[_Background] = []
+) -> list[Component]:
+    """The scrapers and ORCA streams the config asks for."""
+    parts: list[Component] = []
     if dl.scrape_metrics:
         scraper = MetricsScraper(
             datastore,
@@ -331,8 +353,7 @@ def _start_data_layer(
             on_unreachable=ejector.failure,
             on_success=lambda address: ejector.success(address, serving=False),
         )
-        scraper.start()
-        started.append(scraper)
+        parts.append(Step("scraper", scraper.start, scraper.stop))
     if dl.orca_oob_port is not None:
         port = dl.orca_oob_port
         streams = OrcaStreams(
@@ -341,6 +362,5 @@ def _start_data_layer(
             port_for=lambda _endpoint: port,
             report_interval_s=dl.orca_report_interval_s,
         )
-        streams.start()
-        started.append(streams)
-    return started
+        parts.append(Step("orca-streams", streams.start, streams.stop))
+    return parts

@@ -186,16 +186,16 @@ def _reply(verb: str, role: Role, results: dict[str, Outcome], ds: Datastore) ->
     }
 
 
-def add_routes(
+def add_membership_routes(
     app: web.Application,
     datastore: Datastore,
     membership: RuntimeMembership,
     auth: ApiKeyAuth,
-    failures: Failures,
     engine: str,
     resolver: NameResolver,
-    latency: LatencyModel | None = None,
 ) -> None:
+    """``POST /instances/add`` and ``/instances/remove`` (and the ``/instance/`` aliases)."""
+
     async def read(request: web.Request) -> tuple[Role, list[Endpoint]] | web.Response:
         refusal = auth.refusal(request)
         if refusal is not None:
@@ -245,12 +245,22 @@ def add_routes(
         found = any(o is not Outcome.NOT_FOUND for o in results.values())
         return ok(_reply("remove", role, results, datastore), status=200 if found else 404)
 
-    async def status(_: web.Request) -> web.Response:
-        return ok(status_doc(datastore, failures, latency))
-
     # /instance/...: the spelling in the elastic proxy example's comments
     for prefix in ("/instances", "/instance"):
         app.router.add_post(f"{prefix}/add", add)
         app.router.add_post(f"{prefix}/remove", remove)
+
+
+def add_status_routes(
+    app: web.Application,
+    datastore: Datastore,
+    failures: Failures,
+    latency: LatencyModel | None = None,
+) -> None:
+    """``GET`` and ``POST /status``: every member, its state, load and failures."""
+
+    async def status(_: web.Request) -> web.Response:
+        return ok(status_doc(datastore, failures, latency))
+
     app.router.add_get("/status", status)
     app.router.add_post("/status", status)

@@ -20,6 +20,7 @@ from epp.datastore import Datastore, InFlightTicket
 from epp.disagg import bodies
 from epp.disagg.legs import LegClient, LegFailed, LegResult
 from epp.errors import PrefillRejectedError
+from epp.extensions import Installed, OpenRegistry
 from epp.metrics import EppMetrics
 from epp.types import Endpoint, InferenceRequest
 
@@ -262,9 +263,22 @@ def _bootstrap_port(prefill: Endpoint, configured: int | None) -> int:
     return configured or prefill.port
 
 
-COORDINATORS: dict[str, Callable[[CoordinatorEnv], Coordinator]] = {
-    SidecarCoordinator.name: SidecarCoordinator,
-    NixlCoordinator.name: NixlCoordinator,
-    ConcurrentCoordinator.name: ConcurrentCoordinator,
-    KvPoolCoordinator.name: KvPoolCoordinator,
-}
+CoordinatorFactory = Callable[[CoordinatorEnv], Coordinator]
+
+
+def _factory(obj: object, name: str) -> CoordinatorFactory:
+    if not callable(obj):
+        raise TypeError(f"expected a callable (CoordinatorEnv) -> Coordinator, got {obj!r}")
+    return obj  # callable() cannot check the signature
+
+
+# by name; installed packages add more (entry-point group epp.coordinators)
+COORDINATORS: OpenRegistry[CoordinatorFactory] = OpenRegistry(
+    {
+        SidecarCoordinator.name: SidecarCoordinator,
+        NixlCoordinator.name: NixlCoordinator,
+        ConcurrentCoordinator.name: ConcurrentCoordinator,
+        KvPoolCoordinator.name: KvPoolCoordinator,
+    },
+    Installed("epp.coordinators", "coordinator", _factory),
+)

@@ -1,5 +1,6 @@
 """What ``epp serve`` needs for Kubernetes InferencePool discovery: its flags, and
-starting it with gRPC readiness held until the first full sync.
+the discovery source that follows the pool, holding gRPC readiness until its first full
+sync.
 
 Kept apart from :mod:`epp.discovery.kubernetes` so that ``epp serve`` imports the
 Kubernetes client (~0.45 s of start-up) only when a pool is asked for.
@@ -8,11 +9,11 @@ Kubernetes client (~0.45 s of start-up) only when a pool is asked for.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epp.discovery.poolref import PoolRef
-from epp.health import LIVENESS, HealthSetter
 
 if TYPE_CHECKING:
     from epp.datastore import Datastore
@@ -51,23 +52,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def start(
-    ref: PoolRef | None, datastore: Datastore, default_engine: str, health: HealthSetter
-) -> list[PoolDiscovery]:
-    """Set the health statuses and, with a pool, start following it (before the gRPC port
-    opens, so a probe never sees the pool-less default). Returns what to stop later."""
-    # Without a pool the endpoints are known now; with one, readiness waits for its first
-    # full sync (liveness does not: the process is healthy meanwhile).
-    await health.set_serving(ref is None)
-    await health.set_serving(True, [LIVENESS])
-    if ref is None:
-        return []
-    from epp.discovery.kubernetes import start_pool_discovery
+class PoolSource:
+    """The discovery source following an InferencePool's pods. Readiness is held back
+    (``readiness``, told False at once) until its first full sync, and whenever the pool
+    goes away; liveness is not (the process is healthy meanwhile)."""
 
-    async def readiness(ready: bool) -> None:
-        # follows the pool: ready once it and its pods are listed, not while it is gone
-        await health.set_serving(ready)
-        await health.set_serving(True, [LIVENESS])
+    def __init__(
+        self,
+        ref: PoolRef,
+        datastore: Datastore,
+        default_engine: str,
+        readiness: Callable[[bool], Awaitable[None]],
+    ) -> None:
+        self.ref = ref
+        self._datastore = datastore
+        self._engine = default_engine
+        self._readiness = readiness
+        self._discovery: PoolDiscovery | None = None
 
-    discovery = await start_pool_discovery(ref, datastore, default_engine, on_ready=readiness)
-    return [discovery]
+    async def start(self) -> None:
+        """Connect to the API server and start following the pool (before the gRPC port
+        opens, so a probe never sees the pool-less default); OSError if the client
+        config cannot be read."""
+        from epp.discovery.kubernetes import start_pool_discovery
+
+        self._discovery = await start_pool_discovery(
+            self.ref, self._datastore, self._engine, on_ready=self._readiness
+        )
+
+    async def stop(self) -> None:
+        if self._discovery is not None:
+            await self._discovery.stop()
