@@ -82,7 +82,9 @@ def instance_of(cls: type[T]) -> Check[T]:
 
     def check(obj: object, name: str) -> T:
         if not isinstance(obj, cls):
-            raise TypeError(f"expected a {cls.__module__}.{cls.__qualname__}, got {obj!r}")
+            raise TypeError(
+                f"expected an instance of {cls.__module__}.{cls.__qualname__}, got {obj!r}"
+            )
         return obj
 
     return check
@@ -102,6 +104,10 @@ class Installed(Generic[T]):
         self._entries: dict[str, list[_Entry]] | None = None
         self._loaded: dict[str, T] = {}
         self._reported: set[str] = set()
+
+    def on_path(self, path: Sequence[str]) -> Installed[T]:
+        """The same group read from the packages installed in ``path`` (tests)."""
+        return Installed(self.group, self.what, self._check, path=path)
 
     def _by_name(self) -> dict[str, list[_Entry]]:
         if self._entries is None:
@@ -154,7 +160,7 @@ class Installed(Generic[T]):
         try:
             loaded = self._check(obj, name)
         except (TypeError, ValueError) as exc:
-            raise ExtensionError(f"{where}: not a {self.what}: {exc}") from None
+            raise ExtensionError(f"{where}: {exc}") from None
         self._loaded[name] = loaded
         return loaded
 
@@ -167,6 +173,10 @@ class OpenRegistry(Mapping[str, T]):
     def __init__(self, builtins: Mapping[str, T], installed: Installed[T]) -> None:
         self._builtins = dict(builtins)
         self.installed = installed
+
+    def on_path(self, path: Sequence[str]) -> OpenRegistry[T]:
+        """The same built-ins, with what the packages installed in ``path`` add (tests)."""
+        return OpenRegistry(self._builtins, self.installed.on_path(path))
 
     def __getitem__(self, name: str) -> T:
         if name in self._builtins:

@@ -78,9 +78,15 @@ class _Types(Mapping[str, PluginType]):
         except ExtensionError as exc:
             raise ConfigError(str(exc)) from None
 
+    def __contains__(self, name: object) -> bool:  # without loading anything
+        return name in self._names()
+
     def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def _names(self) -> list[str]:
         installed = [] if self._installed is None else self._installed.names(self._registered)
-        return iter([*self._registered, *installed])
+        return [*self._registered, *installed]
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
