@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 
 from epp import config
+from epp.datalayer.engines import ENGINES
+from epp.disagg.coordinators import COORDINATORS
+from epp.extensions import ExtensionError
 from epp.scheduling.params import ConfigError
 
 
@@ -28,8 +31,17 @@ def run(args: argparse.Namespace) -> int:
             return 0
         cfg = config.load(args.config)
         config.instantiate(cfg, config.builtin_registry())  # parameters checked too
-    except ConfigError as exc:
+        _load_installed(cfg)
+    except (ConfigError, ExtensionError) as exc:
         print(f"epp config: {exc}", file=sys.stderr)
         return 2
     sys.stdout.write(f"# effective config from {cfg.source}\n{config.effective_yaml(cfg)}")
     return 0
+
+
+def _load_installed(cfg: config.EppConfig) -> None:
+    """Load the coordinator and engine dialects the config names, as ``epp serve``
+    does: one an installed package adds may fail to (ExtensionError)."""
+    COORDINATORS[cfg.disaggregation.coordinator]
+    for engine in {cfg.data_layer.engine, *(e.engine for e in cfg.endpoints)}:
+        ENGINES[engine]

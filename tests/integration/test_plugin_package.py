@@ -137,3 +137,21 @@ def test_serve_uses_the_source_the_dialect_and_the_coordinator(
         proc.stop()
     log = (tmp_path / "epp.log").read_text()
     assert f"coordinator header-only, 1 endpoint(s): {tiny_server} (decode)" in log
+
+
+def test_a_broken_entry_point_stops_config_and_serve_naming_it(tmp_path: Path) -> None:
+    site = tmp_path / "site"  # what pip leaves of a package whose module went missing
+    dist = site / "epp_broken-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: epp-broken\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[epp.coordinators]\nbroken = epp_broken:Gone\n")
+    config = tmp_path / "c.yaml"
+    config.write_text("disaggregation: {coordinator: broken}\n")
+    message = (
+        "entry point epp.coordinators 'broken' (epp_broken:Gone from epp-broken 1.0): "
+        "cannot load: ModuleNotFoundError: No module named 'epp_broken'"
+    )
+    shown = epp(site, "config", "show", "--config", str(config))
+    assert shown.returncode == 2 and message in shown.stderr, shown.stderr
+    served = epp(site, "serve", "--grpc-port", "0", "--http-port", "0", "--coordinator", "broken")
+    assert served.returncode == 2 and message in served.stderr, served.stderr
