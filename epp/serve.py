@@ -259,36 +259,7 @@ def build(
         pool=opts.pool,
         membership=opts.membership,
     )
-    before: list[Component] = []
-    after: list[Component] = []
-    for kind in discovery.values():
-        source = kind.create(ctx)
-        if source is not None:
-            (after if kind.after_listening else before).append(source)
-
-    def listening(grpc_port: int, http_port: int) -> None:
-        log.info(
-            "serving ext_proc (%s, %s) on %s:%d, HTTP on %s:%d, coordinator %s, %d endpoint(s): %s",
-            opts.transport,
-            "plaintext" if opts.tls is None else f"TLS: {opts.tls.source}",
-            opts.listen_host,
-            grpc_port,
-            opts.listen_host,
-            http_port,
-            pd.coordinator,
-            len(datastore),
-            ", ".join(
-                f"{s.address} ({s.endpoint.role.value})" for s in datastore.snapshot().endpoints
-            )
-            or "none",
-        )
-        if opts.membership.admin_api_key is None:
-            log.info(
-                "admin API: /instances/add and /remove are disabled (set %s or "
-                "--admin-api-key-file to enable them)",
-                API_KEY_ENV,
-            )
-
+    before, after = _sources(discovery, ctx)
     listeners = Listeners(
         transport,
         eds,
@@ -299,7 +270,7 @@ def build(
         http_port=opts.http_port,
         tls=opts.tls,
         grace_s=opts.shutdown_grace_s,
-        on_listening=listening,
+        on_listening=_announce(opts, pd.coordinator, datastore),
     )
     # started in this order, stopped in the reverse one
     components: list[Component] = [
@@ -320,6 +291,51 @@ def build(
         ready_file=opts.ready_file,
         ready_info=lambda: {"grpc_port": listeners.grpc_port, "http_port": listeners.http_port},
     )
+
+
+def _sources(
+    kinds: Mapping[str, DiscoveryKind], ctx: DiscoveryContext
+) -> tuple[list[Component], list[Component]]:
+    """The sources the flags and config call for: those started before the ports open,
+    and those started once they listen."""
+    before: list[Component] = []
+    after: list[Component] = []
+    for kind in kinds.values():
+        source = kind.create(ctx)
+        if source is not None:
+            (after if kind.after_listening else before).append(source)
+    return before, after
+
+
+def _announce(
+    opts: ServeOptions, coordinator: str, datastore: Datastore
+) -> Callable[[int, int], None]:
+    """What to log once the ports listen (the banner ``make run`` shows)."""
+
+    def listening(grpc_port: int, http_port: int) -> None:
+        log.info(
+            "serving ext_proc (%s, %s) on %s:%d, HTTP on %s:%d, coordinator %s, %d endpoint(s): %s",
+            opts.transport,
+            "plaintext" if opts.tls is None else f"TLS: {opts.tls.source}",
+            opts.listen_host,
+            grpc_port,
+            opts.listen_host,
+            http_port,
+            coordinator,
+            len(datastore),
+            ", ".join(
+                f"{s.address} ({s.endpoint.role.value})" for s in datastore.snapshot().endpoints
+            )
+            or "none",
+        )
+        if opts.membership.admin_api_key is None:
+            log.info(
+                "admin API: /instances/add and /remove are disabled (set %s or "
+                "--admin-api-key-file to enable them)",
+                API_KEY_ENV,
+            )
+
+    return listening
 
 
 class _GcWatch:
