@@ -66,7 +66,7 @@ class EppMetrics:
             "(Envoy reset it: an Envoy without ext_proc graceful close, or one that gave "
             "up), ended (grpcio transport: either of the two), abandoned (it ended before "
             "the response did: the client hung up, or Envoy gave up on the upstream), "
-            "error (our handler failed).",
+            "error (our handler failed, or ended a stream that broke the protocol).",
             ["end"],
             registry=self.registry,
         )
