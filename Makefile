@@ -16,8 +16,8 @@ run: $(STAMP)
 	$(BIN)/epp stack
 
 lint: $(STAMP)
-	$(BIN)/ruff check epp tests bench
-	$(BIN)/ruff format --check epp tests bench
+	$(BIN)/ruff check epp tests bench tools
+	$(BIN)/ruff format --check epp tests bench tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -25,8 +25,10 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(BIN)/python -m pytest -q
 
-# All benchmarks (~45 minutes); results land in bench/results/.
+# All benchmarks (~50 minutes); results land in bench/results/, and its README.md (the one
+# page that quotes figures) is rewritten from them last.
 bench: bench-overhead bench-decision bench-scrape bench-routing
+	$(BIN)/python -m bench.results_index
 
 bench-overhead: $(STAMP)
 	$(BIN)/python -m bench.overhead
