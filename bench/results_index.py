@@ -62,12 +62,18 @@ BENCHMARKS = [
     (
         "overhead",
         "Envoy alone (static round robin) and Envoy + EPP side by side against the same "
-        "simulators: latency, req/s and CPU per request of each process, per processing "
-        "mode, transport and event loop; with instant servers (a closed loop saturates the "
-        "cores: the added latency is queueing for CPU) and, for 220 KB prompts, servers "
-        "that take 200 ms (the EPP path's own latency). The last path runs Envoy without "
-        "the ext_proc graceful-close flag. `bench.loadgen --think-ms` sets the clients' "
-        "mean pause.",
+        "simulators: p50/p99 latency, req/s and CPU per request of the EPP, of Envoy and "
+        "of the simulators + load generator, how busy the machine was and how many cores "
+        "other work took, per processing mode, transport and event loop; the last path "
+        "runs Envoy without the ext_proc graceful-close flag (every stream reset). With "
+        "instant servers a closed loop saturates the cores and the added latency is "
+        "queueing for CPU (throughput view); `--server-ms 0 200` (what `make bench` runs "
+        "for 220 KB prompts) repeats every path against servers that take 200 ms per "
+        "completion, with clients pausing a random 100 ms on average between requests "
+        "(`bench.loadgen --think-ms`) so they do not reach the EPP in lockstep: then the "
+        "added latency is the EPP path's own. Each file's *Reading* sets the latter "
+        "against the 5 ms target and checks the former against latency = concurrency x "
+        "CPU per request / free cores.",
     ),
     (
         "decision",
@@ -82,18 +88,48 @@ BENCHMARKS = [
     ),
     (
         "routing",
-        "issue 13's matrix: 4 simulators of 4 sequences each, Poisson arrivals at 0.4, 0.7 "
-        "and 0.95 of round robin's calibrated capacity and 1.2 (past it), fresh simulators "
-        "per policy; workloads `groups` (16 Zipf-popular 1,500-token system prompts), "
-        "`control` (nothing shared) and `multi-turn` (chat sessions resending their "
-        "history); free KV for 1.6 or 2.5 copies of every group prefix; policies round "
-        "robin (Envoy alone), least request, the EPP's configs, and an oracle "
-        "(`ideal-split`: every server a fixed, KV-sized share of the groups, "
-        "`bench/oracle.py`). Per cell: TTFT p50/p90/p99, throughput, load per server, "
-        "prefix-cache hits and the *warm-miss rate* (of the requests whose prefix an "
-        "earlier request had prefilled, the share that paid that prefill again; "
-        "`bench/warmth.py`).",
+        "issue 13's matrix (about 35 minutes; `routing-zipf-WORKLOAD-kvCOPIES.md`, each "
+        "with `_ttft.png` and `_load.png`): 4 simulators running 4 sequences each, "
+        "Poisson arrivals at 0.4, 0.7 and 0.95 of round robin's calibrated capacity and "
+        "1.2 (past it), 20 s per rate, fresh simulators per policy. Workloads "
+        "(`bench/workload.py`): `groups` (16 groups of 1,500-token system prompts, "
+        "Zipf-skewed popularity s = 1.1, so the top group is a third of the traffic; "
+        "75-225-token questions, 16-48 output tokens), `control` (every prompt unique: "
+        "nothing to reuse, least request is the yardstick) and `multi-turn` (chat "
+        "sessions resending their history, `x-session-id`). KV sizes "
+        "(`--prefix-copies`): free KV under load for 1.6 copies of all group prefixes (6 "
+        "groups per server: the stress setting) and 2.5. Policies: round robin (Envoy "
+        "alone), least request, the EPP's configs, and `ideal-split`: no EPP, Envoy's "
+        "`ORIGINAL_DST` cluster, and the load generator names each request's server from "
+        "an oracle that gives every server a fixed, KV-sized share of the groups "
+        "balanced by their Zipf weights, a group heavier than a fair share getting "
+        "several homes (`bench/oracle.py`; the plain `ideal` oracle, one home per group, "
+        "is in `routing-zipf-baseline`, where its top group's server queues first). Per "
+        "cell: TTFT p50/p90/p99, throughput, requests per server, prefix-cache hit rate, "
+        "the *warm-miss rate* (of the requests whose prefix an earlier request had "
+        "already prefilled, the share whose `usage.prompt_tokens_details.cached_tokens` "
+        "show they paid that prefill again; `bench/warmth.py`), CPU; each file's reading "
+        "gives every p90 as a multiple of the oracle's and round robin's.",
     ),
+]
+
+
+# Figures measured once, outside the benchmarks' result files; kept here so that every
+# figure the project quotes is on one page.
+OTHER_MEASUREMENTS = [
+    "Overhead, a morning run of 2026-11-23 on the VM's faster spell (the git history of "
+    "`overhead.md` and `overhead-220kb.md`): 1 KB at concurrency 1, +1.4 / +2.5 ms "
+    "(p50 / p99) for `lean` and about 0.7-0.9k req/s per EPP core; 220 KB at "
+    "concurrency 20 with 200 ms servers, +4.2 to +5.6 ms p50 and +7.6 to +15.8 ms p99.",
+    "Decision cost: an earlier run on a slower spell of the VM had one cell at 1,016 µs p99.",
+    "Routing: homes sized to a group's demand (tried, not kept) measured p90 87-169 ms "
+    "against 37 ms at 40 % load.",
+    "Elastic membership (`tests/e2e/test_elastic.py::"
+    "test_killed_server_costs_no_client_error_and_comes_back`, `pytest -s`, 6 client "
+    "threads, simulators at `--time-scale 0.2`): a server killed with SIGKILL under load "
+    "was ejected 0.085 s after the kill, with 0 client errors in 278 requests across the "
+    "kill, the ejection, the restart and the reinstatement (an earlier manual run: 239 "
+    "requests, 0 errors, ejected after 0.086 s).",
 ]
 
 
@@ -290,8 +326,9 @@ def routing_section() -> list[str]:
         "",
         "### Earlier routing runs",
         "",
-        "Weighted scorers alone on uniform groups, 8 sequences per server; kept for the "
-        "decisions they backed (the files say what each policy was).",
+        "Weighted scorers alone on uniform groups, 8 sequences per server (`routing`: "
+        "1.25 copies of every prefix; `routing-roomy`: 2 copies); kept for the decisions "
+        "they backed (the files say what each policy was).",
         "",
     ]
     earlier = [n for n in names("routing") if not n.startswith(MATRIX)]
@@ -389,6 +426,7 @@ def render() -> str:
         decision_section(),
         scrape_section(),
         routing_section(),
+        ["## Other measurements", "", *[f"- {m}" for m in OTHER_MEASUREMENTS]],
     ]
     return "\n\n".join("\n".join(s) for s in sections) + "\n"
 
