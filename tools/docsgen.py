@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,16 @@ SEE_ALSO = {
 def cell(text: str) -> str:
     """Text made safe for one Markdown table cell."""
     return " ".join(text.split()).replace("|", "\\|")
+
+
+def linked(text: str) -> str:
+    """``see docs/PAGE.md, Heading`` (as the help says it) as a link to that heading."""
+
+    def link(m: re.Match[str]) -> str:
+        anchor = re.sub(r"[^\w\- ]", "", m[2].lower()).replace(" ", "-")
+        return f"[{m[2]}]({m[1]}#{anchor})"
+
+    return re.sub(r"docs/([\w-]+\.md), ([^.;]+)", link, text)
 
 
 def default_text(action: argparse.Action) -> str:
@@ -118,7 +129,8 @@ def render_cli() -> str:
                 title = group.title or ""
                 lines += ["", f"### {title[0].upper()}{title[1:]}"]
                 if group.description:
-                    lines += ["", f"{group.description[0].upper()}{group.description[1:]}."]
+                    text = linked(group.description)
+                    lines += ["", f"{text[0].upper()}{text[1:]}."]
             lines += ["", *flag_table(parser, actions)]
     return "\n".join(lines) + "\n"
 
