@@ -9,7 +9,8 @@ from pathlib import Path
 from epp import router, stack
 from epp.admin import metrics
 from epp.cli import build_parser
-from epp.config import DataLayerConfig, DisaggConfig
+from epp.datalayer.settings import DataLayerConfig
+from epp.disagg.settings import DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
 from epp.envoyconfig import EnvoyOptions, epp_config
 from epp.xds import eds
