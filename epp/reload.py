@@ -57,7 +57,7 @@ class ConfigFile:
     ) -> None:
         self.path = path
         self._overrides = overrides
-        self._stamp: tuple[int, int] | None = None  # (mtime ns, size) when last read
+        self._stamp: tuple[int, int, int] | None = None  # (mtime ns, size, inode) last read
         self._text: str | None = None  # what was last read
         self._missing = False
 
@@ -88,7 +88,7 @@ class ConfigFile:
             return False
         return text != self._text
 
-    def _stat(self) -> tuple[int, int] | None:
+    def _stat(self) -> tuple[int, int, int] | None:
         assert self.path is not None
         try:
             st = self.path.stat()
@@ -102,7 +102,7 @@ class ConfigFile:
             self._missing = True
             return None
         self._missing = False
-        return st.st_mtime_ns, st.st_size
+        return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 class ConfigReloader:

@@ -41,6 +41,8 @@ def test_default_config_is_complete() -> None:
 def test_shipped_configs_load(path: Path) -> None:
     cfg = config.load(path)
     config.instantiate(cfg, config.builtin_registry())
+    shown = config.effective_yaml(cfg)  # what `epp config show --config` prints
+    assert config.effective_yaml(config.load_text(shown, str(path))) == shown
 
 
 def test_partial_file_keeps_defaults_for_the_rest() -> None:

@@ -5,6 +5,7 @@ change. Real router, datastore, metrics and files; no fakes."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from epp import config
 from epp.admin.metrics import EppMetrics
 from epp.datastore import Datastore
+from epp.disagg.settings import DisaggConfig
 from epp.reload import ConfigFile, ConfigReloader
 from epp.router import Router
 from epp.scheduling.latency import LatencyPriors
@@ -170,3 +172,22 @@ def test_prefix_index_metric_follows_the_running_scheduler(setup: Setup) -> None
     setup.path.write_text(zone_config("a", scorer="queue-scorer"))
     assert setup.reloader.reload("test")
     assert setup.metrics.registry.get_sample_value("epp_prefix_index_blocks", samples) is None
+
+
+def test_flags_still_override_the_reloaded_file(tmp_path: Path) -> None:
+    """`epp serve --coordinator` overrides the file at start and at every reload, so the
+    file's own (unchanged) coordinator is no restart-only change."""
+    path = tmp_path / "epp.yaml"
+    path.write_text(zone_config("a"))
+    file = ConfigFile(path, lambda c: replace(c, disaggregation=DisaggConfig("kv-pool")))
+    cfg = file.load()
+    assert cfg.disaggregation.coordinator == "kv-pool"
+    datastore = Datastore()
+    datastore.add(ZONE_B)
+    metrics = EppMetrics(datastore)
+    scheduler = config.instantiate(cfg, config.builtin_registry())
+    router = Router(datastore, scheduler, metrics, max_body_bytes=1 << 20)
+    reloader = ConfigReloader(file, cfg, scheduler, router, metrics.config_reloads, poll_s=0)
+    path.write_text(zone_config("b"))
+    assert reloader.reload("test")
+    assert reloader.config.disaggregation.coordinator == "kv-pool"
