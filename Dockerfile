@@ -6,6 +6,7 @@ FROM python:3.12-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY epp ./epp
+COPY epp_harness ./epp_harness
 RUN pip install --no-cache-dir . && useradd --uid 10001 --no-create-home epp
 # an unprivileged user (Pod Security "restricted" requires a non-root UID)
 USER 10001

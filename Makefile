@@ -16,8 +16,9 @@ run: $(STAMP)
 	$(BIN)/epp stack
 
 lint: $(STAMP)
-	$(BIN)/ruff check epp tests bench
-	$(BIN)/ruff format --check epp tests bench
+	$(BIN)/ruff check epp epp_harness tests bench
+	$(BIN)/ruff format --check epp epp_harness tests bench
+	$(BIN)/lint-imports  # the layers and import rules in pyproject.toml
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -28,16 +28,16 @@ from typing import Any
 import orjson
 
 from bench.host import cpu_seconds, machine_cpu, machine_description
-from epp.envoyconfig import (
+from epp_harness.envoyconfig import (
     ClusterKind,
     EnvoyOptions,
     Processing,
     baseline_config,
     epp_config,
 )
-from epp.envoyproc import EnvoyProcess, write_config
-from epp.procs import ManagedProcess, start_epp
-from epp.stack import LocalStack, StackOptions
+from epp_harness.envoyproc import EnvoyProcess, write_config
+from epp_harness.procs import ManagedProcess, start_epp
+from epp_harness.stack import LocalStack, StackOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Issue #3's target for the EPP's added latency with 220 KB prompts at concurrency 20.
@@ -46,7 +46,7 @@ TARGET_ADDED_MS = 5.0
 SATURATED = 0.9
 # Other work on the machine above this many cores skews a cell (marked in the reading).
 BUSY_NEIGHBOURS = 0.25
-CHARS_PER_TOKEN = 4  # the simulators' token estimate (epp/sim/config.py)
+CHARS_PER_TOKEN = 4  # the simulators' token estimate (epp_harness/sim/config.py)
 # KV block size of simulators that take time: large blocks keep their own prefix-cache
 # hashing (blake2b per block, ~3 ms per 220 KB prompt at 16 tokens) from loading the
 # shared cores; with no per-token prefill cost, block size changes no latency.

@@ -128,13 +128,13 @@ from bench.workload import (
     system_prompts,
 )
 from epp import argtypes
-from epp.envoyconfig import (
+from epp.extproc.messages import DESTINATION_HEADER
+from epp_harness.envoyconfig import (
     PROCESSING_MODES,
     Processing,
 )
-from epp.extproc.messages import DESTINATION_HEADER
-from epp.procs import scratch_dir
-from epp.stack import LocalStack, StackOptions
+from epp_harness.procs import scratch_dir
+from epp_harness.stack import LocalStack, StackOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HEADERS = {"content-type": "application/json"}

@@ -19,7 +19,7 @@ import orjson
 
 from bench.host import cpu_seconds, git_state, machine_cpu, machine_description
 from epp.datalayer.settings import DataLayerConfig
-from epp.procs import ManagedProcess, scratch_dir, spawn_epp, start_epp
+from epp_harness.procs import ManagedProcess, scratch_dir, spawn_epp, start_epp
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_BUDGET = DataLayerConfig().max_scrapes_per_s

@@ -37,7 +37,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-CHARS_PER_TOKEN = 4  # the simulator's tokenizer rule (epp.sim.config.CHARS_PER_TOKEN)
+CHARS_PER_TOKEN = 4  # the simulator's tokenizer rule (epp_harness.sim.config.CHARS_PER_TOKEN)
 
 _SYLLABLES = (
     "ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "qui", "dor", "fen", "gal",

@@ -1,24 +1,26 @@
 """The single ``epp`` entry point: ``epp serve | sim | stack | sidecar | config``.
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
-``run(args) -> int``; this file only wires them together.
+``run(args) -> int``; this file only wires them together. Modules are named by string
+and imported only for the command being run: ``sim`` and ``stack`` live in the dev
+harness (``epp_harness``), which the product never imports statically.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 
 from epp import __version__
+from epp.logsetup import setup_logging
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("epp.serve", "run the endpoint picker (Envoy ext_proc gRPC server + HTTP admin)"),
-    "sim": ("epp.sim.cli", "run one simulated vLLM-compatible model server"),
-    "stack": ("epp.stack", "run Envoy + EPP + simulated model servers locally (make run)"),
+    "sim": ("epp_harness.sim.cli", "run one simulated vLLM-compatible model server"),
+    "stack": ("epp_harness.stack", "run Envoy + EPP + simulated model servers locally (make run)"),
     "sidecar": ("epp.disagg.sidecar", "run the decode-side P/D proxy (coordinator: sidecar)"),
     "config": ("epp.configcmd", "show the effective config, or list plugin types"),
 }
@@ -44,22 +46,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             module.add_arguments(p)
             p.set_defaults(_module=module)
     return parser
-
-
-def add_log_level(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="log verbosity",
-    )
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

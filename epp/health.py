@@ -1,15 +1,20 @@
 """The EPP's health statuses (``liveness``, ``readiness``, ...), set once and seen both by
 the gRPC health service and by the HTTP port's ``/ready``: kubelet's gRPC probes cannot
-speak TLS, so an EPP serving its gRPC port over TLS is probed over HTTP instead."""
+speak TLS, so an EPP serving its gRPC port over TLS is probed over HTTP instead.
+
+The service names live here, at the bottom of the layers, so that what sets a status
+(discovery, ``serve``) and what answers probes (the gRPC transports) share them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Protocol
 
-from epp.extproc.transport import HEALTH_SERVICES
-
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+# Health service names Envoy / Kubernetes probes ask for ("" = the whole server).
+LIVENESS = "liveness"
 READINESS = "readiness"
+HEALTH_SERVICES = ("", LIVENESS, READINESS, EXT_PROC_SERVICE)
 
 
 class HealthSetter(Protocol):

@@ -14,12 +14,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
-from epp import argtypes, config
+from epp import argtypes, config, membershipflags
 from epp.admin.auth import API_KEY_ENV, ApiKeyAuth
 from epp.admin.http import make_admin_app
 from epp.admin.instances import add_routes
-from epp.admin.metrics import EppMetrics
-from epp.cli import add_log_level
 from epp.datalayer.ejection import Ejector
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
 from epp.datalayer.orca_oob import OrcaStreams
@@ -27,16 +25,18 @@ from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.settings import DataLayerConfig
 from epp.datastore import Datastore
 from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
-from epp.disagg.legs import LegClient
-from epp.discovery import flags as membership_flags
+from epp.disagg.legs import AiohttpLegTransport, LegClient
 from epp.discovery import serve_pool, static
-from epp.discovery.flags import MembershipOptions
 from epp.discovery.names import NameResolver
+from epp.discovery.poolref import PoolRef
 from epp.discovery.readiness import ReadinessProbe
 from epp.discovery.runtime import RuntimeMembership
 from epp.extproc import tlsflags
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.health import HealthBoard
+from epp.logsetup import add_log_level
+from epp.membershipflags import MembershipOptions
+from epp.metrics import EppMetrics
 from epp.readyfile import write_ready
 from epp.reload import DEFAULT_POLL_S, ConfigFile, ConfigReloader
 from epp.router import Router
@@ -67,7 +67,7 @@ class ServeOptions:
     config_path: Path | None = None
     config_poll_s: float = DEFAULT_POLL_S  # 0: reload on SIGHUP only
     membership: MembershipOptions = field(default_factory=MembershipOptions)
-    pool: serve_pool.PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
+    pool: PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
     tls: ServerTls | None = None  # None: plaintext gRPC port
 
 
@@ -127,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     tlsflags.add_arguments(parser)
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
-    membership_flags.add_arguments(parser)
+    membershipflags.add_arguments(parser)
     serve_pool.add_arguments(parser)
     add_log_level(parser)
 
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         config_poll_s=args.config_poll_seconds,
     )
     try:
-        opts = replace(opts, membership=membership_flags.options(args))
+        opts = replace(opts, membership=membershipflags.options(args))
     except (OSError, ValueError) as exc:
         log.error("admin API key: %s", exc)
         return 2
@@ -211,7 +211,7 @@ async def serve(
     if dl.orca.header_format is not None:
         request_headers.append((ORCA_FORMAT_HEADER, dl.orca.header_format))
     pd = cfg.disaggregation
-    legs = LegClient(pd.connect_timeout_s, pd.prefill_timeout_s)
+    legs = LegClient(AiohttpLegTransport(pd.connect_timeout_s, pd.prefill_timeout_s))
     rng = random.Random()
     probe = ReadinessProbe(model=opts.membership.model)
     ejector = Ejector(datastore, opts.membership.ejection, probe.check)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.procs import ManagedProcess, start_epp
+from epp_harness.procs import ManagedProcess, start_epp
 
 
 @pytest.fixture

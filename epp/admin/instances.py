@@ -27,6 +27,7 @@ from epp.datalayer.ejection import FailureState
 from epp.datastore import Datastore, Member, Status
 from epp.discovery.names import NameResolver, ResolveError
 from epp.discovery.runtime import Outcome, RuntimeMembership
+from epp.errors import BadRequestError
 from epp.scheduling.latency import LatencyModel
 from epp.types import Endpoint, Role
 
@@ -34,10 +35,12 @@ from epp.types import Endpoint, Role
 Failures = Callable[[str], FailureState]
 
 
-class BadInput(ValueError):
+class BadInput(BadRequestError):
+    """A bad /instances body: 400, ``code`` says which part."""
+
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code)
+        self.code: str = code
 
 
 def parse_body(raw: bytes, engine: str = "vllm") -> tuple[Role, list[Endpoint]]:
@@ -200,7 +203,7 @@ def add_routes(
         try:
             return parse_body(await request.read(), engine)
         except BadInput as exc:
-            return error(400, exc.code, str(exc))
+            return error(exc.status, exc.code, exc.message)
 
     async def add(request: web.Request) -> web.Response:
         parsed = await read(request)

@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from epp.admin.metrics import EppMetrics
 from epp.datastore import Datastore, InFlightTicket
 from epp.disagg import bodies
 from epp.disagg.legs import LegClient, LegFailed, LegResult
 from epp.errors import PrefillRejectedError
+from epp.metrics import EppMetrics
 from epp.types import Endpoint, InferenceRequest
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from grpclib.server import Server, Stream
 
 from epp.extproc.h2frames import skip_hex_dumps_of_received_data
 from epp.extproc.stream import ExtProcStream, StreamEnd
-from epp.extproc.transport import EXT_PROC_SERVICE, HEALTH_SERVICES, max_destinations
+from epp.extproc.transport import max_destinations
+from epp.health import EXT_PROC_SERVICE, HEALTH_SERVICES
 from epp.router import Router
 from epp.xds.eds import EDS_SERVICE, EdsServer
 

@@ -24,7 +24,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 )
 
 from epp.disagg.coordinators import DecodeLeg
-from epp.errors import BadRequestError, BodyTooLargeError, EppError
+from epp.errors import BadRequestError, BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
 from epp.requestparse import parse_request
 from epp.router import Routed, Router
@@ -124,11 +124,11 @@ class ExtProcStream:
             if kind == "response_trailers":
                 self._finish()
                 return [messages.EMPTY_RESPONSE_TRAILERS]
-        except EppError as error:
+        except ClientVisibleError as error:
             return [self._reject(error)]
         except Exception:
             log.exception("request %s: internal error handling %s", self._req.request_id, kind)
-            return [self._reject(EppError("internal error in the endpoint picker"))]
+            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
         log.warning("ignoring unexpected ext_proc message %r", kind)
         return []
 
@@ -228,11 +228,11 @@ class ExtProcStream:
         try:
             replies = self._route(body, end_of_stream)
             return replies if isinstance(replies, list) else await replies
-        except EppError as error:
+        except ClientVisibleError as error:
             return [self._reject(error)]
         except Exception:
             log.exception("request %s: internal error routing", self._req.request_id)
-            return [self._reject(EppError("internal error in the endpoint picker"))]
+            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
 
     async def _forward_after(
         self, pending: Awaitable[DecodeLeg], body: bytes | None, end_of_stream: bool
@@ -244,13 +244,13 @@ class ExtProcStream:
                     leg.prefill_ticket.release()
                 return []
             return self._forward(body, end_of_stream, leg)
-        except EppError as error:
+        except ClientVisibleError as error:
             return [self._reject(error)]
         except Exception:
             log.exception(
                 "request %s: internal error preparing the decode leg", self._req.request_id
             )
-            return [self._reject(EppError("internal error in the endpoint picker"))]
+            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
 
     def _forward(
         self, body: bytes | None, end_of_stream: bool, leg: DecodeLeg | None
@@ -286,7 +286,7 @@ class ExtProcStream:
             return [reply]
         return [reply, *messages.streamed_request_body(body, end_of_stream)]
 
-    def _reject(self, error: EppError) -> ProcessingResponse:
+    def _reject(self, error: ClientVisibleError) -> ProcessingResponse:
         log.info("request %s rejected: %d %s", self._req.request_id, error.status, error.message)
         self._router.rejected(error)
         self._envoy.phase = Phase.DONE

@@ -6,10 +6,12 @@ import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from epp.errors import InternalError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(InternalError, ValueError):
     """A config problem; the message names where (file, key) and why."""
 
 

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 
 from epp.extproc.transport import TRANSPORTS
-from epp.stack import LocalStack, StackOptions
+from epp_harness.stack import LocalStack, StackOptions
 
 MAX_BODY = 2 * 1024 * 1024
 

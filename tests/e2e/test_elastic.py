@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
-from epp.procs import ManagedProcess
-from epp.stack import LocalStack
+from epp_harness.procs import ManagedProcess
+from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import open_raw_post, request
 from tests.support.load import Load

@@ -11,9 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from epp.envoyconfig import EnvoyOptions, epp_config
-from epp.envoyproc import EnvoyProcess, write_config
-from epp.procs import ManagedProcess, start_epp
+from epp_harness.envoyconfig import EnvoyOptions, epp_config
+from epp_harness.envoyproc import EnvoyProcess, write_config
+from epp_harness.procs import ManagedProcess, start_epp
 from tests.support.http import request
 from tests.support.sim import SimProc, sims
 from tests.support.wait import wait_for

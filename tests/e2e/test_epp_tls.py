@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from epp.extproc.transport import TRANSPORTS
-from epp.stack import LocalStack
+from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import get_json, metric_sum, request
 

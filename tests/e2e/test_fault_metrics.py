@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from epp.stack import LocalStack
+from epp_harness.stack import LocalStack
 from tests.support.http import metric_samples, open_raw_post, request
 from tests.support.wait import wait_for
 

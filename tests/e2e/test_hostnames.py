@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from epp.stack import LocalStack
+from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import request
 from tests.support.sim import SimProc, sims

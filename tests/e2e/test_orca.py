@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from epp.stack import LocalStack
+from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import metric_sum, request
 from tests.support.wait import wait_for

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from epp.stack import SIM_CONNECTOR, LocalStack
+from epp_harness.stack import SIM_CONNECTOR, LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import get_json, metric_sum, request
 from tests.support.wait import wait_for

@@ -8,8 +8,8 @@ import hashlib
 import orjson
 import pytest
 
-from epp.envoyconfig import PROCESSING_MODES, Processing
-from epp.stack import LocalStack
+from epp_harness.envoyconfig import PROCESSING_MODES, Processing
+from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import epp_in_flight, get_json, open_raw_post, request
 from tests.support.wait import wait_for

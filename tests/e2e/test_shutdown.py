@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from epp.extproc.transport import TRANSPORTS
-from epp.stack import LocalStack
+from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import open_raw_post
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from epp.procs import epp_argv
-from epp.stack import check_ports_free
+from epp_harness.procs import epp_argv
+from epp_harness.stack import check_ports_free
 from tests.support.http import request
 from tests.support.wait import wait_for
 
@@ -79,7 +79,7 @@ def test_taken_port_is_named_by_flag(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        from epp.procs import ProcessFailed
+        from epp_harness.procs import ProcessFailed
 
         with pytest.raises(
             ProcessFailed, match=f"port {port} \\(--envoy-port\\) is already in use"

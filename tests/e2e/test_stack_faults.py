@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from epp.procs import epp_argv
 from epp.readyfile import read_ready
+from epp_harness.procs import epp_argv
 from tests.e2e.test_stack_cli import processes_using
 from tests.support.load import Load
 from tests.support.wait import wait_for

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from epp.envoyconfig import EnvoyOptions
-from epp.stack import LocalStack
+from epp_harness.envoyconfig import EnvoyOptions
+from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import open_raw_post, request
 from tests.support.load import Load

@@ -11,9 +11,9 @@ import openai
 import orjson
 import pytest
 
-from epp.envoyconfig import EnvoyOptions, epp_config
-from epp.envoyproc import EnvoyProcess, write_config
-from epp.stack import LocalStack
+from epp_harness.envoyconfig import EnvoyOptions, epp_config
+from epp_harness.envoyproc import EnvoyProcess, write_config
+from epp_harness.stack import LocalStack
 from tests.e2e.conftest import MAX_BODY, ephemeral
 from tests.support.http import epp_in_flight, get_json, metric_samples, open_raw_post, request
 from tests.support.wait import wait_for

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from epp.procs import ManagedProcess, start_epp
+from epp_harness.procs import ManagedProcess, start_epp
 from tests.support.http import request
 
 KEY = "k3y"

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from epp import configcmd
-from epp.procs import epp_argv
+from epp_harness.procs import epp_argv
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from epp.envoyconfig import (
+from epp_harness.envoyconfig import (
     EXAMPLES,
     EnvoyOptions,
     baseline_config,
@@ -16,7 +16,7 @@ from epp.envoyconfig import (
     epp_config,
     render_example,
 )
-from epp.envoyproc import validate, write_config
+from epp_harness.envoyproc import validate, write_config
 
 ENVOY_DIR = Path(__file__).resolve().parents[2] / "envoy"
 
@@ -25,7 +25,7 @@ ENVOY_DIR = Path(__file__).resolve().parents[2] / "envoy"
 def test_committed_config_is_current_and_valid(name: str) -> None:
     path = ENVOY_DIR / name
     assert path.read_text() == render_example(name), (
-        f"envoy/{name} is stale: run `.venv/bin/python -m epp.envoyconfig envoy/`"
+        f"envoy/{name} is stale: run `.venv/bin/python -m epp_harness.envoyconfig envoy/`"
     )
     validate(path)
 
@@ -64,7 +64,7 @@ def test_epp_tls_puts_the_epp_cluster_on_unverified_tls() -> None:
 def test_invalid_config_is_reported_with_envoys_words(tmp_path: Path) -> None:
     config = epp_config(EnvoyOptions())
     config["static_resources"]["clusters"][0]["type"] = "NOT_A_TYPE"
-    from epp.procs import ProcessFailed
+    from epp_harness.procs import ProcessFailed
 
     with pytest.raises(ProcessFailed, match="NOT_A_TYPE"):
         validate(write_config(config, tmp_path / "bad.yaml"))

@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from aiohttp import web
 
-from epp.admin.metrics import EppMetrics
 from epp.datalayer.ejection import EjectionPolicy, Ejector
 from epp.datalayer.scraper import MetricsScraper
 from epp.datastore import Datastore, Status
 from epp.disagg.coordinators import CoordinatorEnv, Handoff, NixlCoordinator
-from epp.disagg.legs import LegClient
+from epp.disagg.legs import AiohttpLegTransport, LegClient
+from epp.metrics import EppMetrics
 from epp.types import Endpoint, InferenceRequest, Role
 from tests.support.sim import SimProc, sims
 from tests.support.wait import until
@@ -80,7 +80,7 @@ async def _run_leg(port: int) -> tuple[dict[str, float], Ejector, str]:
     ejector.failure(endpoint.address, "connect failure")
     ejector.failure(endpoint.address, "connect failure")
     metrics = EppMetrics(ds)
-    legs = LegClient(1.0, 10.0)
+    legs = LegClient(AiohttpLegTransport(1.0, 10.0))
     env = CoordinatorEnv(ds, metrics, legs, random.Random(0), None, ejector.success)
     try:
         await NixlCoordinator(env).hand_off(_handoff(endpoint))
@@ -144,7 +144,7 @@ async def test_a_failed_prefill_leg_counts_against_the_prefill_server(
 ) -> None:
     ds, ejector, endpoint = _pool(failing_prefill)
     metrics = EppMetrics(ds)
-    legs = LegClient(1.0, 10.0)
+    legs = LegClient(AiohttpLegTransport(1.0, 10.0))
     env = CoordinatorEnv(
         ds,
         metrics,

@@ -13,7 +13,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
 from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProcessorStub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.procs import ManagedProcess
+from epp_harness.procs import ManagedProcess
 from tests.support import extproc as m
 from tests.support.wait import wait_for
 

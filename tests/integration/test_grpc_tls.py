@@ -15,7 +15,7 @@ import pytest
 from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProcessorStub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.procs import ManagedProcess, start_epp
+from epp_harness.procs import ManagedProcess, start_epp
 from tests.support import extproc as m
 from tests.support.certs import server_files
 from tests.support.http import request

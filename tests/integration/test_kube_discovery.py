@@ -13,8 +13,8 @@ import pytest
 
 from epp.datastore import Datastore
 from epp.discovery.kubernetes import PoolDiscovery, api_client, start_pool_discovery
+from epp.discovery.poolref import PoolRef
 from epp.discovery.reflector import WatchTiming
-from epp.discovery.serve_pool import PoolRef
 from epp.types import Endpoint, Role
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import pod, pool

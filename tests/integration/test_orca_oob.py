@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from epp.admin.metrics import EppMetrics
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datastore import Datastore
-from epp.procs import ManagedProcess, start_epp
+from epp.metrics import EppMetrics
 from epp.types import Endpoint
+from epp_harness.procs import ManagedProcess, start_epp
 from tests.support.http import open_raw_post
 from tests.support.wait import until
 

@@ -21,11 +21,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from epp.admin.metrics import EppMetrics
 from epp.datalayer.scraper import MetricsScraper
 from epp.datastore import Datastore
-from epp.procs import ManagedProcess, start_epp
+from epp.metrics import EppMetrics
 from epp.types import Endpoint, EndpointMetrics
+from epp_harness.procs import ManagedProcess, start_epp
 from tests.support.wait import until
 
 MODEL = "scrape-model"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from epp.procs import epp_argv, start_epp
+from epp_harness.procs import epp_argv, start_epp
 from tests.support.certs import server_files
 from tests.support.http import metric_sum, request
 

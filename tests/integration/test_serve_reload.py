@@ -10,7 +10,7 @@ import grpc
 import orjson
 from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProcessorStub
 
-from epp.procs import ManagedProcess, start_epp
+from epp_harness.procs import ManagedProcess, start_epp
 from tests.support import extproc as m
 from tests.support.http import metric_samples
 from tests.support.wait import wait_for

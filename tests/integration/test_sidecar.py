@@ -13,7 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from epp.procs import ManagedProcess, epp_argv, start_epp
+from epp_harness.procs import ManagedProcess, epp_argv, start_epp
 from tests.support.http import get_json, request
 from tests.support.sim import SimProc, completion, sims
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from epp.datalayer.orca import parse_orca
-from epp.procs import ManagedProcess, spawn_epp
-from epp.sim.flags import add_arguments
+from epp_harness.procs import ManagedProcess, spawn_epp
+from epp_harness.sim.flags import add_arguments
 from tests.support.http import get_json, open_raw_post, request
 from tests.support.wait import wait_for
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.procs import ProcessFailed, spawn_epp
+from epp_harness.procs import ProcessFailed, spawn_epp
 from tests.support.sim import SimProc, chat, completion, sims, sse_events
 
 

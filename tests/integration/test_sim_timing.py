@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.procs import ManagedProcess, start_epp
+from epp_harness.procs import ManagedProcess, start_epp
 
 MODEL = "sim-model"
 POLL_LIMIT_S = 5.0

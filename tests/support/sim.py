@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from epp.procs import ManagedProcess, spawn_epp
+from epp_harness.procs import ManagedProcess, spawn_epp
 from tests.support.http import get_json, metric_sum, request
 
 

@@ -187,8 +187,8 @@ async def test_admin_port_answers_unknown_paths_and_wrong_methods_in_json() -> N
     from aiohttp.test_utils import TestServer
 
     from epp.admin.http import make_admin_app
-    from epp.admin.metrics import EppMetrics
     from epp.datastore import Datastore
+    from epp.metrics import EppMetrics
 
     ds = Datastore()
     app = make_admin_app(ds, EppMetrics(ds), ready=lambda: True)

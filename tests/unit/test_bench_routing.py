@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from bench.routing import SimSettings, cached_tokens, final_usage, parse_policy
-from epp.sim.flags import add_arguments, config_from_args
+from epp_harness.sim.flags import add_arguments, config_from_args
 
 # max_num_seqs, kv_blocks, block_size, then the latency model's four numbers
 SIM = SimSettings(4, 1026, 16, 5.0, 0.1, 8.0, 0.5)

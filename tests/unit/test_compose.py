@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from epp.cli import build_parser
-from epp.stack import SIM_CONNECTOR
 from epp.types import Role
+from epp_harness.stack import SIM_CONNECTOR
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

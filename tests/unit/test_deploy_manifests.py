@@ -12,7 +12,6 @@ import yaml
 from aiohttp import web
 
 from epp.admin.http import make_admin_app
-from epp.admin.metrics import EppMetrics
 from epp.cli import build_parser
 from epp.datastore import Datastore
 from epp.discovery.pool_endpoints import (
@@ -21,7 +20,8 @@ from epp.discovery.pool_endpoints import (
     parse_pool,
     pod_endpoints,
 )
-from epp.extproc.transport import HEALTH_SERVICES
+from epp.health import HEALTH_SERVICES
+from epp.metrics import EppMetrics
 from epp.types import Role
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"

@@ -15,13 +15,13 @@ import pytest
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse
 
-from epp.admin.metrics import EppMetrics
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.disagg.coordinators import DecodeLeg, Handoff
 from epp.errors import PrefillRejectedError
 from epp.extproc.messages import EMPTY_REQUEST_HEADERS, MAX_CHUNK_BYTES
 from epp.extproc.stream import ExtProcStream, Phase
+from epp.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint, Role
 from tests.support import extproc as m

@@ -11,11 +11,11 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
 from google.protobuf.struct_pb2 import Value
 
-from epp.admin.metrics import EppMetrics
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.messages import MAX_CHUNK_BYTES
 from epp.extproc.stream import ExtProcStream, Phase
+from epp.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint
 from epp.xds.eds import EnvoySync

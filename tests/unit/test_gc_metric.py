@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 
-from epp.admin.metrics import EppMetrics
 from epp.datastore import Datastore
+from epp.metrics import EppMetrics
 
 
 def test_gc_pauses_are_timed_per_generation_until_stopped() -> None:

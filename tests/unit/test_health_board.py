@@ -9,10 +9,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from epp.admin.http import make_admin_app
-from epp.admin.metrics import EppMetrics
 from epp.datastore import Datastore
-from epp.extproc.transport import HEALTH_SERVICES
-from epp.health import READINESS, HealthBoard
+from epp.health import HEALTH_SERVICES, READINESS, HealthBoard
+from epp.metrics import EppMetrics
 
 
 class Transport:

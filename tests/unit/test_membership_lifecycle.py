@@ -8,11 +8,11 @@ import asyncio
 import pytest
 
 from epp.admin.instances import status_doc
-from epp.admin.metrics import EppMetrics
 from epp.config import builtin_registry, instantiate, load
 from epp.datalayer.ejection import EjectionPolicy, Ejector, FailureState
 from epp.datastore import Datastore, Status
 from epp.discovery.runtime import Outcome, RuntimeMembership, WaitPolicy
+from epp.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint, InferenceRequest
 from tests.support.wait import until

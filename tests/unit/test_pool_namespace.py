@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.discovery.serve_pool import PoolRef, context_namespace
+from epp.discovery.poolref import PoolRef, context_namespace
 from tests.support.kube_server import write_kubeconfig
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from epp import config
-from epp.admin.metrics import EppMetrics
 from epp.datastore import Datastore
 from epp.disagg.settings import DisaggConfig
+from epp.metrics import EppMetrics
 from epp.reload import ConfigFile, ConfigReloader
 from epp.router import Router
 from epp.scheduling.latency import LatencyPriors

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from epp.sim.config import KvConnector, address
-from epp.sim.flags import add_arguments, config_from_args
 from epp.types import Role
+from epp_harness.sim.config import KvConnector, address
+from epp_harness.sim.flags import add_arguments, config_from_args
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -9,8 +9,8 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from epp.sim.config import SimConfig
-from epp.sim.engine import (
+from epp_harness.sim.config import SimConfig
+from epp_harness.sim.engine import (
     Engine,
     PromptReport,
     blocks_for,
@@ -20,7 +20,7 @@ from epp.sim.engine import (
     kv_usage,
     prefill_seconds,
 )
-from epp.sim.protocol import ApiKind, GenerationRequest, parse_request
+from epp_harness.sim.protocol import ApiKind, GenerationRequest, parse_request
 
 CONFIG = SimConfig(
     prefill_overhead_ms=5,

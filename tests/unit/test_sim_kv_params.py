@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from epp.sim.kv_params import (
+from epp_harness.sim.kv_params import (
     Bootstrap,
     NixlLeg,
     RemotePrefill,
@@ -15,7 +15,7 @@ from epp.sim.kv_params import (
     parse_bootstrap,
     parse_nixl,
 )
-from epp.sim.protocol import SimError
+from epp_harness.sim.protocol import SimError
 
 SOURCE = nixl_source_params("engine-1", [4, 5, 6], "10.0.0.7", 8000)
 

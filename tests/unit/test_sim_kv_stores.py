@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from epp.sim.bootstrap import Rooms
-from epp.sim.config import KvConnector, SimConfig
-from epp.sim.engine import Engine
-from epp.sim.kv_holds import KvHolds
-from epp.sim.kv_pool import KvPool
-from epp.sim.prefix_cache import text_block_hashes
-from epp.sim.protocol import SimError
+from epp_harness.sim.bootstrap import Rooms
+from epp_harness.sim.config import KvConnector, SimConfig
+from epp_harness.sim.engine import Engine
+from epp_harness.sim.kv_holds import KvHolds
+from epp_harness.sim.kv_pool import KvPool
+from epp_harness.sim.prefix_cache import text_block_hashes
+from epp_harness.sim.protocol import SimError
 from tests.support.wait import until
 
 CONFIG = SimConfig(time_scale=0, kv_blocks=100, block_size=16)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.sim.prefix_cache import PrefixCache, text_block_hashes, token_block_hashes
+from epp_harness.sim.prefix_cache import PrefixCache, text_block_hashes, token_block_hashes
 
 BLOCK = 64  # 16 tokens x 4 chars
 

@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from epp.sim import responses
-from epp.sim.protocol import (
+from epp_harness.sim import responses
+from epp_harness.sim.protocol import (
     MAX_TOKENS_LIMIT,
     ApiKind,
     GenerationRequest,

@@ -6,14 +6,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from epp import router, stack
-from epp.admin import metrics
+from epp import metrics, router
 from epp.cli import build_parser
 from epp.datalayer.settings import DataLayerConfig
 from epp.disagg.settings import DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
-from epp.envoyconfig import EnvoyOptions, epp_config
 from epp.xds import eds
+from epp_harness import stack
+from epp_harness.envoyconfig import EnvoyOptions, epp_config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "timeouts.md"
 

@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from epp.sim.protocol import SimError
+from epp_harness.sim.protocol import SimError
 
 
 class _Room:

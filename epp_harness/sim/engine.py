@@ -15,9 +15,14 @@ from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
-from epp.sim.config import SimConfig
-from epp.sim.prefix_cache import BlockHash, PrefixCache, text_block_hashes, token_block_hashes
-from epp.sim.protocol import GenerationRequest
+from epp_harness.sim.config import SimConfig
+from epp_harness.sim.prefix_cache import (
+    BlockHash,
+    PrefixCache,
+    text_block_hashes,
+    token_block_hashes,
+)
+from epp_harness.sim.protocol import GenerationRequest
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

@@ -19,8 +19,10 @@ from types import FrameType
 from typing import Self
 
 from epp import argtypes
-from epp.cli import add_log_level
-from epp.envoyconfig import (
+from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
+from epp.logsetup import add_log_level
+from epp.readyfile import read_ready
+from epp_harness.envoyconfig import (
     CLUSTER_KINDS,
     PROCESSING_MODES,
     ClusterKind,
@@ -30,10 +32,8 @@ from epp.envoyconfig import (
     client_routed_config,
     epp_config,
 )
-from epp.envoyproc import EnvoyProcess, write_config
-from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
-from epp.procs import ManagedProcess, ProcessFailed, scratch_dir, spawn_epp
-from epp.readyfile import read_ready
+from epp_harness.envoyproc import EnvoyProcess, write_config
+from epp_harness.procs import ManagedProcess, ProcessFailed, scratch_dir, spawn_epp
 
 HOST = "127.0.0.1"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from epp import argtypes
-from epp.cli import add_log_level
-from epp.sim.config import KvConnector, SimConfig, address
+from epp.logsetup import add_log_level
 from epp.types import Role
+from epp_harness.sim.config import KvConnector, SimConfig, address
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cache or a KV transfer served without prefill), as vLLM's flag of that name; off "
         "by default, as in vLLM",
     )
-    # ORCA load reports (epp.sim.orca)
+    # ORCA load reports (epp_harness.sim.orca)
     add(
         "--orca-format",
         type=str.lower,

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import yaml
 
-from epp.procs import ManagedProcess, ProcessFailed
+from epp_harness.procs import ManagedProcess, ProcessFailed
 
 
 def envoy_binary() -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from epp.sim.protocol import ApiKind, GenerationRequest, SimError
+from epp_harness.sim.protocol import ApiKind, GenerationRequest, SimError
 
 # Each word is exactly 4 characters: the simulator's tokenizer rule (chars / 4).
 WORDS = ("the ", "sim ", "tok ", "and ", "kv. ", "gpu ", "for ", "one ")

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from epp.sim.config import address
-from epp.sim.protocol import bad_request, is_int
+from epp_harness.sim.config import address
+from epp_harness.sim.protocol import bad_request, is_int
 
 KV_TRANSFER_PARAMS = "kv_transfer_params"
 ROOM_LIMIT = 2**63  # SGLang's bootstrap_room is a random 63-bit integer

@@ -15,7 +15,7 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from epp.sim.config import CHARS_PER_TOKEN
+from epp_harness.sim.config import CHARS_PER_TOKEN
 
 # No real model can generate more in one request; it also bounds the work a single
 # non-streaming request can make the simulator do.

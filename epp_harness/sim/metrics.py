@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from epp.sim.engine import Engine
-from epp.sim.handoff import Handoff
+from epp_harness.sim.engine import Engine
+from epp_harness.sim.handoff import SimHandoff
 
 # vLLM's buckets for vllm:time_to_first_token_seconds.
 TTFT_BUCKETS = (
@@ -46,7 +46,7 @@ def _counter(name: str, doc: str, model: list[str], value: float) -> CounterMetr
 class _EngineCollector(Collector):
     """Reads the engine's live state and counters at scrape time."""
 
-    def __init__(self, engine: Engine, handoff: Handoff) -> None:
+    def __init__(self, engine: Engine, handoff: SimHandoff) -> None:
         self._engine = engine
         self._handoff = handoff
 
@@ -138,7 +138,7 @@ class SimMetrics:
     def observe_ttft(self, seconds: float) -> None:
         self._ttft.observe(seconds)
 
-    def attach(self, engine: Engine, handoff: Handoff) -> None:
+    def attach(self, engine: Engine, handoff: SimHandoff) -> None:
         """Expose ``engine``'s and ``handoff``'s gauges and counters (call once)."""
         self.registry.register(_EngineCollector(engine, handoff))
 

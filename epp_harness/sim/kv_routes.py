@@ -19,11 +19,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from epp.sim.handoff import JOIN_PATH, PULL_PATH, Handoff
-from epp.sim.kv_params import is_room
-from epp.sim.protocol import SimError, bad_request, is_int
-from epp.sim.responses import error_response, json_response
 from epp.types import Role
+from epp_harness.sim.handoff import JOIN_PATH, PULL_PATH, SimHandoff
+from epp_harness.sim.kv_params import is_room
+from epp_harness.sim.protocol import SimError, bad_request, is_int
+from epp_harness.sim.responses import error_response, json_response
 
 
 async def _json_object(request: web.Request, shape: str) -> dict[str, Any]:
@@ -37,9 +37,9 @@ async def _json_object(request: web.Request, shape: str) -> dict[str, Any]:
 
 
 class KvRoutes:
-    """Request handlers over one instance's Handoff."""
+    """Request handlers over one instance's SimHandoff."""
 
-    def __init__(self, handoff: Handoff) -> None:
+    def __init__(self, handoff: SimHandoff) -> None:
         self.handoff = handoff
 
     async def pull(self, request: web.Request) -> web.Response:
@@ -87,7 +87,7 @@ class KvRoutes:
         app.router.add_post(JOIN_PATH, self.join)
 
 
-def make_bootstrap_app(handoff: Handoff) -> web.Application:
+def make_bootstrap_app(handoff: SimHandoff) -> web.Application:
     """The rendezvous alone, for a separate ``--bootstrap-port``."""
     app = web.Application()
     KvRoutes(handoff).add_to(app, pull=False)

@@ -15,6 +15,6 @@ awaiting a pull), ``bootstrap`` (SGLang rendezvous rooms), ``kv_pool`` (the shar
 directory pool), ``kv_routes`` (the pull and join routes prefill instances serve).
 """
 
-from epp.sim.config import SimConfig
+from epp_harness.sim.config import SimConfig
 
 __all__ = ["SimConfig"]

@@ -1,7 +1,7 @@
 """A KV pool shared by simulator processes (Mooncake store / LMCache style): a directory.
 
 Each cached block is one empty file named by its chained block hash, so a file stands
-for the whole prefix up to its block (see ``epp.sim.prefix_cache``). The file has no
+for the whole prefix up to its block (see ``epp_harness.sim.prefix_cache``). The file has no
 content, so creating it is atomic: a reader in another process sees a block or not,
 never half of one. Blocks of different models or block sizes live
 in different subdirectories and never match. The pool never evicts: point each
@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from epp.sim.prefix_cache import BlockHash
+from epp_harness.sim.prefix_cache import BlockHash
 
 
 class KvPool:

@@ -17,7 +17,7 @@ def address(host: str, port: int) -> str:
 
 
 class KvConnector(StrEnum):
-    """How a prefill instance hands its KV to a decode instance (epp.sim.handoff)."""
+    """How a prefill instance hands its KV to a decode instance (epp_harness.sim.handoff)."""
 
     NIXL = "nixl"  # vLLM NixlConnector: the decode pulls blocks named in kv_transfer_params
     SGLANG = "sglang"  # SGLang bootstrap rendezvous: both legs run at once
@@ -56,7 +56,7 @@ class SimConfig:
     # usage.prompt_tokens_details.cached_tokens, as vLLM --enable-prompt-tokens-details
     # (off by default there too, so a router cannot come to rely on it unnoticed)
     enable_prompt_tokens_details: bool = False
-    # Prefill/decode disaggregation (epp.sim.handoff). The three times below are wall
+    # Prefill/decode disaggregation (epp_harness.sim.handoff). The three times below are wall
     # time: ``time_scale`` does not apply, as they model protocol timeouts, not compute.
     role: Role = Role.BOTH
     kv_connector: KvConnector = KvConnector.NIXL

@@ -1,5 +1,8 @@
 """``epp serve`` flags for elastic membership: the admin API key, the readiness wait,
-failure ejection, draining and the state file."""
+failure ejection, draining and the state file.
+
+Wiring beside :mod:`epp.serve`: it gathers settings of the admin API, discovery and the
+data layer, so it sits above all three."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The simulator's KV connector: how a request's prefill and decode legs meet.
 
-``Handoff.prepare`` runs before the engine and turns a request into a :class:`Plan`:
+``SimHandoff.prepare`` runs before the engine and turns a request into a :class:`Plan`:
 how many prompt tokens arrive from elsewhere, what to do once the prefill is computed,
 and what to add to the response. Each request counts exactly once, as a prefill leg,
 a KV transfer, a recomputed prefill (a handoff that was asked for and failed) or a
@@ -28,14 +28,14 @@ from typing import Any
 import aiohttp
 import orjson
 
-from epp.sim import kv_params
-from epp.sim.bootstrap import Rooms
-from epp.sim.config import KvConnector, SimConfig
-from epp.sim.engine import Engine
-from epp.sim.kv_holds import KvHolds
-from epp.sim.kv_pool import KvPool
-from epp.sim.protocol import GenerationRequest, SimError
 from epp.types import Role
+from epp_harness.sim import kv_params
+from epp_harness.sim.bootstrap import Rooms
+from epp_harness.sim.config import KvConnector, SimConfig
+from epp_harness.sim.engine import Engine
+from epp_harness.sim.kv_holds import KvHolds
+from epp_harness.sim.kv_pool import KvPool
+from epp_harness.sim.protocol import GenerationRequest, SimError
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,9 @@ def tokens_in(body: bytes) -> int | None:
     return tokens if isinstance(tokens, int) and tokens >= 0 else None
 
 
-class Handoff:
-    """The KV connector of one instance: both sides of its protocol."""
+class SimHandoff:
+    """The KV connector of one instance: both sides of its protocol. (Not the EPP's
+    ``epp.disagg.coordinators.Handoff``, one request's prefill/decode pair.)"""
 
     def __init__(self, config: SimConfig, engine: Engine) -> None:
         self.config = config

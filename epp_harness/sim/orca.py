@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from epp.sim.engine import Engine
+from epp_harness.sim.engine import Engine
 
 FORMATS = ("none", "text", "json", "bin")
 FORMAT_HEADER = "endpoint-load-metrics-format"

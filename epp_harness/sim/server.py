@@ -3,11 +3,11 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, for tests ``GET /sim/stats``,
 ``GET /sim/last-request`` and ``POST /sim/faults``, and for P/D handoffs between
-instances ``POST /sim/kv/pull`` and ``POST /sim/bootstrap/join`` (epp.sim.kv_routes).
+instances ``POST /sim/kv/pull`` and ``POST /sim/bootstrap/join`` (epp_harness.sim.kv_routes).
 Every response carries ``x-sim-instance: <instance id>``.
 
 Both generation routes go through ``SimServer.generate``: the one place where a request
-is read, recorded, parsed, planned (the KV handoff, epp.sim.handoff) and run.
+is read, recorded, parsed, planned (the KV handoff, epp_harness.sim.handoff) and run.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from epp.sim import orca, responses
-from epp.sim.config import SimConfig
-from epp.sim.engine import Engine, PromptReport
-from epp.sim.handoff import Handoff, Plan
-from epp.sim.kv_routes import KvRoutes
-from epp.sim.metrics import METRICS_CONTENT_TYPE, SimMetrics
-from epp.sim.protocol import MAX_TOKENS_LIMIT, ApiKind, SimError, parse_request
-from epp.sim.responses import error_response, json_response
+from epp_harness.sim import orca, responses
+from epp_harness.sim.config import SimConfig
+from epp_harness.sim.engine import Engine, PromptReport
+from epp_harness.sim.handoff import Plan, SimHandoff
+from epp_harness.sim.kv_routes import KvRoutes
+from epp_harness.sim.metrics import METRICS_CONTENT_TYPE, SimMetrics
+from epp_harness.sim.protocol import MAX_TOKENS_LIMIT, ApiKind, SimError, parse_request
+from epp_harness.sim.responses import error_response, json_response
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class SimServer:
         self.config = config
         self.metrics = SimMetrics(config.model)
         self.engine = Engine(config, on_first_token=self.metrics.observe_ttft)
-        self.handoff = Handoff(config, self.engine)
+        self.handoff = SimHandoff(config, self.engine)
         self.metrics.attach(self.engine, self.handoff)
         self.last_request: LastRequest | None = None
         # fault injection for tests: /metrics answers 503 while set (see /sim/faults)

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from epp.sim.engine import Engine, blocks_for
+from epp_harness.sim.engine import Engine, blocks_for
 
 
 @dataclass(slots=True, eq=False)

@@ -1,24 +1,46 @@
-"""The EPP's own Prometheus metrics, in a registry owned by the running service."""
+"""The EPP's own Prometheus metrics, in a registry owned by the running service.
+
+At the bottom of the layers: every part that counts something imports it. What it reads
+at scrape time from higher layers (the prefix indexes, the latency model) it sees through
+the two small Protocols below."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp.datastore import Datastore
-from epp.scheduling.latency import LatencyModel
-from epp.scheduling.prefixindex import PrefixIndex
 
 # How long an endpoint's own series (epp_responses_total, epp_scrape_failures_total)
 # outlive its removal from the pool, so the scrapes after it still see the final counts.
 SERIES_GRACE_S = 600.0
+
+
+class SizedIndex(Protocol):
+    """A prefix-cache index (:class:`epp.scheduling.prefixindex.PrefixIndex`)."""
+
+    def size(self) -> int:
+        """Blocks held across all endpoints."""
+        ...
+
+
+class LearnedLatency(Protocol):
+    """The latency model (:class:`epp.scheduling.latency.LatencyModel`)."""
+
+    def addresses(self) -> Iterable[str]:
+        """The endpoints it has values for."""
+        ...
+
+    def status(self, address: str) -> Mapping[str, float | int | None] | None:
+        """The endpoint's learned values by name (None: never seen)."""
+        ...
 
 
 class EppMetrics:
@@ -172,13 +194,13 @@ class EppMetrics:
         )
         gauge.set_function(interval)
 
-    def report_prefix_indexes(self, indexes: Callable[[], Mapping[str, PrefixIndex]]) -> None:
+    def report_prefix_indexes(self, indexes: Callable[[], Mapping[str, SizedIndex]]) -> None:
         """Export the size of each prefix-cache scorer's index (by plugin name), read at
         scrape time (from the scheduler running then): the index is bounded per
         endpoint, and this shows by how much."""
         self.registry.register(_PrefixIndexCollector(indexes))
 
-    def report_latency_model(self, model: LatencyModel) -> None:
+    def report_latency_model(self, model: LearnedLatency) -> None:
         """Export what the latency model has learned per endpoint, read at scrape time."""
         self.registry.register(_LatencyCollector(model))
 
@@ -271,7 +293,7 @@ class _DatastoreCollector(Collector):
 
 
 class _PrefixIndexCollector(Collector):
-    def __init__(self, indexes: Callable[[], Mapping[str, PrefixIndex]]) -> None:
+    def __init__(self, indexes: Callable[[], Mapping[str, SizedIndex]]) -> None:
         self._indexes = indexes
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -290,7 +312,7 @@ class _PrefixIndexCollector(Collector):
 
 
 class _LatencyCollector(Collector):
-    def __init__(self, model: LatencyModel) -> None:
+    def __init__(self, model: LearnedLatency) -> None:
         self._model = model
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

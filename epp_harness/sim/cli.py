@@ -16,16 +16,16 @@ from collections.abc import Callable
 from aiohttp import web
 
 from epp.readyfile import write_ready
-from epp.sim.config import address
-from epp.sim.flags import add_arguments, config_from_args
-from epp.sim.kv_routes import make_bootstrap_app
-from epp.sim.orca import OrcaServer
-from epp.sim.server import SIM_SERVER, make_app
+from epp_harness.sim.config import address
+from epp_harness.sim.flags import add_arguments, config_from_args
+from epp_harness.sim.kv_routes import make_bootstrap_app
+from epp_harness.sim.orca import OrcaServer
+from epp_harness.sim.server import SIM_SERVER, make_app
 
 # the subcommand contract of epp.cli
 __all__ = ["add_arguments", "run"]
 
-log = logging.getLogger("epp.sim")
+log = logging.getLogger("epp.sim")  # the `epp sim` command's name in log lines
 
 # After SIGTERM, in-flight requests get this long to finish, then as long again to
 # unwind once cancelled (aiohttp applies the timeout to both phases).
@@ -98,7 +98,7 @@ async def _serve(args: argparse.Namespace) -> int:
             "url": url,
             "instance": config.instance_id,
         }
-        if args.orca_port is not None:  # out-of-band ORCA (epp.sim.orca)
+        if args.orca_port is not None:  # out-of-band ORCA (epp_harness.sim.orca)
             orca_server = OrcaServer(runner.app[SIM_SERVER].engine)
             try:
                 ready["orca_port"] = await orca_server.start(config.host, args.orca_port)
