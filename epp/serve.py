@@ -22,6 +22,7 @@ from epp.datalayer.ejection import Ejector
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.settings import DataLayerConfig
 from epp.datastore import Datastore
 from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
 from epp.disagg.legs import AiohttpLegTransport, LegClient
@@ -37,8 +38,8 @@ from epp.logsetup import add_log_level
 from epp.membershipflags import MembershipOptions
 from epp.metrics import EppMetrics
 from epp.readyfile import write_ready
+from epp.reload import DEFAULT_POLL_S, ConfigFile, ConfigReloader
 from epp.router import Router
-from epp.scheduling.base import Scheduler
 from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
@@ -64,6 +65,7 @@ class ServeOptions:
     transport: str = DEFAULT_TRANSPORT
     shutdown_grace_s: float = 10.0
     config_path: Path | None = None
+    config_poll_s: float = DEFAULT_POLL_S  # 0: reload on SIGHUP only
     membership: MembershipOptions = field(default_factory=MembershipOptions)
     pool: PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
     tls: ServerTls | None = None  # None: plaintext gRPC port
@@ -99,7 +101,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config",
         type=Path,
         metavar="FILE",
-        help="scheduling/data-layer config (YAML, see `epp config show`); default: built in",
+        help="scheduling/data-layer config (YAML, see `epp config show`); default: built in. "
+        "Reloaded on SIGHUP and when it changes (see docs/configuration.md)",
+    )
+    parser.add_argument(
+        "--config-poll-seconds",
+        type=argtypes.non_negative_float,
+        default=DEFAULT_POLL_S,
+        help="how often to check the --config file for changes (0: reload on SIGHUP only)",
     )
     parser.add_argument(
         "--ready-file", type=Path, help="write {grpc_port, http_port} as JSON here once serving"
@@ -133,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         transport=args.transport,
         shutdown_grace_s=args.shutdown_grace_seconds,
         config_path=args.config,
+        config_poll_s=args.config_poll_seconds,
     )
     try:
         opts = replace(opts, membership=membershipflags.options(args))
@@ -146,12 +156,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+
+    def with_flags(cfg: config.EppConfig) -> config.EppConfig:
+        if not args.coordinator:
+            return cfg
+        return replace(
+            cfg, disaggregation=replace(cfg.disaggregation, coordinator=args.coordinator)
+        )
+
+    config_file = ConfigFile(opts.config_path, with_flags)
     try:
-        cfg = config.load(opts.config_path)
-        if args.coordinator:
-            cfg = replace(
-                cfg, disaggregation=replace(cfg.disaggregation, coordinator=args.coordinator)
-            )
+        cfg = config_file.load()
         scheduler = config.instantiate(cfg, config.builtin_registry())
     except ConfigError as exc:
         log.error("invalid config: %s", exc)
@@ -169,14 +184,19 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             log.info("uvloop not installed; using asyncio's default loop")
     try:
-        asyncio.run(serve(opts, cfg, scheduler))
+        asyncio.run(serve(opts, cfg, scheduler, config_file))
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
     return 0
 
 
-async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler) -> None:
+async def serve(
+    opts: ServeOptions,
+    cfg: config.EppConfig,
+    scheduler: ProfileScheduler,
+    config_file: ConfigFile,
+) -> None:
     log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
     datastore = Datastore(drain_timeout_s=opts.membership.drain_timeout_s)
     names = NameResolver(datastore, interval_s=opts.membership.resolve_interval_s)
@@ -185,15 +205,11 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
     for endpoint in opts.endpoints:  # flags name no engine: the config's applies
         await names.add_static(replace(endpoint, engine=cfg.data_layer.engine))
     metrics = EppMetrics(datastore)
-    metrics.report_latency_model(scheduler.latency)
-    if isinstance(scheduler, ProfileScheduler):
-        metrics.report_prefix_indexes(
-            {n: p.index for n, p in scheduler.plugins.items() if isinstance(p, PrefixCacheScorer)}
-        )
+    metrics.report_latency_model(scheduler.latency)  # a reload keeps this model
     dl = cfg.data_layer
     request_headers = []
-    if dl.orca_request_format is not None:
-        request_headers.append((ORCA_FORMAT_HEADER, dl.orca_request_format))
+    if dl.orca.header_format is not None:
+        request_headers.append((ORCA_FORMAT_HEADER, dl.orca.header_format))
     pd = cfg.disaggregation
     legs = LegClient(AiohttpLegTransport(pd.connect_timeout_s, pd.prefill_timeout_s))
     rng = random.Random()
@@ -230,7 +246,22 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
         outcomes=ejector,
         envoy_sync=envoy_sync,
     )
-    background: list[_Background] = [ejector, membership, names]
+    reloader = ConfigReloader(
+        config_file,
+        cfg,
+        scheduler,
+        router,
+        metrics.config_reloads,
+        poll_s=opts.config_poll_s,
+    )
+    metrics.report_prefix_indexes(
+        lambda: {
+            n: p.index
+            for n, p in reloader.scheduler.plugins.items()
+            if isinstance(p, PrefixCacheScorer)
+        }
+    )
+    background: list[_Background] = [ejector, membership, names, reloader]
     ejector.start()
     names.start()
     background += [*_start_data_layer(datastore, metrics, dl, ejector), probe]
@@ -291,6 +322,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
         # out of every later full GC pass, which otherwise walks them all each time.
         gc.collect()
         gc.freeze()
+        reloader.start()
         write_ready(opts.ready_file, {"grpc_port": grpc_port, "http_port": http_port})
 
         stop = asyncio.Event()
@@ -316,7 +348,7 @@ class _Background(Protocol):
 
 
 def _start_data_layer(
-    datastore: Datastore, metrics: EppMetrics, dl: config.DataLayerConfig, ejector: Ejector
+    datastore: Datastore, metrics: EppMetrics, dl: DataLayerConfig, ejector: Ejector
 ) -> list[_Background]:
     """Start the scrapers and ORCA streams the config asks for (inside the loop)."""
     started: list[_Background] = []
@@ -333,13 +365,13 @@ def _start_data_layer(
         )
         scraper.start()
         started.append(scraper)
-    if dl.orca_oob_port is not None:
-        port = dl.orca_oob_port
+    if dl.orca.oob_port is not None:
+        port = dl.orca.oob_port
         streams = OrcaStreams(
             datastore,
             metrics,
             port_for=lambda _endpoint: port,
-            report_interval_s=dl.orca_report_interval_s,
+            report_interval_s=dl.orca.report_interval_s,
         )
         streams.start()
         started.append(streams)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from epp import metrics, router
 from epp.cli import build_parser
-from epp.config import DataLayerConfig, DisaggConfig
+from epp.datalayer.settings import DataLayerConfig
+from epp.disagg.settings import DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
 from epp.xds import eds
 from epp_harness import stack
