@@ -17,7 +17,6 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from epp.cli import SUBCOMMANDS, build_parser
 from epp.scheduling.params import Params
@@ -135,69 +134,28 @@ def render_cli() -> str:
     return "\n".join(lines) + "\n"
 
 
-class _RecordingParams(Params):
-    """Reads no parameters (every default applies) and notes which keys a plugin
-    factory asks for, with the default it passes: the plugin's parameter list, as the
-    code has it."""
-
-    def __init__(self) -> None:
-        super().__init__("docs", {})
-        self.seen: dict[str, str] = {}
-
-    def _get(self, key: str) -> Any:
-        self.seen.setdefault(key, NONE)
-        return super()._get(key)
-
-    def _note(self, key: str, default: object) -> None:
-        if isinstance(default, bool):
-            shown = "true" if default else "false"
-        elif isinstance(default, float):
-            shown = f"{default:g}"
-        elif isinstance(default, tuple):
-            shown = "[" + ", ".join(default) + "]"
-        elif default == "":
-            shown = NONE
-        else:
-            shown = str(default)
-        self.seen[key] = f"`{shown}`" if shown != NONE else shown
-
-    def number(self, key: str, default: float, *, minimum: float | None = None) -> float:
-        value = super().number(key, default, minimum=minimum)
-        self._note(key, default)
-        return value
-
-    def integer(self, key: str, default: int, *, minimum: int | None = None) -> int:
-        value = super().integer(key, default, minimum=minimum)
-        self._note(key, default)
-        return value
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = super().boolean(key, default)
-        self._note(key, default)
-        return value
-
-    def string(self, key: str, default: str, *, choices: tuple[str, ...] = ()) -> str:
-        value = super().string(key, default, choices=choices)
-        self._note(key, default)
-        return value
-
-    def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
-        value = super().strings(key, default)
-        self._note(key, default)
-        return value
-
-    def mapping(self, key: str) -> dict[str, str]:
-        value = super().mapping(key)
-        self._note(key, "{}")
-        return value
+def _shown(default: object) -> str:
+    """A parameter's default as the plugin table shows it."""
+    if default is None or default == "":
+        return NONE
+    if isinstance(default, bool):
+        return "`true`" if default else "`false`"
+    if isinstance(default, float):
+        return f"`{default:g}`"
+    if isinstance(default, tuple):
+        return "`[" + ", ".join(default) + "]`"
+    if isinstance(default, dict):
+        return "`{}`" if not default else f"`{default}`"
+    return f"`{default}`"
 
 
 def plugin_rows() -> Iterator[tuple[str, str, str, str]]:
     """(type, kind, summary, parameters) per built-in plugin, in registration order."""
     for name, plugin in register_builtin_plugins(Registry()).types().items():
-        params = _RecordingParams()
+        params = Params("docs", {})  # no parameters given: every default applies
         plugin.factory(params)
-        shown = ", ".join(f"`{k}` {v}" if v != NONE else f"`{k}`" for k, v in params.seen.items())
+        defaults = {k: _shown(v) for k, v in params.resolved.items()}
+        shown = ", ".join(f"`{k}` {v}" if v != NONE else f"`{k}`" for k, v in defaults.items())
         yield name, plugin.kind, plugin.summary, shown or NONE
 
 
