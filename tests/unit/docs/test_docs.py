@@ -12,7 +12,7 @@ import pytest
 from bench import results_index
 from tools import docsgen
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 LINKED = [README, *DOCS, results_index.INDEX]

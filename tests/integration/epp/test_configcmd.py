@@ -10,7 +10,7 @@ import yaml
 from epp import configcmd
 from epp_harness.procs import epp_argv
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 def epp(*args: str) -> subprocess.CompletedProcess[str]:

@@ -153,7 +153,7 @@ def test_what_envoy_sends_walks_the_table_to_done(name: str) -> None:
 
 # -- the real stream against the table ------------------------------------------------
 BODY = orjson.dumps({"model": "m", "prompt": "hello " * 50, "max_tokens": 4})
-LEAST_REQUEST = (Path(__file__).parents[2] / "configs" / "least-request.yaml").read_text()
+LEAST_REQUEST = (Path(__file__).parents[4] / "configs" / "least-request.yaml").read_text()
 
 # One message of each kind, as Envoy builds it.
 SAMPLES: dict[Message, ProcessingRequest] = {

@@ -16,7 +16,7 @@ from epp.scheduling.params import ConfigError
 from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
 from epp.scheduling.sections import declared
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def test_default_config_is_complete() -> None:

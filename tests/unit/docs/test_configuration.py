@@ -8,7 +8,7 @@ from pathlib import Path
 
 from epp import config, configcmd
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
 
 
 def test_the_docs_copy_of_the_default_config_is_current() -> None:

@@ -15,7 +15,7 @@ from epp.xds import eds
 from epp_harness import stack
 from epp_harness.envoyconfig import EnvoyOptions, epp_config
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "timeouts.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "timeouts.md"
 
 
 def doc_values() -> dict[str, str]:
