@@ -49,7 +49,9 @@ def options(args: argparse.Namespace) -> MembershipOptions:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("elastic membership (see README: Scaling at runtime)")
+    g = parser.add_argument_group(
+        "elastic membership", "see docs/operations.md, Scaling at runtime"
+    )
     g.add_argument(
         "--admin-api-key-file",
         type=Path,

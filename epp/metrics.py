@@ -66,7 +66,7 @@ class EppMetrics:
             "(Envoy reset it: an Envoy without ext_proc graceful close, or one that gave "
             "up), ended (grpcio transport: either of the two), abandoned (it ended before "
             "the response did: the client hung up, or Envoy gave up on the upstream), "
-            "error (our handler failed).",
+            "error (our handler failed, or ended a stream that broke the protocol).",
             ["end"],
             registry=self.registry,
         )
@@ -142,6 +142,14 @@ class EppMetrics:
             ["prediction"],
             registry=self.registry,
         )
+        self.config_reloads = Counter(
+            "epp_config_reloads",
+            "Reloads of the --config file (on SIGHUP or a changed file), by result: "
+            "success (the new config runs) or failure (the previous one still runs; the "
+            "log says why).",
+            ["result"],
+            registry=self.registry,
+        )
         self.registry.register(_DatastoreCollector(datastore))
         # per-endpoint series stay while their endpoint is a member, whatever its status
         # (an ejected endpoint's failures are the interesting ones), and go
@@ -186,11 +194,11 @@ class EppMetrics:
         )
         gauge.set_function(interval)
 
-    def report_prefix_indexes(self, indexes: Mapping[str, SizedIndex]) -> None:
+    def report_prefix_indexes(self, indexes: Callable[[], Mapping[str, SizedIndex]]) -> None:
         """Export the size of each prefix-cache scorer's index (by plugin name), read at
-        scrape time: the index is bounded per endpoint, and this shows by how much."""
-        if indexes:
-            self.registry.register(_PrefixIndexCollector(indexes))
+        scrape time (from the scheduler running then): the index is bounded per
+        endpoint, and this shows by how much."""
+        self.registry.register(_PrefixIndexCollector(indexes))
 
     def report_latency_model(self, model: LearnedLatency) -> None:
         """Export what the latency model has learned per endpoint, read at scrape time."""
@@ -285,17 +293,20 @@ class _DatastoreCollector(Collector):
 
 
 class _PrefixIndexCollector(Collector):
-    def __init__(self, indexes: Mapping[str, SizedIndex]) -> None:
-        self._indexes = dict(indexes)
+    def __init__(self, indexes: Callable[[], Mapping[str, SizedIndex]]) -> None:
+        self._indexes = indexes
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        indexes = self._indexes()
+        if not indexes:  # no prefix-cache scorer configured: no such metric
+            return
         blocks = GaugeMetricFamily(
             "epp_prefix_index_blocks",
             "Prompt blocks the prefix-cache index remembers, summed over endpoints "
             "(its memory is proportional to this), by plugin.",
             labels=["plugin"],
         )
-        for name, index in sorted(self._indexes.items()):
+        for name, index in sorted(indexes.items()):
             blocks.add_metric([name], index.size())
         yield blocks
 

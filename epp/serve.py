@@ -25,6 +25,7 @@ from epp.datalayer.engines import engine_names
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.settings import DataLayerConfig
 from epp.datastore import Datastore
 from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
 from epp.disagg.legs import AiohttpLegTransport, LegClient
@@ -41,8 +42,8 @@ from epp.listeners import Listeners
 from epp.logsetup import add_log_level
 from epp.membershipflags import MembershipOptions
 from epp.metrics import EppMetrics
+from epp.reload import DEFAULT_POLL_S, ConfigFile, ConfigReloader
 from epp.router import Router
-from epp.scheduling.base import Scheduler
 from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
@@ -69,6 +70,7 @@ class ServeOptions:
     transport: str = DEFAULT_TRANSPORT
     shutdown_grace_s: float = 10.0
     config_path: Path | None = None
+    config_poll_s: float = DEFAULT_POLL_S  # 0: reload on SIGHUP only
     membership: MembershipOptions = field(default_factory=MembershipOptions)
     pool: PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
     tls: ServerTls | None = None  # None: plaintext gRPC port
@@ -104,7 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config",
         type=Path,
         metavar="FILE",
-        help="scheduling/data-layer config (YAML, see `epp config show`); default: built in",
+        help="scheduling/data-layer config (YAML, see `epp config show`); default: built in. "
+        "Reloaded on SIGHUP and when it changes (see docs/configuration.md)",
+    )
+    parser.add_argument(
+        "--config-poll-seconds",
+        type=argtypes.non_negative_float,
+        default=DEFAULT_POLL_S,
+        help="how often to check the --config file for changes (0: reload on SIGHUP only)",
     )
     parser.add_argument(
         "--ready-file", type=Path, help="write {grpc_port, http_port} as JSON here once serving"
@@ -138,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         transport=args.transport,
         shutdown_grace_s=args.shutdown_grace_seconds,
         config_path=args.config,
+        config_poll_s=args.config_poll_seconds,
     )
     try:
         opts = replace(opts, membership=membershipflags.options(args))
@@ -151,12 +161,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+
+    def with_flags(cfg: config.EppConfig) -> config.EppConfig:
+        if not args.coordinator:
+            return cfg
+        return replace(
+            cfg, disaggregation=replace(cfg.disaggregation, coordinator=args.coordinator)
+        )
+
+    config_file = ConfigFile(opts.config_path, with_flags)
     try:
-        cfg = config.load(opts.config_path)
-        if args.coordinator:
-            cfg = replace(
-                cfg, disaggregation=replace(cfg.disaggregation, coordinator=args.coordinator)
-            )
+        cfg = config_file.load()
         scheduler = config.instantiate(cfg, config.builtin_registry())
     except ConfigError as exc:
         log.error("invalid config: %s", exc)
@@ -174,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             log.info("uvloop not installed; using asyncio's default loop")
     try:
-        asyncio.run(_serve(opts, cfg, scheduler))
+        asyncio.run(_serve(opts, cfg, scheduler, config_file))
     except ExtensionError as exc:  # an installed coordinator, source or engine
         log.error("%s", exc)
         return 2
@@ -184,35 +199,39 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler) -> None:
+async def _serve(
+    opts: ServeOptions,
+    cfg: config.EppConfig,
+    scheduler: ProfileScheduler,
+    config_file: ConfigFile,
+) -> None:
     log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
-    await lifecycle.run(build(opts, cfg, scheduler))
+    await lifecycle.run(build(opts, cfg, scheduler, config_file))
 
 
 def build(
     opts: ServeOptions,
     cfg: config.EppConfig,
-    scheduler: Scheduler,
+    scheduler: ProfileScheduler,
+    config_file: ConfigFile | None = None,
     *,
     discovery: Mapping[str, DiscoveryKind] = DISCOVERY_SOURCES,
 ) -> App:
     """Wire every part of the EPP, starting nothing: no port opens, no task starts (call
-    it inside the event loop: some parts bind to it). ``discovery``: the source kinds
-    to ask. Raises ExtensionError if an installed part the config names cannot load."""
+    it inside the event loop: some parts bind to it). ``config_file``: where ``cfg``
+    came from, reloaded on SIGHUP and when it changes (None: the built-in default, never
+    reloaded). ``discovery``: the source kinds to ask. Raises ExtensionError if an
+    installed part the config names cannot load."""
     dl = cfg.data_layer
     for engine in {dl.engine, *(e.engine for e in cfg.endpoints)}:
         engine_names(engine)  # an installed dialect that cannot load fails now
     datastore = Datastore(drain_timeout_s=opts.membership.drain_timeout_s)
     names = NameResolver(datastore, interval_s=opts.membership.resolve_interval_s)
     metrics = EppMetrics(datastore)
-    metrics.report_latency_model(scheduler.latency)
-    if isinstance(scheduler, ProfileScheduler):
-        metrics.report_prefix_indexes(
-            {n: p.index for n, p in scheduler.plugins.items() if isinstance(p, PrefixCacheScorer)}
-        )
+    metrics.report_latency_model(scheduler.latency)  # a reload keeps this model
     request_headers = []
-    if dl.orca_request_format is not None:
-        request_headers.append((ORCA_FORMAT_HEADER, dl.orca_request_format))
+    if dl.orca.header_format is not None:
+        request_headers.append((ORCA_FORMAT_HEADER, dl.orca.header_format))
     pd = cfg.disaggregation
     legs = LegClient(AiohttpLegTransport(pd.connect_timeout_s, pd.prefill_timeout_s))
     rng = random.Random()
@@ -240,6 +259,21 @@ def build(
         coordinator=coordinator,
         outcomes=ejector,
         envoy_sync=envoy_sync,
+    )
+    reloader = ConfigReloader(
+        config_file or ConfigFile(None),
+        cfg,
+        scheduler,
+        router,
+        metrics.config_reloads,
+        poll_s=opts.config_poll_s,
+    )
+    metrics.report_prefix_indexes(
+        lambda: {
+            n: p.index
+            for n, p in reloader.scheduler.plugins.items()
+            if isinstance(p, PrefixCacheScorer)
+        }
     )
     eds = EdsServer(datastore, sync=envoy_sync)
     transport = make_transport(opts.transport, router, eds)
@@ -285,6 +319,7 @@ def build(
         *before,
         listeners,
         *after,
+        Step("config-reload", reloader.start, reloader.stop),
     ]
     return App(
         components,
@@ -354,7 +389,7 @@ class _GcWatch:
 
 
 def _data_layer(
-    datastore: Datastore, metrics: EppMetrics, dl: config.DataLayerConfig, ejector: Ejector
+    datastore: Datastore, metrics: EppMetrics, dl: DataLayerConfig, ejector: Ejector
 ) -> list[Component]:
     """The scrapers and ORCA streams the config asks for."""
     parts: list[Component] = []
@@ -370,13 +405,13 @@ def _data_layer(
             on_success=lambda address: ejector.success(address, serving=False),
         )
         parts.append(Step("scraper", scraper.start, scraper.stop))
-    if dl.orca_oob_port is not None:
-        port = dl.orca_oob_port
+    if dl.orca.oob_port is not None:
+        port = dl.orca.oob_port
         streams = OrcaStreams(
             datastore,
             metrics,
             port_for=lambda _endpoint: port,
-            report_interval_s=dl.orca_report_interval_s,
+            report_interval_s=dl.orca.report_interval_s,
         )
         parts.append(Step("orca-streams", streams.start, streams.stop))
     return parts

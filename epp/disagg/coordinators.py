@@ -1,5 +1,6 @@
-"""Coordinators: how a disaggregated request's prefill and decode legs meet (DESIGN.md
-§4). Registered by name; the scheduler has already chosen both endpoints.
+"""Coordinators: how a disaggregated request's prefill and decode legs meet (the wire
+flows: docs/architecture.md, P/D wire flows). Registered by name; the scheduler has
+already chosen both endpoints.
 
 Each one turns a :class:`Handoff` into the :class:`DecodeLeg` Envoy forwards: maybe a
 header, maybe a rewritten body, after running the prefill leg itself or not. A prefill

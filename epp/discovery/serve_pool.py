@@ -30,7 +30,7 @@ def pool_ref(args: argparse.Namespace) -> PoolRef | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("Kubernetes (see README: Running in Kubernetes)")
+    g = parser.add_argument_group("Kubernetes", "see docs/operations.md, Running in Kubernetes")
     g.add_argument(
         "--pool-name",
         metavar="NAME",

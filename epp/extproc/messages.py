@@ -19,7 +19,7 @@ from google.protobuf.struct_pb2 import Struct
 
 from epp.errors import ClientVisibleError
 
-# Envoy rejects larger streamed_response chunks; DESIGN.md §1.
+# Envoy rejects larger streamed_response chunks (docs/architecture.md, Endpoint Picker Protocol).
 MAX_CHUNK_BYTES = 62_000
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 # Set on streaming requests (``"stream": true``) so the Envoy config can give them their

@@ -1,6 +1,7 @@
 """`epp serve` with TLS on the gRPC port, each transport, a self-signed certificate or
 files from a test CA: a verifying gRPC client gets health and an ext_proc exchange over
-TLS, a plaintext client gets nowhere. (Bad TLS flags and files: test_serve_cli.py.)"""
+TLS, a plaintext client gets nowhere. (Bad TLS flags and files:
+tests/integration/epp/test_serve.py.)"""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from epp.types import Endpoint
 from epp.xds.eds import EnvoySync
 from tests.support import extproc as m
 
-LEAST_REQUEST = (Path(__file__).parents[2] / "configs" / "least-request.yaml").read_text()
+LEAST_REQUEST = (Path(__file__).parents[4] / "configs" / "least-request.yaml").read_text()
 BODY = orjson.dumps({"model": "m", "prompt": "hello " * 50, "max_tokens": 4})
 
 

@@ -15,7 +15,7 @@ import pytest
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse
 
-from epp.config import DEFAULT_CONFIG, build_scheduler
+from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.disagg.coordinators import DecodeLeg, Handoff
 from epp.errors import PrefillRejectedError
@@ -64,7 +64,7 @@ def router(coordinator: FakeCoordinator) -> Router:
     ds.add(PREFILL)
     ds.add(DECODE)
     return Router(
-        ds, build_scheduler(DEFAULT_CONFIG), EppMetrics(ds),
+        ds, build_scheduler(""), EppMetrics(ds),
         max_body_bytes=1 << 22, rng=random.Random(0), coordinator=coordinator,
     )  # fmt: skip
 

@@ -48,17 +48,17 @@ def test_an_endpoint_back_within_the_grace_keeps_its_series() -> None:
 
 
 def test_prefix_index_size_is_exported_by_plugin_name() -> None:
-    from epp.config import DEFAULT_CONFIG, build_scheduler
+    from epp.config import build_scheduler
     from epp.scheduling.plugins.prefix import PrefixCacheScorer
     from epp.types import InferenceRequest, SchedulingResult
 
     ds = Datastore()
     ds.add(Endpoint("10.0.0.1", 1))
     metrics = EppMetrics(ds)
-    scheduler = build_scheduler(DEFAULT_CONFIG)
+    scheduler = build_scheduler("")
     scorers = {n: p for n, p in scheduler.plugins.items() if isinstance(p, PrefixCacheScorer)}
     assert list(scorers) == ["prefix-cache-scorer"]
-    metrics.report_prefix_indexes({n: p.index for n, p in scorers.items()})
+    metrics.report_prefix_indexes(lambda: {n: p.index for n, p in scorers.items()})
     text = generate_latest(metrics.registry).decode()
     assert 'epp_prefix_index_blocks{plugin="prefix-cache-scorer"} 0.0' in text
     snap = ds.snapshot()

@@ -24,7 +24,7 @@ from epp.health import HEALTH_SERVICES
 from epp.metrics import EppMetrics
 from epp.types import Role
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
 Doc = dict[str, Any]
 
 
@@ -119,7 +119,7 @@ def test_epp_args_ports_probes_and_service_agree() -> None:
             get = container[probe]["httpGet"]
             assert ports[get["port"]] == args.http_port and get["path"] in routes
     # a read-only root filesystem: nothing in these arguments writes a file (the TLS
-    # key goes through memfd: tests/unit/test_tls.py)
+    # key goes through memfd: tests/unit/epp/extproc/test_tls.py)
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert args.state_file is None and args.ready_file is None
     ready = container["readinessProbe"]

@@ -92,3 +92,35 @@ def test_errors_are_immediate_json_and_server_keeps_serving(epp_server: ManagedP
     text = metrics(epp_server)
     assert 'epp_requests_total{outcome="400"} 1.0' in text
     assert 'epp_requests_total{outcome="413"} 1.0' in text
+
+
+def test_illegal_messages_get_defined_answers_and_the_server_keeps_serving(
+    epp_server: ManagedProcess,
+) -> None:
+    """Out-of-phase messages through the real server (phases.py): an immediate 500 while
+    Envoy could still send it, FAILED_PRECONDITION once the response started; every
+    claim is released and the next stream is served."""
+    stub = ExternalProcessorStub(channel(epp_server))
+    routed = [m.request_headers(), m.request_body(BODY, True)]
+    again = m.request_headers(method="GET", path="/v1/models", end_of_stream=True)
+    for illegal in (again, m.request_body(b"more", True)):  # 2nd headers, body after end
+        *ok, answer = list(stub.Process(iter([*routed, illegal]), timeout=10))
+        assert m.set_headers(ok[0])["x-gateway-destination-endpoint"]
+        assert answer.immediate_response.status.code == 500
+        error = json.loads(answer.immediate_response.body)["error"]
+        assert error["code"] == "extproc_protocol_error"
+    late = [*routed, m.response_headers(200), m.request_headers()]
+    with pytest.raises(grpc.RpcError) as ended:
+        list(stub.Process(iter(late), timeout=10))
+    assert ended.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "request_headers" in str(ended.value.details())
+    wait_for(lambda: in_flight(epp_server) == 0, what="every claim released")
+    ok = list(stub.Process(iter(routed), timeout=10))
+    assert ok[0].HasField("request_headers")
+    text = metrics(epp_server)
+    assert 'epp_requests_total{outcome="500"} 2.0' in text
+    assert 'epp_requests_total{outcome="routed"} 4.0' in text
+    wait_for(
+        lambda: 'epp_extproc_streams_total{end="error"} 1.0' in metrics(epp_server),
+        what="the ended stream counted",
+    )

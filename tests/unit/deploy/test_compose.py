@@ -2,7 +2,7 @@
 checked without one: every command line parses with our real CLI parsers, and names,
 addresses, ports and files agree with each other, envoy/compose.yaml and the Dockerfile.
 (envoy/compose.yaml itself is validated by the real Envoy binary in
-tests/integration/test_envoy_configs.py.)"""
+tests/integration/epp_harness/test_envoyconfig.py.)"""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from epp.cli import build_parser
 from epp.types import Role
 from epp_harness.stack import SIM_CONNECTOR
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 SIMS = ["prefill-1", "prefill-2", "decode-1", "decode-2"]

@@ -20,7 +20,7 @@ from epp_harness.procs import ManagedProcess, epp_argv
 from tests.support.http import get_json, metric_sum, request
 from tests.support.wait import wait_for
 
-PACKAGE = Path(__file__).parent.parent / "support" / "tiny_plugin"
+PACKAGE = Path(__file__).parents[2] / "support" / "tiny_plugin"
 CONFIG = """\
 plugins:
 - type: decode-filter

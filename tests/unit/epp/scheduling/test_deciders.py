@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.config import DEFAULT_CONFIG, build_scheduler
+from epp.config import build_scheduler, default_yaml
 from epp.errors import NoEndpointError
 from epp.types import Endpoint, EndpointMetrics, EndpointState, InferenceRequest, Role, Snapshot
 
@@ -32,8 +32,8 @@ def request(prompt: str) -> InferenceRequest:
     return InferenceRequest("r", "m", "/v1/completions", prompt=prompt)
 
 
-def scheduler(text: str = DEFAULT_CONFIG):  # type: ignore[no-untyped-def]
-    return build_scheduler(text, clock=lambda: NOW)
+def scheduler(text: str = ""):  # type: ignore[no-untyped-def]
+    return build_scheduler(text, clock=lambda: NOW)  # empty: the built-in default
 
 
 def test_long_prompt_is_disaggregated_onto_a_prefill_endpoint() -> None:
@@ -86,7 +86,7 @@ def test_no_decode_endpoint_is_503() -> None:
     ],
 )
 def test_deciders_by_name(decider: str, prompt: str, expected: str) -> None:
-    text = DEFAULT_CONFIG
+    text = default_yaml()
     if decider != "prefix-based":
         text = text.replace(
             "decider: prefix-based\n    nonCachedTokens: 256\n", f"decider: {decider}\n"
@@ -99,7 +99,7 @@ def test_deciders_by_name(decider: str, prompt: str, expected: str) -> None:
 
 
 def test_threshold_is_configurable() -> None:
-    text = DEFAULT_CONFIG.replace("nonCachedTokens: 256", "nonCachedTokens: 1")
+    text = default_yaml().replace("nonCachedTokens: 256", "nonCachedTokens: 1")
     result = scheduler(text).schedule(
         request("abcdefgh"), pool(Role.PREFILL, Role.DECODE), random.Random(0)
     )

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import yaml
 
+from epp import configcmd
 from epp_harness.procs import epp_argv
+
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 def epp(*args: str) -> subprocess.CompletedProcess[str]:
@@ -24,6 +27,8 @@ def test_show_prints_the_effective_default_config() -> None:
     weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
     assert weights["prefix-cache-scorer"] == 3 and weights["queue-scorer"] == 2
     assert doc["latencyModel"]["maxNumSeqs"] is None
+    # the copy in the docs is this output, byte for byte
+    assert configcmd.docs_block((DOCS / "configuration.md").read_text()) == result.stdout
 
 
 def test_show_fills_defaults_into_a_partial_file(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from epp_harness.envoyconfig import (
 )
 from epp_harness.envoyproc import validate, write_config
 
-ENVOY_DIR = Path(__file__).resolve().parents[2] / "envoy"
+ENVOY_DIR = Path(__file__).resolve().parents[3] / "envoy"
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from epp import config
+from epp.datalayer.settings import DataLayerConfig
+from epp.disagg.settings import DisaggConfig
+from epp.scheduling.latency import LatencyPriors
 from epp.scheduling.params import ConfigError
+from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
+from epp.scheduling.sections import declared
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def test_default_config_is_complete() -> None:
@@ -34,6 +41,8 @@ def test_default_config_is_complete() -> None:
 def test_shipped_configs_load(path: Path) -> None:
     cfg = config.load(path)
     config.instantiate(cfg, config.builtin_registry())
+    shown = config.effective_yaml(cfg)  # what `epp config show --config` prints
+    assert config.effective_yaml(config.load_text(shown, str(path))) == shown
 
 
 def test_partial_file_keeps_defaults_for_the_rest() -> None:
@@ -41,17 +50,54 @@ def test_partial_file_keeps_defaults_for_the_rest() -> None:
         "dataLayer: {scrapeIntervalSeconds: 0.2, orca: {requestFormat: TEXT}}", "f"
     )
     assert cfg.data_layer.scrape_interval_s == 0.2
-    assert cfg.data_layer.orca_request_format == "TEXT"
+    assert cfg.data_layer.orca.request_format == "TEXT"
     assert cfg.data_layer.stale_after_s == 2.0
     assert cfg.data_layer.max_scrapes_per_s == 400
     assert len(cfg.profiles[0].plugins) == 6  # default profiles untouched
     assert cfg.disaggregation.prefill_timeout_s == 25
 
 
-def test_the_embedded_default_matches_the_dataclass_defaults() -> None:
-    # the YAML default (what `epp config show` prints) and the code's defaults agree
-    assert config.load_text(config.DEFAULT_CONFIG, "d").data_layer == config.DataLayerConfig()
-    assert config.load_text("dataLayer: {}", "f").data_layer == config.DataLayerConfig()
+def test_sections_default_to_their_dataclasses() -> None:
+    cfg = config.load(None)
+    assert cfg.saturation == SaturationConfig() and cfg.admission == AdmissionConfig()
+    assert cfg.data_layer == DataLayerConfig() and cfg.latency == LatencyPriors()
+    assert cfg.disaggregation == DisaggConfig() and cfg.endpoints == ()
+    assert config.load_text("dataLayer: {orca: {}}", "f").data_layer == DataLayerConfig()
+
+
+def test_the_generated_default_yaml_loads_back_as_the_default() -> None:
+    """`epp config show` prints the generated YAML; it is the built-in default exactly."""
+    text = config.default_yaml()
+    again = config.load_text(text, "d")
+    assert config.effective_yaml(again) == text
+    assert replace(again, source="<default>", plugins=()) == replace(config.load(None), plugins=())
+    # every setting is documented: a comment line above each key of a section
+    lines = text.splitlines()
+    for key in ("queueDepthThreshold", "scrapeIntervalSeconds", "requestFormat", "maxNumSeqs"):
+        (at,) = [i for i, line in enumerate(lines) if line.strip().startswith(f"{key}:")]
+        assert lines[at - 1].strip().startswith("# ") and len(lines[at - 1].strip()) > 10
+    for _f, setting, _hint in declared(config.EppConfig):
+        assert setting.doc and f"{setting.key}:" in lines
+
+
+def test_plugin_parameters_show_with_their_defaults_filled_in() -> None:
+    cfg = config.load_text("plugins: [{type: queue-scorer, name: q}]", "f")
+    doc = yaml.safe_load(config.effective_yaml(cfg))
+    assert doc["plugins"] == [
+        {
+            "type": "queue-scorer",
+            "name": "q",
+            "parameters": {"normalize": "relative", "threshold": 5},
+        }
+    ]
+    assert doc["schedulingProfiles"] == [
+        {"name": "default", "plugins": [{"pluginRef": "q", "weight": 1}]}
+    ]
+
+
+def test_the_saturation_filter_defaults_to_the_section_defaults() -> None:
+    sched = config.build_scheduler("plugins: [{type: saturation-filter, name: s}]")
+    assert sched.plugins["s"].cfg == SaturationConfig()  # type: ignore[attr-defined]
 
 
 def test_plugins_without_profiles_form_one_default_profile() -> None:
@@ -103,7 +149,7 @@ def test_plugins_without_profiles_form_one_default_profile() -> None:
         ("saturationDetector: {queueDepthThreshold: x}", "queueDepthThreshold: expected a number"),
         ("admission: {objectives: {batch: low}}", "admission.objectives"),
         ("dataLayer: {engine: tgi}", "dataLayer.engine: must be one of"),
-        ("dataLayer: {orca: {oobPort: 70000}}", "oobPort: a port"),
+        ("dataLayer: {orca: {oobPort: 70000}}", "orca.oobPort: an integer from 1 to 65535"),
         ("dataLayer: {scrapeMetrics: yes please}", "scrapeMetrics: expected true or false"),
         ("dataLayer: {colour: red}", "unknown parameter(s) ['colour']"),
         ("dataLayer: {maxScrapesPerSecond: -1}", "maxScrapesPerSecond: must be >= 0"),
@@ -111,7 +157,10 @@ def test_plugins_without_profiles_form_one_default_profile() -> None:
         ("endpoints: [{address: '1.2.3.4:80', role: chef}]", "endpoints[0].role: unknown role"),
         ("endpoints: [{address: '1.2.3.4:80', colour: red}]", "unknown parameter(s) ['colour']"),
         ("disaggregation: {coordinator: pigeon}", "disaggregation.coordinator: must be one of"),
-        ("disaggregation: {bootstrapPort: 0}", "bootstrapPort: a port 1-65535 or null"),
+        (
+            "disaggregation: {bootstrapPort: 0}",
+            "bootstrapPort: an integer from 1 to 65535, or null",
+        ),
         ("disaggregation: {prefillTimeoutSeconds: 0}", "prefillTimeoutSeconds: must be >="),
         (
             "plugins: [{type: pd-profile-handler, parameters: {decider: coin}}, "
@@ -174,9 +223,16 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_effective_yaml_round_trips() -> None:
-    cfg = config.load(None)
-    again = config.load_text(config.effective_yaml(cfg), "again")
-    assert again.profiles == cfg.profiles and again.data_layer == cfg.data_layer
+    cfg = config.load_text(
+        "admission: {objectives: {batch: -1}}\n"
+        "latencyModel: {maxNumSeqs: 8}\n"
+        "endpoints: [{address: '10.0.0.1:8000', role: prefill, labels: {zone: a}}]\n",
+        "f",
+    )
+    text = config.effective_yaml(cfg)
+    again = config.load_text(text, "f")
+    assert replace(again, plugins=()) == replace(cfg, plugins=())
+    assert config.effective_yaml(again) == text  # plugins: their parameters filled in
 
 
 def test_static_endpoints_carry_role_engine_and_labels() -> None:
@@ -196,9 +252,7 @@ def test_static_endpoints_carry_role_engine_and_labels() -> None:
 
 def test_the_embedded_latency_priors_match_the_dataclass_defaults() -> None:
     """LatencyPriors holds each default once; the YAML default must not drift from it."""
-    from epp.scheduling.latency import LatencyPriors
-
-    assert config.load_text(config.DEFAULT_CONFIG, "d").latency == LatencyPriors()
+    assert config.load_text(config.default_yaml(), "d").latency == LatencyPriors()
     assert config.load_text("latencyModel: {}", "f").latency == LatencyPriors()
     assert config.load_text("latencyModel: {maxNumSeqs: 8}", "f").latency.max_num_seqs == 8
     with pytest.raises(config.ConfigError, match=r"latencyModel\.maxNumSeqs"):

@@ -1,7 +1,6 @@
 """``epp serve`` in two steps: :func:`epp.serve.build` wires an App and starts nothing;
-:func:`epp.lifecycle.run` starts its parts in order and stops them in reverse. A
-discovery source kind handed to ``build`` is asked, started and stopped with no change
-to serve."""
+:func:`epp.lifecycle.run` starts it. A discovery source kind handed to ``build`` is
+asked, started and stopped with no change to serve."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import aiohttp
 import pytest
 
 from epp import config, lifecycle
-from epp.lifecycle import App, Step
+from epp.lifecycle import App
 from epp.readyfile import read_ready
 from epp.serve import ServeOptions, build
 from epp.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
@@ -125,23 +124,3 @@ async def test_build_opens_nothing_and_a_registered_source_is_used(tmp_path: Pat
 async def test_a_kind_that_is_not_asked_for_builds_nothing(tmp_path: Path) -> None:
     app = _build(tmp_path, absent=DiscoveryKind("never", lambda ctx: None))
     assert not any(isinstance(c, _Recorded) for c in app.components)
-
-
-async def test_parts_start_in_order_and_stop_in_reverse_also_on_failure() -> None:
-    events: list[str] = []
-
-    def step(name: str, fail: bool = False) -> Step:
-        def start() -> None:
-            events.append(f"start {name}")
-            if fail:
-                raise OSError(f"{name} cannot start")
-
-        async def stop() -> None:
-            events.append(f"stop {name}")
-
-        return Step(name, start, stop)
-
-    app = App([step("a"), step("b"), step("c", fail=True), step("d")])
-    with pytest.raises(OSError, match="c cannot start"):
-        await lifecycle.run(app)
-    assert events == ["start a", "start b", "start c", "stop b", "stop a"]

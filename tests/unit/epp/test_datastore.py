@@ -11,7 +11,7 @@ from epp.errors import NoEndpointError
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, EndpointState, InferenceRequest, Role, Snapshot, parse_host_port
 
-LEAST_REQUEST = (Path(__file__).parents[2] / "configs" / "least-request.yaml").read_text()
+LEAST_REQUEST = (Path(__file__).parents[3] / "configs" / "least-request.yaml").read_text()
 
 
 def least_request() -> ProfileScheduler:

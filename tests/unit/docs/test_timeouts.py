@@ -8,13 +8,14 @@ from pathlib import Path
 
 from epp import metrics, router
 from epp.cli import build_parser
-from epp.config import DataLayerConfig, DisaggConfig
+from epp.datalayer.settings import DataLayerConfig
+from epp.disagg.settings import DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
 from epp.xds import eds
 from epp_harness import stack
 from epp_harness.envoyconfig import EnvoyOptions, epp_config
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "timeouts.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "timeouts.md"
 
 
 def doc_values() -> dict[str, str]:
