@@ -4,8 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-routing \
-	bench-kv-events clean
+.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-kv-events bench-routing clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,8 +16,9 @@ run: $(STAMP)
 	$(BIN)/epp stack
 
 lint: $(STAMP)
-	$(BIN)/ruff check epp epp_harness tests bench
-	$(BIN)/ruff format --check epp epp_harness tests bench
+	$(BIN)/ruff check epp epp_harness tests bench tools
+	$(BIN)/ruff format --check epp epp_harness tests bench tools
+	$(BIN)/lint-imports  # the layers and import rules in pyproject.toml
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -26,8 +26,10 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(BIN)/python -m pytest -q
 
-# All benchmarks (~45 minutes); results land in bench/results/.
+# All benchmarks (~50 minutes); results land in bench/results/, and its README.md (the one
+# page that quotes figures) is rewritten from them last.
 bench: bench-overhead bench-decision bench-scrape bench-kv-events bench-routing
+	$(BIN)/python -m bench.results_index
 
 bench-overhead: $(STAMP)
 	$(BIN)/python -m bench.overhead

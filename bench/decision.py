@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from bench.host import machine_description
-from epp.config import DEFAULT_CONFIG, build_scheduler
+from epp.config import build_scheduler
 from epp.scheduling.base import VECTORIZE_FROM
 from epp.types import Endpoint, EndpointMetrics, EndpointState, InferenceRequest, Snapshot
 
@@ -56,7 +56,7 @@ class Cell:
         *,
         vectorize_from: int = VECTORIZE_FROM,
         churn: bool = False,
-        config: str = DEFAULT_CONFIG,
+        config: str = "",  # empty: the built-in default
     ) -> None:
         self.endpoints, self.prompt_chars = endpoints, prompt_chars
         self.vectorize_from, self.churn = vectorize_from, churn
@@ -121,7 +121,7 @@ def main() -> int:
         "--endpoints", type=int, nargs="+", default=[10, 100, 1000], help="pool sizes"
     )
     args = parser.parse_args()
-    config = DEFAULT_CONFIG if args.config is None else args.config.read_text()
+    config = "" if args.config is None else args.config.read_text()
     source = "the default config" if args.config is None else f"`{args.config}`"
     big = max(args.endpoints)
     specs = [(n, p, False) for n in args.endpoints for p in (1024, 220 * 1024)]

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from bench.host import cpu_seconds, git_state, machine_cpu, machine_description
-from epp.config import DataLayerConfig
+from epp.datalayer.settings import DataLayerConfig
 from epp_harness.procs import ManagedProcess, scratch_dir, spawn_epp, start_epp
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import socket
 from collections.abc import Iterable
 
 from epp.types import parse_host_port
@@ -79,7 +78,7 @@ def pick(results: Iterable[tuple[int, str]]) -> str | None:
             usable.append((family, canonical_host(ip.partition("%")[0])))
         except ValueError:
             continue
-    for family, ip in usable:
-        if family == socket.AF_INET or "." in ip:
+    for _family, ip in usable:
+        if ipaddress.ip_address(ip).version == 4:
             return ip
     return usable[0][1] if usable else None

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 
 from epp import __version__
+from epp.logsetup import setup_logging
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -46,22 +46,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             module.add_arguments(p)
             p.set_defaults(_module=module)
     return parser
-
-
-def add_log_level(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="log verbosity",
-    )
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,12 +2,17 @@
 ``EndpointPickerConfig``, plus our own sections.
 
 Loaded in phases: parse (YAML) -> defaults -> validate (typed, every error names the
-file and key) -> instantiate (plugins built through the registry). A complete default
-lives in :data:`DEFAULT_CONFIG`, used when no file is given.
+file and key) -> instantiate (plugins built through the registry). Each section is a
+dataclass beside the component that uses it, holding its defaults and their docs
+(:mod:`epp.scheduling.sections`); the default plugins and profiles are declared in
+:mod:`epp.scheduling.defaults`. The built-in default as YAML is generated from both
+(:func:`default_yaml`: what ``epp config show`` prints; docs/configuration.md holds a
+copy a test keeps equal).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -19,113 +24,27 @@ import yaml
 
 from epp.addresses import parse_address
 from epp.datalayer.engines import ENGINES
-from epp.disagg.coordinators import COORDINATORS
+from epp.datalayer.settings import DataLayerConfig
+from epp.disagg.settings import DisaggConfig
+from epp.scheduling import defaults
 from epp.scheduling.base import ReferencesPlugins, RoutingObserver
 from epp.scheduling.latency import LatencyModel, LatencyPriors
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.profile import Profile, WeightedScorer
-from epp.scheduling.registry import Registry, register_builtin_plugins
+from epp.scheduling.registry import INSTALLED_PLUGINS, Registry, register_builtin_plugins
 from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
 from epp.scheduling.scheduler import ProfileScheduler, SingleProfileHandler
+from epp.scheduling.sections import (
+    declared,
+    read_section,
+    render_section,
+    section_key,
+    yaml_value,
+)
 from epp.types import Endpoint, Role
 
-DEFAULT_CONFIG = """\
-apiVersion: epp.dev/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: pd-profile-handler
-  parameters:
-    decodeProfile: decode
-    prefillProfile: prefill
-    decider: prefix-based
-    nonCachedTokens: 256
-    prefixPlugin: prefix-cache-scorer
-- type: decode-filter
-- type: prefill-filter
-- type: queue-scorer
-  parameters:
-    normalize: threshold
-    threshold: 5
-- type: kv-cache-utilization-scorer
-- type: in-flight-load-scorer
-- type: prefix-cache-scorer
-  parameters:
-    blockSize: 16
-    maxPrefixBlocksToMatch: 256
-    lruCapacityPerServer: 31250
-    loadBound: 1.25
-- type: max-score-picker
-  parameters:
-    maxTargets: 3
-schedulingProfiles:
-- name: decode
-  plugins:
-  - pluginRef: decode-filter
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: in-flight-load-scorer
-    weight: 1
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-  - pluginRef: max-score-picker
-- name: prefill
-  plugins:
-  - pluginRef: prefill-filter
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: in-flight-load-scorer
-    weight: 1
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-  - pluginRef: max-score-picker
-saturationDetector:
-  queueDepthThreshold: 5
-  kvCacheUtilThreshold: 0.8
-admission:
-  defaultPriority: 0
-  objectives: {}
-dataLayer:
-  scrapeMetrics: true
-  scrapeIntervalSeconds: 0.05
-  maxScrapesPerSecond: 400
-  scrapeTimeoutSeconds: 5.0
-  staleAfterSeconds: 2.0
-  engine: vllm
-  orca:
-    requestFormat: none
-    oobPort: null
-    reportIntervalSeconds: 1.0
-latencyModel:
-  overheadMs: 10.0
-  prefillMsPerToken: 0.1
-  decodeMsPerToken: 20.0
-  decodeMsPerRunning: 0.5
-  outputTokens: 128
-  priorSamples: 4
-  window: 128
-  maxNumSeqs: null
-disaggregation:
-  coordinator: nixl
-  prefillTimeoutSeconds: 25
-  connectTimeoutSeconds: 1.0
-  bootstrapPort: null
-endpoints: []
-"""
-
-_TOP_KEYS = {
-    "apiVersion",
-    "kind",
-    "plugins",
-    "schedulingProfiles",
-    "saturationDetector",
-    "admission",
-    "dataLayer",
-    "latencyModel",
-    "disaggregation",
-    "endpoints",
-}
+API_VERSION = "epp.dev/v1alpha1"
+KIND = "EndpointPickerConfig"
 
 
 @dataclass(frozen=True)
@@ -148,44 +67,35 @@ class ProfileSpec:
 
 
 @dataclass(frozen=True)
-class DataLayerConfig:
-    scrape_metrics: bool = True
-    scrape_interval_s: float = 0.05
-    # all endpoints together; a larger pool is scraped less often (0 = no limit)
-    max_scrapes_per_s: float = 400.0
-    scrape_timeout_s: float = 5.0  # a busy engine renders /metrics slowly
-    stale_after_s: float = 2.0
-    engine: str = "vllm"
-    orca_request_format: str | None = None  # "TEXT" | "JSON": ask vLLM for ORCA headers
-    orca_oob_port: int | None = None  # serve port of OpenRcaService on each endpoint host
-    orca_report_interval_s: float = 1.0
-
-
-@dataclass(frozen=True)
-class DisaggConfig:
-    """How prefill and decode legs meet (``disaggregation`` section; see epp.disagg)."""
-
-    coordinator: str = "nixl"
-    # the whole prefill leg; keep it below Envoy's ext_proc message_timeout (30 s in the
-    # shipped configs), or Envoy fails the request before the EPP can decode alone
-    prefill_timeout_s: float = 25.0
-    connect_timeout_s: float = 1.0  # reaching the prefill server; then decode-only
-    bootstrap_port: int | None = None  # SGLang bootstrap port; None: the prefill's own port
-
-
-@dataclass(frozen=True)
 class EppConfig:
+    """A validated config. Each section field's default and YAML key are declared with
+    :func:`~epp.scheduling.sections.section_key`; the YAML lists them in this order."""
+
     source: str
     plugins: tuple[PluginSpec, ...]
     profiles: tuple[ProfileSpec, ...]
-    saturation: SaturationConfig
-    admission: AdmissionConfig
-    data_layer: DataLayerConfig
-    disaggregation: DisaggConfig = field(default_factory=DisaggConfig)
-    latency: LatencyPriors = field(default_factory=LatencyPriors)
+    saturation: SaturationConfig = field(
+        default_factory=SaturationConfig, metadata=section_key("saturationDetector")
+    )
+    admission: AdmissionConfig = field(
+        default_factory=AdmissionConfig, metadata=section_key("admission")
+    )
+    data_layer: DataLayerConfig = field(
+        default_factory=DataLayerConfig, metadata=section_key("dataLayer")
+    )
+    latency: LatencyPriors = field(
+        default_factory=LatencyPriors, metadata=section_key("latencyModel")
+    )
+    disaggregation: DisaggConfig = field(
+        default_factory=DisaggConfig, metadata=section_key("disaggregation")
+    )
     # static endpoints (beside `epp serve --decode/--prefill` flags and discovery)
     endpoints: tuple[Endpoint, ...] = ()
-    raw: Mapping[str, Any] = field(repr=False, default_factory=dict)
+
+
+def top_level_keys() -> set[str]:
+    sections = {s.key for _f, s, _hint in declared(EppConfig)}
+    return sections | {"apiVersion", "kind", "plugins", "schedulingProfiles", "endpoints"}
 
 
 # -- phase 1: parse ---------------------------------------------------------------------
@@ -206,15 +116,18 @@ def parse(text: str, source: str) -> dict[str, Any]:
 
 # -- phase 2: defaults --------------------------------------------------------------------
 def with_defaults(doc: Mapping[str, Any], source: str, registry: Registry) -> dict[str, Any]:
-    """Fill what the file leaves out from DEFAULT_CONFIG, section by section. A file
-    that declares ``plugins`` owns the plugin list (and its profiles) entirely."""
-    default = parse(DEFAULT_CONFIG, "<default>")
-    unknown = sorted(set(doc) - _TOP_KEYS)
+    """Fill in the default plugins and profiles where the file declares none (sections
+    take their dataclasses' defaults key by key when validated). A file that declares
+    ``plugins`` owns the plugin list (and its profiles) entirely."""
+    known = top_level_keys()
+    unknown = sorted(set(doc) - known)
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(_TOP_KEYS)}")
-    merged = dict(default)
-    sections = ("dataLayer", "disaggregation", "latencyModel")
-    merged.update({k: v for k, v in doc.items() if k not in sections})
+        raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(known)}")
+    merged = {
+        "plugins": copy.deepcopy(list(defaults.PLUGINS)),
+        "schedulingProfiles": copy.deepcopy(list(defaults.PROFILES)),
+        **doc,
+    }
     if "plugins" in doc and "schedulingProfiles" not in doc:
         # like the Inference Extension: one profile "default" using every plugin but
         # the profile handler
@@ -227,18 +140,6 @@ def with_defaults(doc: Mapping[str, Any], source: str, registry: Registry) -> di
             and getattr(types.get(str(p.get("type"))), "kind", None) != "handler"
         ]
         merged["schedulingProfiles"] = [{"name": "default", "plugins": refs}]
-    data_layer = dict(default["dataLayer"])
-    data_layer.update(_mapping(doc.get("dataLayer"), f"{source}: dataLayer"))
-    orca = dict(default["dataLayer"]["orca"])
-    orca.update(_mapping(data_layer.get("orca"), f"{source}: dataLayer.orca"))
-    data_layer["orca"] = orca
-    merged["dataLayer"] = data_layer
-    disagg = dict(default["disaggregation"])
-    disagg.update(_mapping(doc.get("disaggregation"), f"{source}: disaggregation"))
-    merged["disaggregation"] = disagg
-    latency = dict(default["latencyModel"])
-    latency.update(_mapping(doc.get("latencyModel"), f"{source}: latencyModel"))
-    merged["latencyModel"] = latency
     return merged
 
 
@@ -290,38 +191,16 @@ def validate(doc: Mapping[str, Any], source: str, registry: Registry) -> EppConf
         if pickers > 1:
             raise ConfigError(f"{where}: at most one picker per profile, found {pickers}")
         profiles.append(ProfileSpec(name, tuple(refs)))
-    sat = Params(f"{source}: saturationDetector", doc.get("saturationDetector"))
-    saturation = SaturationConfig(
-        queue_threshold=sat.number("queueDepthThreshold", 5, minimum=1e-9),
-        kv_threshold=sat.number("kvCacheUtilThreshold", 0.8, minimum=1e-9),
-    )
-    sat.done()
-    adm = Params(f"{source}: admission", doc.get("admission"))
-    objectives_raw = adm._get("objectives") or {}
-    if not isinstance(objectives_raw, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-        for k, v in objectives_raw.items()
-    ):
-        raise ConfigError(
-            f"{source}: admission.objectives: expected objective name -> integer priority, "
-            f"got {objectives_raw!r}"
-        )
-    admission = AdmissionConfig(
-        objectives=dict(objectives_raw), default_priority=adm.integer("defaultPriority", 0)
-    )
-    adm.done()
-    data_layer = _data_layer(doc.get("dataLayer"), source)
+    sections = {
+        f.name: read_section(hint, doc.get(s.key), f"{source}: {s.key}")
+        for f, s, hint in declared(EppConfig)
+    }
     return EppConfig(
         source=source,
         plugins=plugins,
         profiles=tuple(profiles),
-        saturation=saturation,
-        admission=admission,
-        data_layer=data_layer,
-        disaggregation=_disaggregation(doc.get("disaggregation"), source),
-        latency=_latency(doc.get("latencyModel"), source),
-        endpoints=_endpoints(doc.get("endpoints"), source, data_layer.engine),
-        raw=doc,
+        endpoints=_endpoints(doc.get("endpoints"), source, sections["data_layer"].engine),
+        **sections,
     )
 
 
@@ -348,35 +227,6 @@ def _plugins(raw: Any, source: str, registry: Registry) -> tuple[PluginSpec, ...
     return tuple(specs)
 
 
-def _data_layer(raw: Any, source: str) -> DataLayerConfig:
-    p = Params(f"{source}: dataLayer", raw)
-    d = DataLayerConfig()  # the defaults, written once
-    scrape = p.boolean("scrapeMetrics", d.scrape_metrics)
-    orca = Params(f"{source}: dataLayer.orca", p._get("orca"))
-    fmt = orca.string("requestFormat", "none", choices=("none", "TEXT", "JSON"))
-    oob_port = orca._get("oobPort")
-    if oob_port is not None and (
-        isinstance(oob_port, bool) or not isinstance(oob_port, int) or not 0 < oob_port < 65536
-    ):
-        raise ConfigError(f"{source}: dataLayer.orca.oobPort: a port 1-65535 or null")
-    cfg = DataLayerConfig(
-        scrape_metrics=scrape,
-        scrape_interval_s=p.number("scrapeIntervalSeconds", d.scrape_interval_s, minimum=0.001),
-        max_scrapes_per_s=p.number("maxScrapesPerSecond", d.max_scrapes_per_s, minimum=0.0),
-        scrape_timeout_s=p.number("scrapeTimeoutSeconds", d.scrape_timeout_s, minimum=0.001),
-        stale_after_s=p.number("staleAfterSeconds", d.stale_after_s, minimum=0.001),
-        engine=p.string("engine", d.engine, choices=tuple(ENGINES)),
-        orca_request_format=None if fmt == "none" else fmt,
-        orca_oob_port=oob_port,
-        orca_report_interval_s=orca.number(
-            "reportIntervalSeconds", d.orca_report_interval_s, minimum=0.01
-        ),
-    )
-    orca.done()
-    p.done()
-    return cfg
-
-
 def _endpoints(raw: Any, source: str, default_engine: str) -> tuple[Endpoint, ...]:
     """``endpoints: [{address: "host:port", role: prefill, engine: vllm, labels: {..}}]``
     (host: an IP or a name); ``engine`` defaults to ``dataLayer.engine``."""
@@ -395,45 +245,6 @@ def _endpoints(raw: Any, source: str, default_engine: str) -> tuple[Endpoint, ..
         out.append(Endpoint(host, port, role, p.mapping("labels"), engine))
         p.done()
     return tuple(out)
-
-
-def _disaggregation(raw: Any, source: str) -> DisaggConfig:
-    p = Params(f"{source}: disaggregation", raw)
-    bootstrap = p._get("bootstrapPort")
-    if bootstrap is not None and (
-        isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or not 0 < bootstrap < 65536
-    ):
-        raise ConfigError(
-            f"{source}: disaggregation.bootstrapPort: a port 1-65535 or null, got {bootstrap!r}"
-        )
-    cfg = DisaggConfig(
-        coordinator=p.string("coordinator", "nixl", choices=tuple(COORDINATORS)),
-        prefill_timeout_s=p.number("prefillTimeoutSeconds", 25.0, minimum=0.001),
-        connect_timeout_s=p.number("connectTimeoutSeconds", 1.0, minimum=0.001),
-        bootstrap_port=bootstrap,
-    )
-    p.done()
-    return cfg
-
-
-def _latency(raw: Any, source: str) -> LatencyPriors:
-    p = Params(f"{source}: latencyModel", raw)
-    d = LatencyPriors()  # the defaults, written once
-    slots = p._get("maxNumSeqs")
-    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
-        raise ConfigError(f"{source}: latencyModel.maxNumSeqs: an integer >= 1 or null")
-    cfg = LatencyPriors(
-        overhead_ms=p.number("overheadMs", d.overhead_ms, minimum=0.0),
-        prefill_ms_per_token=p.number("prefillMsPerToken", d.prefill_ms_per_token, minimum=0.0),
-        decode_ms_per_token=p.number("decodeMsPerToken", d.decode_ms_per_token, minimum=0.0),
-        decode_ms_per_running=p.number("decodeMsPerRunning", d.decode_ms_per_running, minimum=0.0),
-        output_tokens=p.number("outputTokens", d.output_tokens, minimum=1.0),
-        prior_samples=p.number("priorSamples", d.prior_samples, minimum=0.001),
-        window=p.integer("window", d.window, minimum=8),
-        max_num_seqs=slots,
-    )
-    p.done()
-    return cfg
 
 
 def _spec(plugins: tuple[PluginSpec, ...], name: str) -> PluginSpec:
@@ -458,11 +269,23 @@ def _list(value: Any, where: str) -> list[Any]:
 
 # -- phase 4: instantiate -------------------------------------------------------------------
 def instantiate(
-    cfg: EppConfig, registry: Registry, clock: Callable[[], float] = time.monotonic
+    cfg: EppConfig,
+    registry: Registry,
+    clock: Callable[[], float] = time.monotonic,
+    *,
+    reuse: Mapping[str, Any] | None = None,
+    latency: LatencyModel | None = None,
 ) -> ProfileScheduler:
+    """Build the scheduler. ``reuse``: plugin name -> an instance an earlier call built
+    from the same spec, kept with what it learned (a config reload); ``latency``: the
+    model to keep (its priors are the caller's business), else a new one from the
+    config's priors."""
     instances: dict[str, Any] = {}
     for spec in cfg.plugins:
-        params = Params(f"{cfg.source}: plugin {spec.name!r} parameters", spec.parameters)
+        if reuse is not None and spec.name in reuse:
+            instances[spec.name] = reuse[spec.name]
+            continue
+        params = _plugin_params(cfg, spec)
         instances[spec.name] = registry.get(spec.type, spec.name).factory(params)
         params.done()
     profiles = []
@@ -502,14 +325,18 @@ def instantiate(
         clock=clock,
         observers=observers,
         plugins=instances,
-        latency=LatencyModel(cfg.latency),
+        latency=LatencyModel(cfg.latency) if latency is None else latency,
     )
+
+
+def _plugin_params(cfg: EppConfig, spec: PluginSpec) -> Params:
+    return Params(f"{cfg.source}: plugin {spec.name!r} parameters", spec.parameters)
 
 
 def load(path: Path | None, registry: Registry | None = None) -> EppConfig:
     """Parse, default and validate a config file (or the built-in default)."""
     if path is None:
-        return load_text(DEFAULT_CONFIG, "<default>", registry)
+        return load_text("", "<default>", registry)
     try:
         text = path.read_text()
     except OSError as exc:
@@ -523,7 +350,8 @@ def load_text(text: str, source: str, registry: Registry | None = None) -> EppCo
 
 
 def builtin_registry() -> Registry:
-    return register_builtin_plugins(Registry())
+    """The built-in plugin types, and those installed packages add (epp.plugins)."""
+    return register_builtin_plugins(Registry(INSTALLED_PLUGINS))
 
 
 def build_scheduler(
@@ -534,6 +362,54 @@ def build_scheduler(
     return instantiate(load_text(text, source, registry), registry, clock)
 
 
-def effective_yaml(cfg: EppConfig) -> str:
-    """The configuration as it will run (defaults filled in), as YAML."""
-    return yaml.safe_dump(dict(cfg.raw), sort_keys=False)
+# -- the effective config, as YAML ------------------------------------------------------------
+def default_yaml() -> str:
+    """The built-in default config: what the EPP runs without ``--config``, generated
+    from the section dataclasses and the default plugins (``epp config show``)."""
+    return effective_yaml(load(None))
+
+
+def effective_yaml(cfg: EppConfig, registry: Registry | None = None) -> str:
+    """The configuration as it runs, as commented YAML: every section setting and
+    every plugin parameter, defaults filled in. It loads back as the same config."""
+    registry = registry or builtin_registry()
+    lines = [
+        f"apiVersion: {API_VERSION}",
+        f"kind: {KIND}",
+        "# plugin instances, each with its parameters (`epp config plugins` lists the types)",
+        "plugins:",
+    ]
+    kinds = {}
+    for spec in cfg.plugins:
+        plugin = registry.get(spec.type, spec.name)
+        kinds[spec.name] = plugin.kind
+        lines += [f"# {plugin.kind}: {plugin.summary}", f"- type: {yaml_value(spec.type)}"]
+        if spec.name != spec.type:
+            lines.append(f"  name: {yaml_value(spec.name)}")
+        params = _plugin_params(cfg, spec)
+        plugin.factory(params)  # reading fills in each default
+        if params.resolved:
+            lines.append("  parameters:")
+            lines += [f"    {k}: {yaml_value(v)}" for k, v in params.resolved.items()]
+    lines += [
+        "# each profile: its filters, weighted scorers and picker (default: max-score-picker)",
+        "schedulingProfiles:",
+    ]
+    for prof in cfg.profiles:
+        lines.append(f"- name: {yaml_value(prof.name)}")
+        lines.append("  plugins:" if prof.plugins else "  plugins: []")
+        for ref in prof.plugins:
+            lines.append(f"  - pluginRef: {yaml_value(ref.plugin)}")
+            if kinds[ref.plugin] == "scorer":
+                lines.append(f"    weight: {yaml_value(ref.weight)}")
+    for f, s, _hint in declared(EppConfig):
+        lines += [f"# {s.doc}", f"{s.key}:", *render_section(getattr(cfg, f.name), 2)]
+    lines += [
+        "# static endpoints: address (host:port), role (decode, prefill, prefill-decode),",
+        "# engine (default: dataLayer.engine), labels",
+        "endpoints:" if cfg.endpoints else "endpoints: []",
+    ]
+    for e in cfg.endpoints:
+        doc = {"address": e.address, "role": e.role.value, "engine": e.engine}
+        lines.append(f"- {yaml_value({**doc, 'labels': dict(e.labels)})}")
+    return "\n".join(lines) + "\n"

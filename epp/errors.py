@@ -1,5 +1,41 @@
-"""The EPP's error hierarchy. Each error knows its HTTP status and OpenAI error type;
-the Envoy adapter maps any of them to an ImmediateResponse in one place."""
+"""The EPP's exceptions: one tree, so ``except EppError`` catches every error the EPP
+raises on purpose, and one branch of it is what a client may see.
+
+::
+
+    EppError                         anything the EPP raises on purpose
+    ├── ClientVisibleError           answered to the client: HTTP status + OpenAI body
+    │   │                            (default 500 internal_error)
+    │   ├── BadRequestError          400 invalid_request_error   the request cannot be parsed
+    │   │   └── BadInput             400 (admin/instances.py)    a bad /instances body
+    │   ├── BodyTooLargeError        413 invalid_request_error
+    │   ├── ShedError                429 rate_limit_exceeded     admission shed it
+    │   ├── NoEndpointError          503 service_unavailable     no endpoint can serve it
+    │   └── PrefillRejectedError     400-451 as the prefill server answered, with its body
+    └── InternalError                never shown to a client as it is: logged, counted
+        ├── ConfigError              (scheduling/params.py)      config file or parameters
+        ├── ExtensionError           (extensions.py)             an installed plugin
+        │                                                        package's entry point
+        ├── TlsError                 (extproc/tls.py)            certificate or key files
+        ├── ResolveError             (discovery/names.py)        a name with no address
+        ├── PoolError                (discovery/pool_endpoints.py) an unusable InferencePool
+        ├── ScrapeError              (datalayer/scraper.py)      /metrics gave no metrics
+        ├── MetricsParseError        (datalayer/prometheus.py)   a malformed /metrics page
+        ├── OrcaParseError           (datalayer/orca.py)         a malformed ORCA report
+        └── LegFailed                (disagg/legs.py)            prefill server unreachable
+                                                                 or too slow
+
+The classes in parentheses live beside the code that raises them (this module is the
+bottom layer: it imports nothing from ``epp``). Those about bad input (config, TLS
+files, entry points, names, pools, engine reports) are also ValueErrors (``class
+ConfigError(InternalError, ValueError)``): parsing code that catches ``ValueError``
+catches them too.
+
+The ext_proc stream maps a :class:`ClientVisibleError` to an ImmediateResponse in one
+place (the admin API answers :class:`BadInput` in the same JSON shape); any other
+exception reaching the stream becomes a plain 500 that names nothing inside. Foreign
+exceptions (aiohttp, grpc, kubernetes) are converted where they enter.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +43,10 @@ import orjson
 
 
 class EppError(Exception):
+    """The root: every exception the EPP defines derives from it."""
+
+
+class ClientVisibleError(EppError):
     """An error the client should see, with an OpenAI-shaped JSON body."""
 
     status: int = 500  # per class; an error relayed from upstream sets its own
@@ -23,27 +63,32 @@ class EppError(Exception):
         )
 
 
-class BadRequestError(EppError):
+class InternalError(EppError):
+    """A failure inside the EPP or between it and its servers; the message says what and
+    where, for the log. Never sent to a client as it is."""
+
+
+class BadRequestError(ClientVisibleError):
     status = 400
     error_type = "invalid_request_error"
 
 
-class BodyTooLargeError(EppError):
+class BodyTooLargeError(ClientVisibleError):
     status = 413
     error_type = "invalid_request_error"
 
 
-class ShedError(EppError):
+class ShedError(ClientVisibleError):
     status = 429
     error_type = "rate_limit_exceeded"
 
 
-class NoEndpointError(EppError):
+class NoEndpointError(ClientVisibleError):
     status = 503
     error_type = "service_unavailable"
 
 
-class PrefillRejectedError(EppError):
+class PrefillRejectedError(ClientVisibleError):
     """The prefill server answered a client error (400-451): the client gets that status
     and, when it is OpenAI-shaped JSON, that body."""
 

@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from epp.admin.metrics import EppMetrics
 from epp.datalayer.orca import (
     ORCA_BIN_HEADER,
     ORCA_HEADER,
@@ -21,7 +20,8 @@ from epp.datalayer.orca import (
 from epp.datastore import Datastore, InFlightTicket
 from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
-from epp.errors import EppError
+from epp.errors import ClientVisibleError
+from epp.metrics import EppMetrics
 from epp.scheduling.base import Scheduler
 from epp.scheduling.latency import Dispatch
 from epp.types import InferenceRequest, SchedulingResult
@@ -138,7 +138,7 @@ class Router:
         handoff = Handoff(request, doc if clean is None else clean, prefill, routed.result.primary)
         return self.coordinator.hand_off(handoff)
 
-    def rejected(self, error: EppError) -> None:
+    def rejected(self, error: ClientVisibleError) -> None:
         self.metrics.requests.labels(str(error.status)).inc()
 
     def response_headers_seen(self, address: str, headers: Mapping[str, str]) -> None:

@@ -1,48 +1,54 @@
-"""``epp serve``: the ext_proc gRPC server, gRPC health, and the HTTP admin port."""
+"""``epp serve``: the ext_proc gRPC server, gRPC health, and the HTTP admin port.
+
+Three steps: the flags become :class:`ServeOptions` and a validated config
+(:func:`run`); :func:`build` wires every part into an :class:`~epp.lifecycle.App`
+without starting anything; :func:`epp.lifecycle.run` starts the parts in order, waits
+for SIGINT/SIGTERM and stops them in reverse order."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import random
-import signal
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from aiohttp import web
-
-from epp import argtypes, config
-from epp.admin.auth import API_KEY_ENV, ApiKeyAuth
+from epp import argtypes, config, lifecycle, membershipflags
+from epp.admin.auth import API_KEY_ENV
 from epp.admin.http import make_admin_app
-from epp.admin.instances import add_routes
-from epp.admin.metrics import EppMetrics
-from epp.cli import add_log_level
+from epp.admin.instances import add_status_routes
 from epp.datalayer.ejection import Ejector
-from epp.datalayer.kvevents import start_kv_events
+from epp.datalayer.engines import engine_names
+from epp.datalayer.kvevents import kv_event_subscribers
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.settings import DataLayerConfig
 from epp.datastore import Datastore
 from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
-from epp.disagg.legs import LegClient
-from epp.discovery import flags as membership_flags
+from epp.disagg.legs import AiohttpLegTransport, LegClient
 from epp.discovery import serve_pool, static
-from epp.discovery.flags import MembershipOptions
 from epp.discovery.names import NameResolver
+from epp.discovery.poolref import PoolRef
 from epp.discovery.readiness import ReadinessProbe
-from epp.discovery.runtime import RuntimeMembership
+from epp.extensions import ExtensionError
 from epp.extproc import tlsflags
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
-from epp.health import HealthBoard
-from epp.readyfile import write_ready
+from epp.health import HealthBoard, ReadinessGate
+from epp.lifecycle import App, Component, Step
+from epp.listeners import Listeners
+from epp.logsetup import add_log_level
+from epp.membershipflags import MembershipOptions
+from epp.metrics import EppMetrics
+from epp.reload import DEFAULT_POLL_S, ConfigFile, ConfigReloader
 from epp.router import Router
-from epp.scheduling.base import Scheduler
 from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
+from epp.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
 from epp.types import Endpoint
 from epp.xds.eds import EdsServer, EnvoySync
 
@@ -65,8 +71,9 @@ class ServeOptions:
     transport: str = DEFAULT_TRANSPORT
     shutdown_grace_s: float = 10.0
     config_path: Path | None = None
+    config_poll_s: float = DEFAULT_POLL_S  # 0: reload on SIGHUP only
     membership: MembershipOptions = field(default_factory=MembershipOptions)
-    pool: serve_pool.PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
+    pool: PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
     tls: ServerTls | None = None  # None: plaintext gRPC port
 
 
@@ -100,7 +107,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config",
         type=Path,
         metavar="FILE",
-        help="scheduling/data-layer config (YAML, see `epp config show`); default: built in",
+        help="scheduling/data-layer config (YAML, see `epp config show`); default: built in. "
+        "Reloaded on SIGHUP and when it changes (see docs/configuration.md)",
+    )
+    parser.add_argument(
+        "--config-poll-seconds",
+        type=argtypes.non_negative_float,
+        default=DEFAULT_POLL_S,
+        help="how often to check the --config file for changes (0: reload on SIGHUP only)",
     )
     parser.add_argument(
         "--ready-file", type=Path, help="write {grpc_port, http_port} as JSON here once serving"
@@ -119,7 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     tlsflags.add_arguments(parser)
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
-    membership_flags.add_arguments(parser)
+    membershipflags.add_arguments(parser)
     serve_pool.add_arguments(parser)
     add_log_level(parser)
 
@@ -134,9 +148,10 @@ def run(args: argparse.Namespace) -> int:
         transport=args.transport,
         shutdown_grace_s=args.shutdown_grace_seconds,
         config_path=args.config,
+        config_poll_s=args.config_poll_seconds,
     )
     try:
-        opts = replace(opts, membership=membership_flags.options(args))
+        opts = replace(opts, membership=membershipflags.options(args))
     except (OSError, ValueError) as exc:
         log.error("admin API key: %s", exc)
         return 2
@@ -147,12 +162,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+
+    def with_flags(cfg: config.EppConfig) -> config.EppConfig:
+        if not args.coordinator:
+            return cfg
+        return replace(
+            cfg, disaggregation=replace(cfg.disaggregation, coordinator=args.coordinator)
+        )
+
+    config_file = ConfigFile(opts.config_path, with_flags)
     try:
-        cfg = config.load(opts.config_path)
-        if args.coordinator:
-            cfg = replace(
-                cfg, disaggregation=replace(cfg.disaggregation, coordinator=args.coordinator)
-            )
+        cfg = config_file.load()
         scheduler = config.instantiate(cfg, config.builtin_registry())
     except ConfigError as exc:
         log.error("invalid config: %s", exc)
@@ -170,33 +190,51 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             log.info("uvloop not installed; using asyncio's default loop")
     try:
-        asyncio.run(serve(opts, cfg, scheduler))
+        asyncio.run(_serve(opts, cfg, scheduler, config_file))
+    except ExtensionError as exc:  # an installed coordinator, source or engine
+        log.error("%s", exc)
+        return 2
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
     return 0
 
 
-async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler) -> None:
+async def _serve(
+    opts: ServeOptions,
+    cfg: config.EppConfig,
+    scheduler: ProfileScheduler,
+    config_file: ConfigFile,
+) -> None:
     log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
+    await lifecycle.run(build(opts, cfg, scheduler, config_file))
+
+
+def build(
+    opts: ServeOptions,
+    cfg: config.EppConfig,
+    scheduler: ProfileScheduler,
+    config_file: ConfigFile | None = None,
+    *,
+    discovery: Mapping[str, DiscoveryKind] = DISCOVERY_SOURCES,
+) -> App:
+    """Wire every part of the EPP, starting nothing: no port opens, no task starts (call
+    it inside the event loop: some parts bind to it). ``config_file``: where ``cfg``
+    came from, reloaded on SIGHUP and when it changes (None: the built-in default, never
+    reloaded). ``discovery``: the source kinds to ask. Raises ExtensionError if an
+    installed part the config names cannot load."""
+    dl = cfg.data_layer
+    for engine in {dl.engine, *(e.engine for e in cfg.endpoints)}:
+        engine_names(engine)  # an installed dialect that cannot load fails now
     datastore = Datastore(drain_timeout_s=opts.membership.drain_timeout_s)
     names = NameResolver(datastore, interval_s=opts.membership.resolve_interval_s)
-    for endpoint in cfg.endpoints:
-        await names.add_static(endpoint)
-    for endpoint in opts.endpoints:  # flags name no engine: the config's applies
-        await names.add_static(replace(endpoint, engine=cfg.data_layer.engine))
     metrics = EppMetrics(datastore)
-    metrics.report_latency_model(scheduler.latency)
-    if isinstance(scheduler, ProfileScheduler):
-        metrics.report_prefix_indexes(
-            {n: p.index for n, p in scheduler.plugins.items() if isinstance(p, PrefixCacheScorer)}
-        )
-    dl = cfg.data_layer
+    metrics.report_latency_model(scheduler.latency)  # a reload keeps this model
     request_headers = []
-    if dl.orca_request_format is not None:
-        request_headers.append((ORCA_FORMAT_HEADER, dl.orca_request_format))
+    if dl.orca.header_format is not None:
+        request_headers.append((ORCA_FORMAT_HEADER, dl.orca.header_format))
     pd = cfg.disaggregation
-    legs = LegClient(pd.connect_timeout_s, pd.prefill_timeout_s)
+    legs = LegClient(AiohttpLegTransport(pd.connect_timeout_s, pd.prefill_timeout_s))
     rng = random.Random()
     probe = ReadinessProbe(model=opts.membership.model)
     ejector = Ejector(datastore, opts.membership.ejection, probe.check)
@@ -211,14 +249,6 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
             lambda address, reason, serving: ejector.failure(address, reason, serving=serving),
         )
     )
-    membership = RuntimeMembership(
-        datastore,
-        probe.check,
-        opts.membership.wait,
-        state_file=opts.membership.state_file,
-        engine=cfg.data_layer.engine,
-        resolver=names,
-    )
     envoy_sync = EnvoySync()
     router = Router(
         datastore,
@@ -231,43 +261,95 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
         outcomes=ejector,
         envoy_sync=envoy_sync,
     )
-    background: list[_Background] = [ejector, membership, names]
-    ejector.start()
-    names.start()
-    background += [*_start_data_layer(datastore, metrics, dl, ejector), probe]
-    if isinstance(scheduler, ProfileScheduler):  # precise prefix-cache scorers' KV events
-        background += start_kv_events(datastore, metrics.registry, scheduler.plugins)
-    stop_gc_watch = metrics.watch_gc()
-    try:
-        eds = EdsServer(datastore, sync=envoy_sync)
-        transport = make_transport(opts.transport, router, eds)
-        health = HealthBoard(transport)
-        background += await serve_pool.start(opts.pool, datastore, dl.engine, health)
-        grpc_port = await transport.start(opts.listen_host, opts.grpc_port, opts.tls)
+    reloader = ConfigReloader(
+        config_file or ConfigFile(None),
+        cfg,
+        scheduler,
+        router,
+        metrics.config_reloads,
+        poll_s=opts.config_poll_s,
+    )
+    metrics.report_prefix_indexes(
+        lambda: {
+            n: p.index
+            for n, p in reloader.scheduler.plugins.items()
+            if isinstance(p, PrefixCacheScorer)
+        }
+    )
+    eds = EdsServer(datastore, sync=envoy_sync)
+    transport = make_transport(opts.transport, router, eds)
+    health = HealthBoard(transport)
+    readiness = ReadinessGate(health)
+    admin = make_admin_app(datastore, metrics, ready=health.serving)
+    add_status_routes(admin, datastore, ejector.state, scheduler.latency)
+    ctx = DiscoveryContext(
+        datastore,
+        names,
+        readiness,
+        admin,
+        probe.check,
+        engine=dl.engine,
+        # flags name no engine: the config's applies
+        endpoints=(*cfg.endpoints, *(replace(e, engine=dl.engine) for e in opts.endpoints)),
+        pool=opts.pool,
+        membership=opts.membership,
+    )
+    before, after = _sources(discovery, ctx)
+    listeners = Listeners(
+        transport,
+        eds,
+        health,
+        admin,
+        host=opts.listen_host,
+        grpc_port=opts.grpc_port,
+        http_port=opts.http_port,
+        tls=opts.tls,
+        grace_s=opts.shutdown_grace_s,
+        on_listening=_announce(opts, pd.coordinator, datastore),
+    )
+    # started in this order, stopped in the reverse one
+    components: list[Component] = [
+        Step("legs", on_stop=legs.close),
+        Step("coordinator", on_stop=coordinator.close),
+        Step("readiness-probe", on_stop=probe.stop),
+        Step("ejector", ejector.start, ejector.stop),
+        Step("names", names.start, names.stop),
+        *_data_layer(datastore, metrics, dl, ejector),
+        *_kv_events(datastore, metrics, scheduler),
+        _GcWatch(metrics),
+        Step("readiness", readiness.publish),
+        *before,
+        listeners,
+        *after,
+        Step("config-reload", reloader.start, reloader.stop),
+    ]
+    return App(
+        components,
+        ready_file=opts.ready_file,
+        ready_info=lambda: {"grpc_port": listeners.grpc_port, "http_port": listeners.http_port},
+    )
 
-        app = make_admin_app(datastore, metrics, ready=health.serving)
-        add_routes(
-            app,
-            datastore,
-            membership,
-            ApiKeyAuth(opts.membership.admin_api_key),
-            ejector.state,
-            cfg.data_layer.engine,
-            names,
-            scheduler.latency,
-        )
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, opts.listen_host, opts.http_port)
-        try:
-            await site.start()
-        except OSError as exc:
-            await transport.stop(0)
-            raise OSError(
-                f"HTTP port {opts.listen_host}:{opts.http_port}: {exc.strerror}"
-            ) from None
-        http_port = runner.addresses[0][1]
 
+def _sources(
+    kinds: Mapping[str, DiscoveryKind], ctx: DiscoveryContext
+) -> tuple[list[Component], list[Component]]:
+    """The sources the flags and config call for: those started before the ports open,
+    and those started once they listen."""
+    before: list[Component] = []
+    after: list[Component] = []
+    for kind in kinds.values():
+        source = kind.create(ctx)
+        if source is not None:
+            (after if kind.after_listening else before).append(source)
+    return before, after
+
+
+def _announce(
+    opts: ServeOptions, coordinator: str, datastore: Datastore
+) -> Callable[[int, int], None]:
+    """What to log once the ports listen (the banner ``make run`` shows)."""
+
+    def listening(grpc_port: int, http_port: int) -> None:
         log.info(
             "serving ext_proc (%s, %s) on %s:%d, HTTP on %s:%d, coordinator %s, %d endpoint(s): %s",
             opts.transport,
@@ -276,7 +358,7 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
             grpc_port,
             opts.listen_host,
             http_port,
-            pd.coordinator,
+            coordinator,
             len(datastore),
             ", ".join(
                 f"{s.address} ({s.endpoint.role.value})" for s in datastore.snapshot().endpoints
@@ -289,40 +371,39 @@ async def serve(opts: ServeOptions, cfg: config.EppConfig, scheduler: Scheduler)
                 "--admin-api-key-file to enable them)",
                 API_KEY_ENV,
             )
-        await membership.restore()
-        # Start-up made ~60,000 long-lived objects (modules, protos, config); keep them
-        # out of every later full GC pass, which otherwise walks them all each time.
-        gc.collect()
-        gc.freeze()
-        write_ready(opts.ready_file, {"grpc_port": grpc_port, "http_port": http_port})
 
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        log.info("shutting down")
-        await health.set_serving(False)
-        eds.close()  # Envoy keeps the endpoints it has; open requests may finish
-        await transport.stop(grace=opts.shutdown_grace_s)
-        await runner.cleanup()
-    finally:
-        stop_gc_watch()
-        for task in background:
-            await task.stop()
-        await coordinator.close()
-        await legs.close()
+    return listening
 
 
-class _Background(Protocol):
-    async def stop(self) -> None: ...
+class _GcWatch:
+    """Times every GC pass into ``epp_gc_pause_seconds`` while started."""
+
+    def __init__(self, metrics: EppMetrics) -> None:
+        self._metrics = metrics
+        self._stop: Callable[[], None] | None = None
+
+    async def start(self) -> None:
+        self._stop = self._metrics.watch_gc()
+
+    async def stop(self) -> None:
+        if self._stop is not None:
+            self._stop()
 
 
-def _start_data_layer(
-    datastore: Datastore, metrics: EppMetrics, dl: config.DataLayerConfig, ejector: Ejector
-) -> list[_Background]:
-    """Start the scrapers and ORCA streams the config asks for (inside the loop)."""
-    started: list[_Background] = []
+def _kv_events(
+    datastore: Datastore, metrics: EppMetrics, scheduler: ProfileScheduler
+) -> list[Component]:
+    """A KV-event subscriber set per plugin that reads events (precise prefix scorers);
+    a reload cannot add or change such a plugin (epp.reload), so these stay right."""
+    subscribers = kv_event_subscribers(datastore, metrics.registry, scheduler.plugins)
+    return [Step(f"kv-events:{name}", s.start, s.stop) for name, s in subscribers.items()]
+
+
+def _data_layer(
+    datastore: Datastore, metrics: EppMetrics, dl: DataLayerConfig, ejector: Ejector
+) -> list[Component]:
+    """The scrapers and ORCA streams the config asks for."""
+    parts: list[Component] = []
     if dl.scrape_metrics:
         scraper = MetricsScraper(
             datastore,
@@ -334,16 +415,14 @@ def _start_data_layer(
             on_unreachable=ejector.failure,
             on_success=lambda address: ejector.success(address, serving=False),
         )
-        scraper.start()
-        started.append(scraper)
-    if dl.orca_oob_port is not None:
-        port = dl.orca_oob_port
+        parts.append(Step("scraper", scraper.start, scraper.stop))
+    if dl.orca.oob_port is not None:
+        port = dl.orca.oob_port
         streams = OrcaStreams(
             datastore,
             metrics,
             port_for=lambda _endpoint: port,
-            report_interval_s=dl.orca_report_interval_s,
+            report_interval_s=dl.orca.report_interval_s,
         )
-        streams.start()
-        started.append(streams)
-    return started
+        parts.append(Step("orca-streams", streams.start, streams.stop))
+    return parts

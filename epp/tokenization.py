@@ -24,9 +24,9 @@ gives None: the scorer then falls back to the approximate index for that request
 from __future__ import annotations
 
 import json
-import time
 from array import array
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -229,7 +229,8 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
+    # the engine renders templates with the wall-clock date too (some templates print it)
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
 
 

@@ -19,8 +19,8 @@ from types import FrameType
 from typing import Self
 
 from epp import argtypes
-from epp.cli import add_log_level
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
+from epp.logsetup import add_log_level
 from epp.readyfile import read_ready
 from epp_harness.envoyconfig import (
     CLUSTER_KINDS,

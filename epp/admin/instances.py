@@ -27,6 +27,7 @@ from epp.datalayer.ejection import FailureState
 from epp.datastore import Datastore, Member, Status
 from epp.discovery.names import NameResolver, ResolveError
 from epp.discovery.runtime import Outcome, RuntimeMembership
+from epp.errors import BadRequestError
 from epp.scheduling.latency import LatencyModel
 from epp.types import Endpoint, Role
 
@@ -34,10 +35,12 @@ from epp.types import Endpoint, Role
 Failures = Callable[[str], FailureState]
 
 
-class BadInput(ValueError):
+class BadInput(BadRequestError):
+    """A bad /instances body: 400, ``code`` says which part."""
+
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code)
+        self.code: str = code
 
 
 def parse_body(raw: bytes, engine: str = "vllm") -> tuple[Role, list[Endpoint]]:
@@ -183,16 +186,16 @@ def _reply(verb: str, role: Role, results: dict[str, Outcome], ds: Datastore) ->
     }
 
 
-def add_routes(
+def add_membership_routes(
     app: web.Application,
     datastore: Datastore,
     membership: RuntimeMembership,
     auth: ApiKeyAuth,
-    failures: Failures,
     engine: str,
     resolver: NameResolver,
-    latency: LatencyModel | None = None,
 ) -> None:
+    """``POST /instances/add`` and ``/instances/remove`` (and the ``/instance/`` aliases)."""
+
     async def read(request: web.Request) -> tuple[Role, list[Endpoint]] | web.Response:
         refusal = auth.refusal(request)
         if refusal is not None:
@@ -200,7 +203,7 @@ def add_routes(
         try:
             return parse_body(await request.read(), engine)
         except BadInput as exc:
-            return error(400, exc.code, str(exc))
+            return error(exc.status, exc.code, exc.message)
 
     async def add(request: web.Request) -> web.Response:
         parsed = await read(request)
@@ -242,12 +245,22 @@ def add_routes(
         found = any(o is not Outcome.NOT_FOUND for o in results.values())
         return ok(_reply("remove", role, results, datastore), status=200 if found else 404)
 
-    async def status(_: web.Request) -> web.Response:
-        return ok(status_doc(datastore, failures, latency))
-
     # /instance/...: the spelling in the elastic proxy example's comments
     for prefix in ("/instances", "/instance"):
         app.router.add_post(f"{prefix}/add", add)
         app.router.add_post(f"{prefix}/remove", remove)
+
+
+def add_status_routes(
+    app: web.Application,
+    datastore: Datastore,
+    failures: Failures,
+    latency: LatencyModel | None = None,
+) -> None:
+    """``GET`` and ``POST /status``: every member, its state, load and failures."""
+
+    async def status(_: web.Request) -> web.Response:
+        return ok(status_doc(datastore, failures, latency))
+
     app.router.add_get("/status", status)
     app.router.add_post("/status", status)

@@ -1,12 +1,15 @@
-"""Which Prometheus metrics each model-server engine exposes (pure data).
+"""Which Prometheus metrics each model-server engine exposes.
 
-An endpoint's ``engine`` ("vllm", "sglang", "trtllm") picks one :class:`EngineMetricNames`;
+An endpoint's ``engine`` ("vllm", "sglang", "trtllm", or one an installed package adds,
+see :mod:`epp.extensions`) picks one :class:`EngineMetricNames`;
 :func:`epp.datalayer.prometheus.parse_metrics` reads a ``/metrics`` page with it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from epp.extensions import Installed, OpenRegistry, instance_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,38 +37,50 @@ class EngineMetricNames:
         return tuple(names)
 
 
-ENGINES: dict[str, EngineMetricNames] = {
-    "vllm": EngineMetricNames(
-        engine="vllm",
-        waiting="vllm:num_requests_waiting",
-        running="vllm:num_requests_running",
-        # vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc (v0.10)
-        kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        lora_info="vllm:lora_requests_info",
-        cache_config="vllm:cache_config_info",
-        block_size_label="block_size",
-        num_blocks_label="num_gpu_blocks",
-    ),
-    "sglang": EngineMetricNames(
-        engine="sglang",
-        waiting="sglang:num_queue_reqs",
-        running="sglang:num_running_reqs",
-        kv_usage=("sglang:token_usage",),
-        cache_config="sglang:cache_config_info",
-        block_size_label="page_size",
-        num_blocks_label="num_pages",
-    ),
-    "trtllm": EngineMetricNames(
-        engine="trtllm",
-        waiting="trtllm_num_requests_waiting",
-        running="trtllm_num_requests_running",
-        kv_usage=("trtllm_kv_cache_utilization",),
-    ),
-}
+def _dialect(obj: object, name: str) -> EngineMetricNames:
+    names = instance_of(EngineMetricNames)(obj, name)
+    if names.engine != name:
+        raise ValueError(f"its engine is {names.engine!r}, not the entry point's name {name!r}")
+    return names
+
+
+# by engine name; installed packages add more (entry-point group epp.engines)
+ENGINES: OpenRegistry[EngineMetricNames] = OpenRegistry(
+    {
+        "vllm": EngineMetricNames(
+            engine="vllm",
+            waiting="vllm:num_requests_waiting",
+            running="vllm:num_requests_running",
+            # vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc (v0.10)
+            kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            lora_info="vllm:lora_requests_info",
+            cache_config="vllm:cache_config_info",
+            block_size_label="block_size",
+            num_blocks_label="num_gpu_blocks",
+        ),
+        "sglang": EngineMetricNames(
+            engine="sglang",
+            waiting="sglang:num_queue_reqs",
+            running="sglang:num_running_reqs",
+            kv_usage=("sglang:token_usage",),
+            cache_config="sglang:cache_config_info",
+            block_size_label="page_size",
+            num_blocks_label="num_pages",
+        ),
+        "trtllm": EngineMetricNames(
+            engine="trtllm",
+            waiting="trtllm_num_requests_waiting",
+            running="trtllm_num_requests_running",
+            kv_usage=("trtllm_kv_cache_utilization",),
+        ),
+    },
+    Installed("epp.engines", "engine metric dialect", _dialect),
+)
 
 
 def engine_names(name: str) -> EngineMetricNames:
-    """The metric names of engine ``name``; ValueError listing the known engines if unknown."""
+    """The metric names of engine ``name``; ValueError listing the known engines if unknown
+    (an ExtensionError if an installed dialect of that name cannot be loaded)."""
     try:
         return ENGINES[name]
     except KeyError:

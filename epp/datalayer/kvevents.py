@@ -341,20 +341,19 @@ def _seq_or_none(frames: Sequence[bytes]) -> int | None:
     return seq if seq is not None and seq >= 0 else None
 
 
-def start_kv_events(
+def kv_event_subscribers(
     datastore: Datastore, registry: CollectorRegistry, plugins: Mapping[str, object]
-) -> list[KvEventSubscribers]:
-    """Start subscribers for every plugin that wants KV events (inside the loop) and
-    export their counters; returns them so the caller can stop them."""
-    started = {}
-    for name, plugin in plugins.items():
-        if isinstance(plugin, KvEventSource):
-            subscribers = KvEventSubscribers(datastore, plugin.index, plugin.events)
-            subscribers.start()
-            started[name] = subscribers
-    if started:
-        registry.register(KvEventsCollector(started))
-    return list(started.values())
+) -> dict[str, KvEventSubscribers]:
+    """Subscribers (not started) for every plugin that wants KV events, by plugin name,
+    with their counters exported."""
+    made = {
+        name: KvEventSubscribers(datastore, plugin.index, plugin.events)
+        for name, plugin in plugins.items()
+        if isinstance(plugin, KvEventSource)
+    }
+    if made:
+        registry.register(KvEventsCollector(made))
+    return made
 
 
 class KvEventsCollector(Collector):

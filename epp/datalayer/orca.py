@@ -29,6 +29,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from xds.data.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 
+from epp.errors import InternalError
 from epp.types import EndpointMetrics
 
 # Header names as Envoy hands them over (lower case).
@@ -58,7 +59,7 @@ _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _SEPARATOR = re.compile(r"[=:]")
 
 
-class OrcaParseError(ValueError):
+class OrcaParseError(InternalError, ValueError):
     """An ORCA header (or out-of-band report) that cannot be read; the message says why."""
 
 

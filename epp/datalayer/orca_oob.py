@@ -24,10 +24,10 @@ from google.protobuf.duration_pb2 import Duration
 from xds.data.orca.v3.orca_load_report_pb2 import OrcaLoadReport
 from xds.service.orca.v3.orca_pb2 import OrcaLoadReportRequest
 
-from epp.admin.metrics import EppMetrics
 from epp.datalayer.orca import OrcaParseError, merge_orca, report_to_dict
 from epp.datalayer.tasks import EndpointTasks
 from epp.datastore import Datastore
+from epp.metrics import EppMetrics
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from epp.datalayer.engines import EngineMetricNames
+from epp.errors import InternalError
 from epp.types import EndpointMetrics
 
 # label names of vLLM's lora_requests_info
@@ -37,7 +38,7 @@ WAITING_LORA_LABEL = "waiting_lora_adapters"
 MAX_LORA_LABEL = "max_lora"
 
 
-class MetricsParseError(ValueError):
+class MetricsParseError(InternalError, ValueError):
     """A ``/metrics`` page that cannot be read; the message says why."""
 
 

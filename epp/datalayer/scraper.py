@@ -39,11 +39,12 @@ from typing import Protocol
 
 import aiohttp
 
-from epp.admin.metrics import EppMetrics
 from epp.datalayer.engines import engine_names
 from epp.datalayer.prometheus import parse_metrics
 from epp.datalayer.tasks import EndpointTasks
 from epp.datastore import Datastore
+from epp.errors import InternalError
+from epp.metrics import EppMetrics
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class Unreachable(Protocol):
     def __call__(self, address: str, reason: str, slow: bool, /) -> None: ...
 
 
-class ScrapeError(Exception):
+class ScrapeError(InternalError):
     """A scrape that did not produce metrics; the message says why."""
 
 

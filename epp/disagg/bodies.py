@@ -1,4 +1,5 @@
-"""Request bodies of the P/D flows (pure: dict in, new dict out; DESIGN.md §3).
+"""Request bodies of the P/D flows (pure: dict in, new dict out; docs/architecture.md,
+P/D wire flows).
 
 vLLM's NIXL pull flow: the prefill leg asks for one token and no stream, flagged
 ``do_remote_decode``; its response carries ``kv_transfer_params`` that the decode leg

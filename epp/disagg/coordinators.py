@@ -1,5 +1,6 @@
-"""Coordinators: how a disaggregated request's prefill and decode legs meet (DESIGN.md
-§4). Registered by name; the scheduler has already chosen both endpoints.
+"""Coordinators: how a disaggregated request's prefill and decode legs meet (the wire
+flows: docs/architecture.md, P/D wire flows). Registered by name; the scheduler has
+already chosen both endpoints.
 
 Each one turns a :class:`Handoff` into the :class:`DecodeLeg` Envoy forwards: maybe a
 header, maybe a rewritten body, after running the prefill leg itself or not. A prefill
@@ -16,11 +17,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from epp.admin.metrics import EppMetrics
 from epp.datastore import Datastore, InFlightTicket
 from epp.disagg import bodies
 from epp.disagg.legs import LegClient, LegFailed, LegResult
 from epp.errors import PrefillRejectedError
+from epp.extensions import Installed, OpenRegistry
+from epp.metrics import EppMetrics
 from epp.types import Endpoint, InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -262,9 +264,22 @@ def _bootstrap_port(prefill: Endpoint, configured: int | None) -> int:
     return configured or prefill.port
 
 
-COORDINATORS: dict[str, Callable[[CoordinatorEnv], Coordinator]] = {
-    SidecarCoordinator.name: SidecarCoordinator,
-    NixlCoordinator.name: NixlCoordinator,
-    ConcurrentCoordinator.name: ConcurrentCoordinator,
-    KvPoolCoordinator.name: KvPoolCoordinator,
-}
+CoordinatorFactory = Callable[[CoordinatorEnv], Coordinator]
+
+
+def _factory(obj: object, name: str) -> CoordinatorFactory:
+    if not callable(obj):
+        raise TypeError(f"expected a callable (CoordinatorEnv) -> Coordinator, got {obj!r}")
+    return obj  # callable() cannot check the signature
+
+
+# by name; installed packages add more (entry-point group epp.coordinators)
+COORDINATORS: OpenRegistry[CoordinatorFactory] = OpenRegistry(
+    {
+        SidecarCoordinator.name: SidecarCoordinator,
+        NixlCoordinator.name: NixlCoordinator,
+        ConcurrentCoordinator.name: ConcurrentCoordinator,
+        KvPoolCoordinator.name: KvPoolCoordinator,
+    },
+    Installed("epp.coordinators", "coordinator", _factory),
+)

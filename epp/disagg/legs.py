@@ -1,4 +1,5 @@
-"""The prefill leg as an HTTP call from the EPP (or the sidecar) to a prefill server."""
+"""The prefill leg as an HTTP call from the EPP (or the sidecar) to a prefill server,
+through a :class:`LegTransport`: aiohttp in production, memory in tests."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
+from epp.errors import InternalError
 from epp.types import Endpoint
 
 # Client headers a prefill leg carries over (the body is JSON we re-encode).
@@ -31,14 +34,62 @@ class LegResult:
             return None
 
 
-class LegFailed(Exception):
+class LegFailed(InternalError):
     """The prefill server could not be reached or did not answer in time."""
 
 
+class LegTransport(Protocol):
+    """Sends one prefill leg over HTTP: the seam between the coordinators and the
+    network (tests serve legs from memory through it)."""
+
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        connected: asyncio.Event | None,
+    ) -> tuple[int, bytes]:
+        """POST ``body`` to ``url`` and return the answer's status and whole body,
+        whatever the status. Sets ``connected`` (when given) once the request is on the
+        wire, before the answer. Raises :class:`LegFailed` when the server cannot be
+        reached or does not answer in time; nothing else escapes but cancellation."""
+        ...
+
+    async def close(self) -> None:
+        """Close idle connections (shutdown)."""
+        ...
+
+
 class LegClient:
-    """Posts prefill legs over keep-alive connections. ``connected`` (when given) is set
-    once the request is on the wire, so a concurrent coordinator knows the server is up
-    before routing the decode leg."""
+    """Posts prefill legs: the client's forwarded headers, its JSON re-encoded, timed.
+    ``connected`` (when given) is set once the request is on the wire, so a concurrent
+    coordinator knows the server is up before routing the decode leg."""
+
+    def __init__(self, transport: LegTransport) -> None:
+        self._transport = transport
+
+    async def post(
+        self,
+        endpoint: Endpoint,
+        path: str,
+        doc: Mapping[str, Any],
+        headers: Mapping[str, str],
+        connected: asyncio.Event | None = None,
+    ) -> LegResult:
+        send = {k: v for k, v in headers.items() if k in FORWARDED_HEADERS}
+        send["content-type"] = "application/json"
+        start = time.perf_counter()
+        status, body = await self._transport.post(
+            f"http://{endpoint.address}{path}", orjson.dumps(doc), send, connected
+        )
+        return LegResult(status, body, time.perf_counter() - start)
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+
+class AiohttpLegTransport:
+    """Legs over aiohttp keep-alive connections, with a connect and a total timeout."""
 
     def __init__(self, connect_timeout_s: float, total_timeout_s: float) -> None:
         self._timeout = aiohttp.ClientTimeout(total=total_timeout_s, sock_connect=connect_timeout_s)
@@ -57,26 +108,19 @@ class LegClient:
 
     async def post(
         self,
-        endpoint: Endpoint,
-        path: str,
-        doc: Mapping[str, Any],
+        url: str,
+        body: bytes,
         headers: Mapping[str, str],
-        connected: asyncio.Event | None = None,
-    ) -> LegResult:
-        send = {k: v for k, v in headers.items() if k in FORWARDED_HEADERS}
-        send["content-type"] = "application/json"
-        start = time.perf_counter()
+        connected: asyncio.Event | None,
+    ) -> tuple[int, bytes]:
         try:
             async with self._client().post(
-                f"http://{endpoint.address}{path}",
-                data=orjson.dumps(doc),
-                headers=send,
-                trace_request_ctx={"connected": connected},
+                url, data=body, headers=headers, trace_request_ctx={"connected": connected}
             ) as resp:
-                body = await resp.read()
-                return LegResult(resp.status, body, time.perf_counter() - start)
+                return resp.status, await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise LegFailed(f"{endpoint.address}: {type(exc).__name__}: {exc}") from None
+            where = urlsplit(url).netloc
+            raise LegFailed(f"{where}: {type(exc).__name__}: {exc}") from None
 
     async def close(self) -> None:
         if self._session is not None:

@@ -32,10 +32,10 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from epp import argtypes
-from epp.cli import add_log_level
 from epp.disagg import bodies
 from epp.disagg.coordinators import PREFILLER_HEADER
-from epp.disagg.legs import LegClient, LegFailed
+from epp.disagg.legs import AiohttpLegTransport, LegClient, LegFailed
+from epp.logsetup import add_log_level
 from epp.readyfile import write_ready
 from epp.types import Endpoint, parse_host_port
 
@@ -307,7 +307,7 @@ async def _serve(args: argparse.Namespace) -> int:
     allowed = args.allow_prefiller or (() if args.epp_url else LOOPBACK)
     sidecar = Sidecar(
         args.decode,
-        LegClient(args.connect_timeout_seconds, args.prefill_timeout_seconds),
+        LegClient(AiohttpLegTransport(args.connect_timeout_seconds, args.prefill_timeout_seconds)),
         allowed,
         args.epp_url,
     )

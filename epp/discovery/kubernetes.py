@@ -33,8 +33,8 @@ from epp.discovery.pool_endpoints import (
     pod_endpoints,
     pod_name,
 )
+from epp.discovery.poolref import PoolRef
 from epp.discovery.reflector import Obj, Reflector, WatchTiming
-from epp.discovery.serve_pool import PoolRef
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)

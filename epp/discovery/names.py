@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from epp import addresses
 from epp.datastore import Datastore, Status
+from epp.errors import InternalError
 from epp.looptask import LoopTask
 from epp.types import Endpoint
 
@@ -36,7 +37,7 @@ MoveListener = Callable[[str, Endpoint], None]
 DEFAULT_RESOLVE_INTERVAL_S = 30.0
 
 
-class ResolveError(ValueError):
+class ResolveError(InternalError, ValueError):
     """A name that gave no usable address; the message names it and why."""
 
 

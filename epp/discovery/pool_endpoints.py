@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from epp.datalayer.engines import ENGINES
+from epp.errors import InternalError
 from epp.types import Endpoint, Role
 
 ROLE_LABEL = "llm-d.ai/role"
@@ -24,7 +25,7 @@ POOL_VERSION = "v1"
 POOL_PLURAL = "inferencepools"
 
 
-class PoolError(ValueError):
+class PoolError(InternalError, ValueError):
     """The InferencePool object cannot be used (the message says which field and why)."""
 
 

@@ -71,6 +71,10 @@ class RuntimeMembership:
         self._runtime: dict[str, Endpoint] = {}
         datastore.on_change(self._prune)
 
+    async def start(self) -> None:
+        """As a discovery source: re-add what the state file lists."""
+        await self.restore()
+
     async def restore(self) -> list[tuple[str, Outcome]]:
         """Re-add what the state file lists (a missing file is an empty list; a corrupt
         one is reported and ignored)."""

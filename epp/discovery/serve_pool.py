@@ -1,5 +1,6 @@
 """What ``epp serve`` needs for Kubernetes InferencePool discovery: its flags, and
-starting it with gRPC readiness held until the first full sync.
+the discovery source that follows the pool, holding gRPC readiness until its first full
+sync.
 
 Kept apart from :mod:`epp.discovery.kubernetes` so that ``epp serve`` imports the
 Kubernetes client (~0.45 s of start-up) only when a pool is asked for.
@@ -8,70 +9,15 @@ Kubernetes client (~0.45 s of start-up) only when a pool is asked for.
 from __future__ import annotations
 
 import argparse
-import os
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
-from epp.extproc.transport import LIVENESS
-from epp.health import HealthSetter
+from epp.discovery.poolref import PoolRef
 
 if TYPE_CHECKING:
     from epp.datastore import Datastore
     from epp.discovery.kubernetes import PoolDiscovery
-
-IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-@dataclass(frozen=True, slots=True)
-class PoolRef:
-    """Which pool to follow and how to reach the API server."""
-
-    name: str
-    namespace: str | None = None  # None: see resolved_namespace
-    kubeconfig: Path | None = None
-
-    def resolved_namespace(self) -> str:
-        """As kubectl: the flag, else the pod's own namespace in a cluster (when no
-        kubeconfig is given), else the kubeconfig's current context's, else default."""
-        if self.namespace:
-            return self.namespace
-        if self.kubeconfig is None and IN_CLUSTER_NAMESPACE.exists():
-            return IN_CLUSTER_NAMESPACE.read_text().strip()
-        path = self.kubeconfig or default_kubeconfig()
-        try:
-            text = path.read_text() if path is not None else ""
-        except OSError:
-            text = ""  # the client reports an unreadable kubeconfig when it loads it
-        return context_namespace(text) or "default"
-
-
-def default_kubeconfig() -> Path | None:
-    """The kubeconfig the client loads without --kubeconfig: $KUBECONFIG's first file,
-    else ~/.kube/config."""
-    env = os.environ.get("KUBECONFIG", "")
-    first = next((p for p in env.split(os.pathsep) if p), None)
-    return Path(first) if first else Path.home() / ".kube" / "config"
-
-
-def context_namespace(kubeconfig_text: str) -> str | None:
-    """The namespace of a kubeconfig's current context, if it names one (a file that is
-    not a kubeconfig yields None: the client reports it when it loads the file)."""
-    try:
-        doc = yaml.safe_load(kubeconfig_text)
-    except yaml.YAMLError:
-        return None
-    if not isinstance(doc, dict):
-        return None
-    current = doc.get("current-context")
-    for entry in doc.get("contexts") or []:
-        if isinstance(entry, dict) and entry.get("name") == current:
-            context = entry.get("context")
-            namespace = context.get("namespace") if isinstance(context, dict) else None
-            return namespace if isinstance(namespace, str) and namespace else None
-    return None
 
 
 def pool_ref(args: argparse.Namespace) -> PoolRef | None:
@@ -84,7 +30,7 @@ def pool_ref(args: argparse.Namespace) -> PoolRef | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("Kubernetes (see README: Running in Kubernetes)")
+    g = parser.add_argument_group("Kubernetes", "see docs/operations.md, Running in Kubernetes")
     g.add_argument(
         "--pool-name",
         metavar="NAME",
@@ -106,23 +52,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def start(
-    ref: PoolRef | None, datastore: Datastore, default_engine: str, health: HealthSetter
-) -> list[PoolDiscovery]:
-    """Set the health statuses and, with a pool, start following it (before the gRPC port
-    opens, so a probe never sees the pool-less default). Returns what to stop later."""
-    # Without a pool the endpoints are known now; with one, readiness waits for its first
-    # full sync (liveness does not: the process is healthy meanwhile).
-    await health.set_serving(ref is None)
-    await health.set_serving(True, [LIVENESS])
-    if ref is None:
-        return []
-    from epp.discovery.kubernetes import start_pool_discovery
+class PoolSource:
+    """The discovery source following an InferencePool's pods. Readiness is held back
+    (``readiness``, told False at once) until its first full sync, and whenever the pool
+    goes away; liveness is not (the process is healthy meanwhile)."""
 
-    async def readiness(ready: bool) -> None:
-        # follows the pool: ready once it and its pods are listed, not while it is gone
-        await health.set_serving(ready)
-        await health.set_serving(True, [LIVENESS])
+    def __init__(
+        self,
+        ref: PoolRef,
+        datastore: Datastore,
+        default_engine: str,
+        readiness: Callable[[bool], Awaitable[None]],
+    ) -> None:
+        self.ref = ref
+        self._datastore = datastore
+        self._engine = default_engine
+        self._readiness = readiness
+        self._discovery: PoolDiscovery | None = None
 
-    discovery = await start_pool_discovery(ref, datastore, default_engine, on_ready=readiness)
-    return [discovery]
+    async def start(self) -> None:
+        """Connect to the API server and start following the pool (before the gRPC port
+        opens, so a probe never sees the pool-less default); OSError if the client
+        config cannot be read."""
+        from epp.discovery.kubernetes import start_pool_discovery
+
+        self._discovery = await start_pool_discovery(
+            self.ref, self._datastore, self._engine, on_ready=self._readiness
+        )
+
+    async def stop(self) -> None:
+        if self._discovery is not None:
+            await self._discovery.stop()

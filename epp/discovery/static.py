@@ -7,15 +7,18 @@ Two spellings, both from the seeds' launch lines:
 * the vllm-ascend load-balance proxy's ``--prefiller-hosts H.. --prefiller-ports P..``
   and ``--decoder-hosts H.. --decoder-ports P..``: the i-th host with the i-th port.
 
-Parsing only: names are resolved by :mod:`epp.discovery.names` when the EPP starts.
+:class:`StaticSource` adds them (and the config file's ``endpoints``) when the EPP starts;
+a server given by name is resolved and followed by :mod:`epp.discovery.names`.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from epp import argtypes
 from epp.addresses import join, parse_address
+from epp.discovery.names import NameResolver
 from epp.types import Endpoint, Role
 
 _SERVER_FLAGS = (
@@ -78,3 +81,18 @@ def paired(kind: str, hosts: list[str], ports: list[int], role: Role) -> list[En
         except ValueError as exc:
             raise ValueError(f"--{kind}-hosts/--{kind}-ports: {exc}") from None
     return out
+
+
+class StaticSource:
+    """The discovery source of endpoints named at start (flags, config file)."""
+
+    def __init__(self, endpoints: Sequence[Endpoint], names: NameResolver) -> None:
+        self.endpoints = tuple(endpoints)
+        self._names = names
+
+    async def start(self) -> None:
+        for endpoint in self.endpoints:
+            await self._names.add_static(endpoint)
+
+    async def stop(self) -> None:
+        """Nothing to stop: the endpoints stay (the process is ending)."""

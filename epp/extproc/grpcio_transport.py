@@ -13,8 +13,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from epp.extproc.stream import ExtProcStream, StreamEnd
-from epp.extproc.transport import HEALTH_SERVICES, MAX_MESSAGE_BYTES, max_destinations
+from epp.extproc.stream import EndStream, ExtProcStream, StreamEnd
+from epp.extproc.transport import MAX_MESSAGE_BYTES, max_destinations
+from epp.health import HEALTH_SERVICES
 from epp.router import Router
 from epp.xds.eds import EdsServer
 
@@ -35,7 +36,12 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
         try:  # GeneratorExit are BaseExceptions)
             async for msg in request_iterator:
                 replies = stream.on_message(msg)
-                if not isinstance(replies, list):  # a prefill leg runs first
+                if isinstance(replies, EndStream):  # the message broke the protocol
+                    context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+                    context.set_details(replies.reason)
+                    end = "error"
+                    return
+                if not isinstance(replies, list):  # routing waits (EDS, a prefill leg)
                     replies = await replies
                 for reply in replies:
                     yield reply

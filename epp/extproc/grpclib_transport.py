@@ -16,8 +16,9 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.server import Server, Stream
 
 from epp.extproc.h2frames import skip_hex_dumps_of_received_data
-from epp.extproc.stream import ExtProcStream, StreamEnd
-from epp.extproc.transport import EXT_PROC_SERVICE, HEALTH_SERVICES, max_destinations
+from epp.extproc.stream import EndStream, ExtProcStream, StreamEnd
+from epp.extproc.transport import max_destinations
+from epp.health import EXT_PROC_SERVICE, HEALTH_SERVICES
 from epp.router import Router
 from epp.xds.eds import EDS_SERVICE, EdsServer
 
@@ -49,7 +50,9 @@ class _ExtProc:
         try:
             async for msg in stream:
                 replies = ext.on_message(msg)
-                if not isinstance(replies, list):  # a prefill leg runs first
+                if isinstance(replies, EndStream):  # the message broke the protocol
+                    raise GRPCError(Status.FAILED_PRECONDITION, replies.reason)
+                if not isinstance(replies, list):  # routing waits (EDS, a prefill leg)
                     replies = await replies
                 for reply in replies:
                     await stream.send_message(reply)

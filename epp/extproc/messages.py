@@ -17,9 +17,9 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
-from epp.errors import EppError
+from epp.errors import ClientVisibleError
 
-# Envoy rejects larger streamed_response chunks; DESIGN.md §1.
+# Envoy rejects larger streamed_response chunks (docs/architecture.md, Endpoint Picker Protocol).
 MAX_CHUNK_BYTES = 62_000
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 # Set on streaming requests (``"stream": true``) so the Envoy config can give them their
@@ -107,7 +107,7 @@ def response_body_echo(data: bytes, end_of_stream: bool) -> ProcessingResponse:
     return reply
 
 
-def immediate(error: EppError) -> ProcessingResponse:
+def immediate(error: ClientVisibleError) -> ProcessingResponse:
     """An error answered by Envoy on our behalf, OpenAI-shaped JSON body."""
     return ProcessingResponse(
         immediate_response=ImmediateResponse(

@@ -1,9 +1,10 @@
 """One state machine per ext_proc stream (= one HTTP request through Envoy).
 
 Envoy's protocol state (which phase we are in, which body modes Envoy uses) is kept
-apart from the request's own state (headers, buffered body, routing claim). The machine
-is transport-agnostic: it turns each ProcessingRequest into the replies to send, so any
-gRPC server can drive it.
+apart from the request's own state (headers, buffered body, routing claim). Which
+message may come in which phase, and what follows it, is :mod:`epp.extproc.phases`'s
+table; this module does what each message asks. The machine is transport-agnostic: it
+turns each ProcessingRequest into the replies to send, so any gRPC server can drive it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from enum import Enum, auto
 from typing import Literal
 
 import orjson
@@ -24,8 +24,9 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 )
 
 from epp.disagg.coordinators import DecodeLeg
-from epp.errors import BadRequestError, BodyTooLargeError, EppError
+from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
+from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
 from epp.requestparse import parse_request
 from epp.router import Routed, Router
 from epp.usage import find_usage, keep_tail
@@ -45,19 +46,23 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 # How an ext_proc stream ended: Envoy half-closed it (complete), reset it (cancelled),
 # one of the two (ended: grpc.aio ends the request iterator alike for both), or our
-# handler failed (error).
+# handler failed or ended it with an error status (error: see EndStream).
 StreamEnd = Literal["complete", "cancelled", "ended", "error", "abandoned"]
 
-# What a message gets back: the replies, or (a prefill leg running first) an awaitable.
+
+@dataclass(frozen=True, slots=True)
+class EndStream:
+    """End the gRPC stream with FAILED_PRECONDITION: a message broke the protocol after
+    the response started, when no immediate response can reach the client any more."""
+
+    reason: str
+
+
+# The replies to a message, or an awaitable of them (routing waits for an EDS
+# acknowledgement or a prefill leg first).
 Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]]
-
-
-class Phase(Enum):
-    REQUEST_HEADERS = auto()  # nothing seen yet
-    REQUEST_BODY = auto()  # headers held, buffering the body
-    UPSTREAM = auto()  # routed; waiting for the response headers
-    RESPONSE_BODY = auto()  # response streaming through
-    DONE = auto()  # answered or finished; later messages are ignored
+# The error code of the immediate 500 that answers an illegal message.
+PROTOCOL_ERROR = "extproc_protocol_error"
 
 
 @dataclass(slots=True)
@@ -99,10 +104,67 @@ class ExtProcStream:
     def phase(self) -> Phase:
         return self._envoy.phase
 
-    def on_message(self, msg: ProcessingRequest) -> Replies:
+    def on_message(self, msg: ProcessingRequest) -> Replies | EndStream:
         """Replies for one message from Envoy (possibly none while buffering). Usually a
-        list; an awaitable of one while a prefill leg runs before routing."""
-        kind = msg.WhichOneof("request")
+        list; an awaitable of one while routing waits (EDS, a prefill leg); EndStream for
+        a message that breaks the protocol after the response started."""
+        message = message_of(msg)
+        step = self._advance(message)
+        if isinstance(step, Answer):
+            return self._answer(step, message)
+        self._note(msg)
+        try:
+            if message in (Message.REQUEST_HEADERS, Message.REQUEST_HEADERS_END):
+                return self._on_request_headers(msg.request_headers)
+            if message in (Message.REQUEST_BODY, Message.REQUEST_BODY_END):
+                end = message is Message.REQUEST_BODY_END
+                return self._on_request_body(msg.request_body.body, end)
+            if message is Message.REQUEST_TRAILERS:
+                return self._on_request_trailers()
+            if message in (Message.RESPONSE_HEADERS, Message.RESPONSE_HEADERS_END):
+                return self._on_response_headers(msg.response_headers)
+            if message in (Message.RESPONSE_BODY, Message.RESPONSE_BODY_END):
+                end = message is Message.RESPONSE_BODY_END
+                return self._on_response_body(msg.response_body.body, end)
+            self._finish()  # response trailers: the one kind left that the table lets in
+            return [messages.EMPTY_RESPONSE_TRAILERS]
+        except ClientVisibleError as error:
+            return [self._reject(error)]
+        except Exception:
+            log.exception("request %s: internal error handling %s", self._req.request_id, message)
+            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
+
+    def close(self, end: StreamEnd = "complete") -> None:
+        """The stream ended (EOF, cancel or error): release whatever the request holds.
+        An end before the response's (client hung up) is counted as ``abandoned``."""
+        if end in ("complete", "ended") and self._response_unfinished():
+            end = "abandoned"
+        self._advance(Outcome.CLOSED)
+        self._finish()
+        self._router.metrics.streams.labels(end).inc()
+
+    def _advance(self, event: Message | Outcome) -> Phase | Answer:
+        """The one place the phase changes: as the table says for ``event`` in it."""
+        step = TABLE[self._envoy.phase, event]
+        if isinstance(step, Phase):
+            self._envoy.phase = step
+        return step
+
+    def _answer(self, answer: Answer, message: Message) -> list[ProcessingResponse] | EndStream:
+        """The defined answer to a message that makes no move (phases.py)."""
+        if answer is Answer.LATE:
+            return []
+        reason = f"ext_proc {message.value} is not allowed in phase {self.phase.name}"
+        log.warning("request %s: %s", self._req.request_id or "(no headers yet)", reason)
+        if answer is Answer.REJECT:
+            return [self._reject(ClientVisibleError(reason, code=PROTOCOL_ERROR))]
+        self._advance(Outcome.CLOSED)
+        self._finish()
+        return EndStream(reason)
+
+    def _note(self, msg: ProcessingRequest) -> None:
+        """What a message carries besides its kind: Envoy's body modes (on the first),
+        the endpoint that answered (a response attribute), the proxy's subset hint."""
         if msg.HasField("protocol_config"):
             self._envoy.request_body_mode = msg.protocol_config.request_body_mode
             self._envoy.response_body_mode = msg.protocol_config.response_body_mode
@@ -110,35 +172,6 @@ class ExtProcStream:
             self._req.served = _upstream_address(msg) or self._req.served
         if msg.HasField("metadata_context"):
             self._subset_hint = _subset_hint(msg)
-        try:
-            if kind == "request_headers":
-                return self._on_request_headers(msg.request_headers)
-            if kind == "request_body":
-                return self._on_request_body(msg.request_body.body, _body_ends(msg.request_body))
-            if kind == "request_trailers":
-                return self._on_request_trailers()
-            if kind == "response_headers":
-                return self._on_response_headers(msg.response_headers)
-            if kind == "response_body":
-                return self._on_response_body(msg.response_body.body, _body_ends(msg.response_body))
-            if kind == "response_trailers":
-                self._finish()
-                return [messages.EMPTY_RESPONSE_TRAILERS]
-        except EppError as error:
-            return [self._reject(error)]
-        except Exception:
-            log.exception("request %s: internal error handling %s", self._req.request_id, kind)
-            return [self._reject(EppError("internal error in the endpoint picker"))]
-        log.warning("ignoring unexpected ext_proc message %r", kind)
-        return []
-
-    def close(self, end: StreamEnd = "complete") -> None:
-        """The stream ended (EOF, cancel or error): release whatever the request holds.
-        An end before the response's (client hung up) is counted as ``abandoned``."""
-        if end in ("complete", "ended") and self._response_unfinished():
-            end = "abandoned"
-        self._finish()
-        self._router.metrics.streams.labels(end).inc()
 
     def _response_unfinished(self) -> bool:
         """Would this stream have seen the response end? Not when Envoy does not send
@@ -161,7 +194,6 @@ class ExtProcStream:
             # GET /v1/models has no body by design; a POST without one is a client error.
             method = req.headers.get(":method", "GET")
             return self._route(b"" if method in _BODY_METHODS else None)
-        self._envoy.phase = Phase.REQUEST_BODY
         if self._envoy.request_body_mode == _BUFFERED:
             # Envoy sends the whole body only after this answer; we route on the body.
             return [messages.EMPTY_REQUEST_HEADERS]
@@ -169,10 +201,6 @@ class ExtProcStream:
 
     def _on_request_body(self, data: bytes, end: bool) -> Replies:
         req = self._req
-        if self._envoy.phase is Phase.DONE:  # already answered (e.g. 413): drop the rest
-            return []
-        if self._envoy.phase is not Phase.REQUEST_BODY:
-            raise BadRequestError("request body arrived out of order")
         if data:
             req.size += len(data)
             if req.size > self._router.max_body_bytes:
@@ -184,8 +212,6 @@ class ExtProcStream:
         return self._complete_request(end_of_stream=True) if end else []
 
     def _on_request_trailers(self) -> Replies:
-        if self._envoy.phase is not Phase.REQUEST_BODY:
-            return [messages.EMPTY_REQUEST_TRAILERS]
         replies = self._complete_request(end_of_stream=False)
         if isinstance(replies, list):
             return [*replies, messages.EMPTY_REQUEST_TRAILERS]
@@ -213,7 +239,6 @@ class ExtProcStream:
         routed = self._router.route(request, self._max_destinations)
         req.routed = routed
         req.stream = request.stream
-        self._envoy.phase = Phase.UPSTREAM
         leg = self._router.hand_off(routed, request, doc) if doc is not None else None
         if leg is None or isinstance(leg, DecodeLeg):
             return self._forward(body, end_of_stream, leg)
@@ -228,33 +253,34 @@ class ExtProcStream:
         try:
             replies = self._route(body, end_of_stream)
             return replies if isinstance(replies, list) else await replies
-        except EppError as error:
+        except ClientVisibleError as error:
             return [self._reject(error)]
         except Exception:
             log.exception("request %s: internal error routing", self._req.request_id)
-            return [self._reject(EppError("internal error in the endpoint picker"))]
+            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
 
     async def _forward_after(
         self, pending: Awaitable[DecodeLeg], body: bytes | None, end_of_stream: bool
     ) -> list[ProcessingResponse]:
         try:
             leg = await pending
-            if self._envoy.phase is not Phase.UPSTREAM:  # the stream ended meanwhile
+            if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
                 if leg.prefill_ticket is not None:
                     leg.prefill_ticket.release()
                 return []
             return self._forward(body, end_of_stream, leg)
-        except EppError as error:
+        except ClientVisibleError as error:
             return [self._reject(error)]
         except Exception:
             log.exception(
                 "request %s: internal error preparing the decode leg", self._req.request_id
             )
-            return [self._reject(EppError("internal error in the endpoint picker"))]
+            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
 
     def _forward(
         self, body: bytes | None, end_of_stream: bool, leg: DecodeLeg | None
     ) -> list[ProcessingResponse]:
+        self._advance(Outcome.ROUTED)
         req = self._req
         routed = req.routed
         assert routed is not None
@@ -286,10 +312,10 @@ class ExtProcStream:
             return [reply]
         return [reply, *messages.streamed_request_body(body, end_of_stream)]
 
-    def _reject(self, error: EppError) -> ProcessingResponse:
+    def _reject(self, error: ClientVisibleError) -> ProcessingResponse:
         log.info("request %s rejected: %d %s", self._req.request_id, error.status, error.message)
         self._router.rejected(error)
-        self._envoy.phase = Phase.DONE
+        self._advance(Outcome.REJECTED)
         self._finish()
         return messages.immediate(error)
 
@@ -304,8 +330,6 @@ class ExtProcStream:
             self._router.response_headers_seen(routed.ticket.address, headers)
         if msg.end_of_stream:
             self._finish()
-        else:
-            self._envoy.phase = Phase.RESPONSE_BODY
         return [messages.EMPTY_RESPONSE_HEADERS]
 
     def _on_response_body(self, data: bytes, end: bool) -> list[ProcessingResponse]:
@@ -330,7 +354,6 @@ class ExtProcStream:
                 self._router.response_seen(
                     routed.ticket.address, self._req.status, self._req.served
                 )
-        self._envoy.phase = Phase.DONE
 
 
 def _subset_hint(msg: ProcessingRequest) -> frozenset[str] | None:
@@ -352,10 +375,6 @@ def _upstream_address(msg: ProcessingRequest) -> str:
     if attrs is None or UPSTREAM_ADDRESS not in attrs.fields:
         return ""
     return str(attrs.fields[UPSTREAM_ADDRESS].string_value)
-
-
-def _body_ends(body: object) -> bool:
-    return bool(body.end_of_stream or body.end_of_stream_without_message)  # type: ignore[attr-defined]
 
 
 async def _then(

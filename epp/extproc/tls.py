@@ -24,13 +24,15 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from epp.errors import InternalError
+
 SELF_SIGNED_DAYS = 365
 SELF_SIGNED_NAMES = ("localhost", "127.0.0.1", "::1")
 # What the certificate's subject says when generated (nothing verifies it).
 SELF_SIGNED_CN = "epp"
 
 
-class TlsError(ValueError):
+class TlsError(InternalError, ValueError):
     """Unusable certificate or key; the message names the file."""
 
 

@@ -16,16 +16,13 @@ import importlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
+from epp.health import HEALTH_SERVICES
 from epp.router import Router
 from epp.xds.eds import EdsServer
 
 if TYPE_CHECKING:
     from epp.extproc.tls import ServerTls
 
-EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-# Health service names Envoy / Kubernetes probes ask for ("" = the whole server).
-LIVENESS = "liveness"
-HEALTH_SERVICES = ("", LIVENESS, "readiness", EXT_PROC_SERVICE)
 DEFAULT_TRANSPORT = "grpclib"
 TRANSPORTS = {
     "grpcio": "epp.extproc.grpcio_transport",

@@ -2,5 +2,5 @@
 
 ``base`` holds the contracts, ``profile`` runs filters -> scorers -> picker,
 ``scheduler`` adds the subset hint and admission, ``plugins`` holds the built-ins and
-``registry`` maps their type names (see README "Scheduling" for every plugin).
+``registry`` maps their type names (docs/plugins.md lists every plugin).
 """

@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from epp.scheduling.columns import CandidateView, FloatArray, IndexArray
+from epp.scheduling.sections import setting
 from epp.types import EndpointMetrics, EndpointState, InferenceRequest, Prediction
 
 BoolArray = npt.NDArray[np.bool_]
@@ -53,17 +54,33 @@ UNCACHED_KEY = "latency/uncached"
 
 @dataclass(frozen=True, slots=True)
 class LatencyPriors:
-    """The ``latencyModel`` config section: what the model assumes before it has seen
-    an endpoint serve (every default written here once)."""
+    """What the latency model assumes of an endpoint before it has seen it serve."""
 
-    overhead_ms: float = 10.0  # fixed time to first token of every request
-    prefill_ms_per_token: float = 0.1  # per uncached prompt token
-    decode_ms_per_token: float = 20.0  # time per output token with an empty batch
-    decode_ms_per_running: float = 0.5  # added per running sequence
-    output_tokens: float = 128.0  # mean output length, for the first slot-time guess
-    prior_samples: float = 4.0  # how many observations each prior weighs
-    window: int = 128  # observations kept per endpoint for each fit
-    max_num_seqs: int | None = None  # slots of every endpoint; None = label, else learn
+    overhead_ms: float = setting(
+        10.0, "overheadMs", "fixed time to first token of every request (ms)", minimum=0.0
+    )
+    prefill_ms_per_token: float = setting(
+        0.1, "prefillMsPerToken", "prefill time per uncached prompt token (ms)", minimum=0.0
+    )
+    decode_ms_per_token: float = setting(
+        20.0, "decodeMsPerToken", "time per output token with an empty batch (ms)", minimum=0.0
+    )
+    decode_ms_per_running: float = setting(
+        0.5, "decodeMsPerRunning", "added to that per running sequence (ms)", minimum=0.0
+    )
+    output_tokens: float = setting(
+        128.0, "outputTokens", "mean output length, for the first slot-time guess", minimum=1.0
+    )
+    prior_samples: float = setting(
+        4.0, "priorSamples", "how many observations each prior weighs", minimum=0.001
+    )
+    window: int = setting(128, "window", "observations kept per endpoint for each fit", minimum=8)
+    max_num_seqs: int | None = setting(
+        None,
+        "maxNumSeqs",
+        f"slots of every endpoint; null: the {MAX_NUM_SEQS_LABEL} label, else learned",
+        minimum=1,
+    )
 
 
 class RobustLine:
@@ -202,12 +219,18 @@ class LatencyModel:
     _COLUMNS = ("overhead", "rate", "slot_s", "slots", "last_done", "decode_slope")
 
     def __init__(self, priors: LatencyPriors | None = None) -> None:
-        self.priors = priors or LatencyPriors()
+        self._epoch = 0  # bumped when rows are handed out or freed
+        self.reset(priors or LatencyPriors())
+
+    def reset(self, priors: LatencyPriors) -> None:
+        """Forget what was learned and start again from ``priors`` (a reloaded
+        ``latencyModel`` section). The object stays, so whoever reports on it keeps it."""
+        self.priors = priors
         self._endpoints: dict[str, EndpointLatency] = {}
         self._row: dict[str, int] = {}
         self._free_rows: list[int] = []
         self._columns = {name: np.zeros(8) for name in self._COLUMNS}
-        self._epoch = 0  # bumped when rows are handed out or freed
+        self._epoch += 1
         # (id(addresses), epoch) -> (addresses, model rows): held, so the id stays unique
         self._rows_memo: dict[tuple[int, int], tuple[tuple[str, ...], IndexArray]] = {}
 

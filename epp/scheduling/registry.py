@@ -1,12 +1,15 @@
 """Plugin registry: type name -> (kind, factory). One explicit registration function;
-nothing registers itself at import time."""
+nothing registers itself at import time. Installed packages add types through the
+``epp.plugins`` entry-point group (:mod:`epp.extensions`): each entry point names a
+:class:`PluginType`; a built-in type of the same name wins."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from epp.extensions import ExtensionError, Installed, instance_of
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins import (
     affinity,
@@ -30,9 +33,18 @@ class PluginType:
     summary: str
 
 
+# the plugin types installed packages add
+INSTALLED_PLUGINS: Installed[PluginType] = Installed(
+    "epp.plugins", "plugin type", instance_of(PluginType)
+)
+
+
 class Registry:
-    def __init__(self) -> None:
+    """Registered types first, then ``installed`` ones (none unless given)."""
+
+    def __init__(self, installed: Installed[PluginType] | None = None) -> None:
         self._types: dict[str, PluginType] = {}
+        self._installed = installed
 
     def register(
         self, name: str, kind: Kind, factory: Callable[[Params], Any], summary: str
@@ -43,14 +55,50 @@ class Registry:
 
     def get(self, name: str, where: str) -> PluginType:
         try:
-            return self._types[name]
+            return self.types()[name]
         except KeyError:
+            known = sorted(self.types())
             raise ConfigError(
-                f"{where}: unknown plugin type {name!r}; known types: {sorted(self._types)}"
+                f"{where}: unknown plugin type {name!r}; known types: {known}"
             ) from None
+        except ConfigError as exc:  # an installed type that cannot be loaded
+            raise ConfigError(f"{where}: {exc}") from None
 
-    def types(self) -> dict[str, PluginType]:
-        return dict(self._types)
+    def types(self) -> Mapping[str, PluginType]:
+        """Every type by name; an installed one is loaded when looked up (ConfigError if
+        it cannot be)."""
+        return _Types(self._types, self._installed)
+
+
+class _Types(Mapping[str, PluginType]):
+    def __init__(
+        self, registered: dict[str, PluginType], installed: Installed[PluginType] | None
+    ) -> None:
+        self._registered = registered
+        self._installed = installed
+
+    def __getitem__(self, name: str) -> PluginType:
+        if name in self._registered:
+            return self._registered[name]
+        if self._installed is None or name not in self._installed.names(self._registered):
+            raise KeyError(name)
+        try:
+            return self._installed.load(name)
+        except ExtensionError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def __contains__(self, name: object) -> bool:  # without loading anything
+        return name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def _names(self) -> list[str]:
+        installed = [] if self._installed is None else self._installed.names(self._registered)
+        return [*self._registered, *installed]
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def single_profile_handler(p: Params) -> SingleProfileHandler:

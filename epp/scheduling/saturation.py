@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from epp.scheduling.base import CycleContext
+from epp.scheduling.sections import setting, setting_factory
 from epp.types import EndpointState, Role
 
 PRIORITY_HEADER = "x-gateway-inference-priority"
@@ -14,8 +15,14 @@ OBJECTIVE_HEADER = "x-gateway-inference-objective"
 
 @dataclass(frozen=True)
 class SaturationConfig:
-    queue_threshold: float = 5.0
-    kv_threshold: float = 0.8
+    """When an endpoint counts as saturated (sheddable requests get 429 while the pool is)."""
+
+    queue_threshold: float = setting(
+        5.0, "queueDepthThreshold", "requests waiting at which an endpoint is full", minimum=1e-9
+    )
+    kv_threshold: float = setting(
+        0.8, "kvCacheUtilThreshold", "KV-cache use (0-1) at which an endpoint is full", minimum=1e-9
+    )
 
 
 def endpoint_saturation(ctx: CycleContext, state: EndpointState, cfg: SaturationConfig) -> float:
@@ -39,12 +46,18 @@ def pool_saturated(
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    """Priority from ``x-gateway-inference-priority`` (an integer), else from the
-    objective named in ``x-gateway-inference-objective`` via ``objectives``, else 0.
-    Negative priority is sheddable: 429 while the pool is saturated."""
+    """A request's priority; a negative one is sheddable (429 while the pool is saturated).
 
-    objectives: Mapping[str, int] = field(default_factory=dict)
-    default_priority: int = 0
+    Priority comes from ``x-gateway-inference-priority`` (an integer), else from the
+    objective named in ``x-gateway-inference-objective`` via ``objectives``, else
+    ``defaultPriority``."""
+
+    objectives: Mapping[str, int] = setting_factory(
+        dict, "objectives", f"{OBJECTIVE_HEADER} value -> priority"
+    )
+    default_priority: int = setting(
+        0, "defaultPriority", f"priority without {PRIORITY_HEADER} or a known objective"
+    )
 
 
 def request_priority(headers: Mapping[str, str], cfg: AdmissionConfig) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from epp import argtypes
-from epp.cli import add_log_level
+from epp.logsetup import add_log_level
 from epp.types import Role
 from epp_harness.sim.config import KvConnector, SimConfig, address
 

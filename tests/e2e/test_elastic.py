@@ -187,7 +187,7 @@ def test_killed_server_costs_no_client_error_and_comes_back(stack: LocalStack) -
         back = len(load.results)
         wait_for(lambda: load.served_by(address, since=back), what="traffic again")
     errors = load.errors()
-    # the numbers the README reports (run with -s to see them)
+    # the numbers bench/results/README.md quotes (run with -s to see them)
     print(f"kill test: {len(load.results)} requests, {len(errors)} errors, ", end="")
     print(f"ejected {ejected_after:.3f}s after the kill")
     assert errors == [] and len(load.results) > 50

@@ -105,9 +105,11 @@ class SaturationFilter:
 
 
 def saturation_filter(p: Params) -> SaturationFilter:
+    """Thresholds default to the ``saturationDetector`` section's defaults."""
+    d = SaturationConfig()
     return SaturationFilter(
         SaturationConfig(
-            queue_threshold=p.number("queueThreshold", 5.0, minimum=1e-9),
-            kv_threshold=p.number("kvThreshold", 0.8, minimum=1e-9),
+            queue_threshold=p.number("queueThreshold", d.queue_threshold, minimum=1e-9),
+            kv_threshold=p.number("kvThreshold", d.kv_threshold, minimum=1e-9),
         )
     )

@@ -190,7 +190,7 @@ class PredictedLatencyScorer:
 
 
 def predicted_latency_scorer(p: Params) -> PredictedLatencyScorer:
-    prefix = p._get("prefixPlugin")
+    prefix = p.get("prefixPlugin")
     if prefix is not None and (not isinstance(prefix, str) or not prefix):
         raise ConfigError(f"{p.where}.prefixPlugin: the name of a prefix-cache-scorer plugin")
     return PredictedLatencyScorer(

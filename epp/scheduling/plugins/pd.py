@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from epp.disagg.deciders import Decider, make_decider
 from epp.errors import NoEndpointError
 from epp.scheduling.base import CycleContext, ProfileRunner
+from epp.scheduling.deciders import Decider, make_decider
 from epp.scheduling.params import ConfigError, Params
 from epp.types import EndpointState, SchedulingResult
 

@@ -224,7 +224,7 @@ class PrecisePrefixCacheScorer:
 
 
 def precise_prefix_cache_scorer(p: Params) -> PrecisePrefixCacheScorer:
-    directory = p._get("tokenizer")
+    directory = p.get("tokenizer")
     tokenizer: PromptTokenizer | None = None
     if directory is not None:
         if not isinstance(directory, str) or not directory:
@@ -236,7 +236,7 @@ def precise_prefix_cache_scorer(p: Params) -> PrecisePrefixCacheScorer:
     cpu_weight = p.number("cpuWeight", 0.5, minimum=0.0)
     if cpu_weight > 1:
         raise ConfigError(f"{p.where}.cpuWeight: must be <= 1 (a GPU block counts 1)")
-    fallback = p._get("fallbackPlugin")
+    fallback = p.get("fallbackPlugin")
     if fallback is not None and (not isinstance(fallback, str) or not fallback):
         raise ConfigError(f"{p.where}.fallbackPlugin: the name of a prefix-cache-scorer plugin")
     return PrecisePrefixCacheScorer(
@@ -246,7 +246,7 @@ def precise_prefix_cache_scorer(p: Params) -> PrecisePrefixCacheScorer:
             rebuild_s=p.number("rebuildSeconds", 60.0, minimum=0.0),
         ),
         tokenizer=tokenizer,
-        events=_events(Params(f"{p.where}.kvEvents", p._get("kvEvents"))),
+        events=_events(Params(f"{p.where}.kvEvents", p.get("kvEvents"))),
         max_blocks=p.integer("maxPrefixBlocksToMatch", 512, minimum=1),
         cpu_weight=cpu_weight,
         load_bound=p.number("loadBound", LOAD_BOUND, minimum=0.0),
@@ -261,7 +261,7 @@ def _events(p: Params) -> KvEventsSettings:
         if raw > 65535:
             raise ConfigError(f"{p.where}.{key}: a port 1-65535 (0 = none), got {raw}")
         ports[key] = raw or None
-    topic = p._get("topic")
+    topic = p.get("topic")
     if topic is None:
         topic = ""
     if not isinstance(topic, str):

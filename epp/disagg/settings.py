@@ -1,0 +1,41 @@
+"""The ``disaggregation`` config section: how prefill and decode legs meet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from epp.disagg.coordinators import COORDINATORS
+from epp.scheduling.sections import setting
+
+
+@dataclass(frozen=True)
+class DisaggConfig:
+    """How a disaggregated request's prefill and decode legs meet."""
+
+    coordinator: str = setting(
+        "nixl",
+        "coordinator",
+        "how the legs meet; `epp serve --coordinator` overrides it",
+        choices=COORDINATORS.keys(),
+    )
+    # keep it below Envoy's ext_proc message_timeout (30 s in the shipped configs), or
+    # Envoy fails the request before the EPP can decode alone
+    prefill_timeout_s: float = setting(
+        25.0,
+        "prefillTimeoutSeconds",
+        "the whole prefill leg; past it the request decodes alone",
+        minimum=0.001,
+    )
+    connect_timeout_s: float = setting(
+        1.0,
+        "connectTimeoutSeconds",
+        "reaching the prefill server; past it the request decodes alone",
+        minimum=0.001,
+    )
+    bootstrap_port: int | None = setting(
+        None,
+        "bootstrapPort",
+        "SGLang's bootstrap port on prefill servers; null: the prefill's own port",
+        minimum=1,
+        maximum=65535,
+    )

@@ -1,0 +1,64 @@
+"""The EPP's two ports as one component: the gRPC port (ext_proc, EDS, gRPC health)
+and the HTTP admin port, opened in that order and closed gracefully."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from epp.extproc.transport import Transport
+from epp.health import HealthSetter
+from epp.xds.eds import EdsServer
+
+if TYPE_CHECKING:
+    from epp.extproc.tls import ServerTls
+
+
+class Listeners:
+    def __init__(
+        self,
+        transport: Transport,
+        eds: EdsServer,
+        health: HealthSetter,
+        admin: web.Application,
+        *,
+        host: str,
+        grpc_port: int,
+        http_port: int,
+        tls: ServerTls | None = None,
+        grace_s: float = 10.0,
+        on_listening: Callable[[int, int], None] = lambda grpc, http: None,
+    ) -> None:
+        self._transport = transport
+        self._eds = eds
+        self._health = health
+        self._runner = web.AppRunner(admin, access_log=None)
+        self.host = host
+        self.grpc_port = grpc_port  # the bound ports once started (0 = any free one)
+        self.http_port = http_port
+        self._tls = tls
+        self._grace_s = grace_s
+        self._on_listening = on_listening
+
+    async def start(self) -> None:
+        """Open the gRPC port, then the HTTP port; OSError naming the one that failed."""
+        self.grpc_port = await self._transport.start(self.host, self.grpc_port, self._tls)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.http_port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._transport.stop(0)
+            raise OSError(f"HTTP port {self.host}:{self.http_port}: {exc.strerror}") from None
+        self.http_port = self._runner.addresses[0][1]
+        self._on_listening(self.grpc_port, self.http_port)
+
+    async def stop(self) -> None:
+        """Readiness NOT_SERVING; EDS streams end (Envoy keeps the endpoints it has);
+        open ext_proc streams get the grace to finish; then the HTTP port closes."""
+        await self._health.set_serving(False)
+        self._eds.close()
+        await self._transport.stop(grace=self._grace_s)
+        await self._runner.cleanup()

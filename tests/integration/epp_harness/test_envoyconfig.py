@@ -1,0 +1,70 @@
+"""Every Envoy config we ship or generate is accepted by the real Envoy binary."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epp_harness.envoyconfig import (
+    EXAMPLES,
+    EnvoyOptions,
+    baseline_config,
+    client_routed_config,
+    epp_config,
+    render_example,
+)
+from epp_harness.envoyproc import validate, write_config
+
+ENVOY_DIR = Path(__file__).resolve().parents[3] / "envoy"
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_committed_config_is_current_and_valid(name: str) -> None:
+    path = ENVOY_DIR / name
+    assert path.read_text() == render_example(name), (
+        f"envoy/{name} is stale: run `.venv/bin/python -m epp_harness.envoyconfig envoy/`"
+    )
+    validate(path)
+
+
+def test_generated_configs_are_valid(tmp_path: Path) -> None:
+    opts = EnvoyOptions(listen_port=0, admin_port=0, epp_port=12345, processing="lean")
+    validate(write_config(epp_config(opts), tmp_path / "epp.yaml"))
+    tls = replace(opts, epp_tls=True, cluster="original-dst")
+    validate(write_config(epp_config(tls), tmp_path / "epp-tls.yaml"))
+    base = baseline_config(opts, [("127.0.0.1", 1), ("127.0.0.1", 2)])
+    validate(write_config(base, tmp_path / "base.yaml"))
+    routed = client_routed_config(opts)
+    assert [f["name"] for f in http_filters(routed)] == ["envoy.filters.http.router"]  # no EPP
+    validate(write_config(routed, tmp_path / "client-routed.yaml"))
+
+
+def http_filters(config: dict[str, Any]) -> list[dict[str, Any]]:
+    listener = config["static_resources"]["listeners"][0]
+    hcm: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    filters: list[dict[str, Any]] = hcm["http_filters"]
+    return filters
+
+
+def test_epp_tls_puts_the_epp_cluster_on_unverified_tls() -> None:
+    clusters = {
+        c["name"]: c for c in epp_config(EnvoyOptions(epp_tls=True))["static_resources"]["clusters"]
+    }
+    tls = clusters["epp"]["transport_socket"]["typed_config"]
+    assert tls["@type"].endswith("UpstreamTlsContext")
+    assert tls["common_tls_context"] == {"alpn_protocols": ["h2"]}  # no validation context
+    assert "transport_socket" not in clusters["model_servers"]  # model servers stay plain
+    plain = epp_config(EnvoyOptions())["static_resources"]["clusters"]
+    assert all("transport_socket" not in c for c in plain)
+
+
+def test_invalid_config_is_reported_with_envoys_words(tmp_path: Path) -> None:
+    config = epp_config(EnvoyOptions())
+    config["static_resources"]["clusters"][0]["type"] = "NOT_A_TYPE"
+    from epp_harness.procs import ProcessFailed
+
+    with pytest.raises(ProcessFailed, match="NOT_A_TYPE"):
+        validate(write_config(config, tmp_path / "bad.yaml"))

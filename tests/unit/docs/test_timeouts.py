@@ -1,0 +1,89 @@
+"""docs/timeouts.md quotes every timeout's value; each is set once in the code, and
+this test fails when the page and the code disagree."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from epp import metrics, router
+from epp.cli import build_parser
+from epp.datalayer.settings import DataLayerConfig
+from epp.disagg.settings import DisaggConfig
+from epp.discovery.readiness import ReadinessProbe
+from epp.xds import eds
+from epp_harness import stack
+from epp_harness.envoyconfig import EnvoyOptions, epp_config
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "timeouts.md"
+
+
+def doc_values() -> dict[str, str]:
+    """First column -> value column of the table."""
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[1] and cells[0] not in ("timeout", "---"):
+            rows[cells[0]] = cells[1]
+    return rows
+
+
+def seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+def test_every_value_in_the_table_is_the_codes() -> None:
+    serve = build_parser("serve").parse_args(["serve"])
+    e = EnvoyOptions()
+    expected = {
+        "ext_proc message timeout": seconds(e.message_timeout_s),
+        "EPP unreachable or too slow": str(e.status_on_error),
+        "prefill leg": seconds(DisaggConfig().prefill_timeout_s),
+        "prefill connect": seconds(DisaggConfig().connect_timeout_s),
+        "upstream connect": seconds(e.connect_timeout_s),
+        "per-try idle, non-streaming": seconds(e.first_byte_timeout_s),
+        "per-try idle, streaming": seconds(e.stream_idle_timeout_s),
+        "retries": str(e.destinations),
+        "route timeout": seconds(e.route_timeout_s),
+        "ext_proc graceful close": "1 s",
+        "EDS reconnect": f"{e.eds_retry_base_s:g} s → {e.eds_retry_max_s:g} s",
+        "EDS acknowledgement wait": seconds(eds.EDS_SYNC_WAIT_S),
+        "EDS settle": seconds(router.EDS_SETTLE_S),
+        "scrape": seconds(DataLayerConfig().scrape_timeout_s),
+        "metrics stale after": seconds(DataLayerConfig().stale_after_s),
+        "readiness check": seconds(ReadinessProbe().timeout_s),
+        "drain": seconds(serve.drain_timeout_seconds),
+        "EPP shutdown grace": seconds(serve.shutdown_grace_seconds),
+        "endpoint series after removal": seconds(metrics.SERIES_GRACE_S),
+        "`epp stack` restart backoff": (
+            f"{stack.RESTART_BACKOFF_S:g} s → {stack.MAX_RESTART_BACKOFF_S:g} s"
+        ),
+        "flow-control queue wait": "to come",
+    }
+    assert doc_values() == expected
+
+
+def test_the_nesting_holds_for_the_defaults() -> None:
+    e = EnvoyOptions()
+    assert DisaggConfig().prefill_timeout_s < e.message_timeout_s
+    # the first EDS acknowledgement comes after one reconnect, well within the wait
+    assert e.eds_retry_max_s < eds.EDS_SYNC_WAIT_S < e.message_timeout_s
+    assert e.stream_idle_timeout_s <= e.first_byte_timeout_s < e.route_timeout_s
+    # a scrape may outlast staleAfterSeconds (a busy engine answers /metrics slowly);
+    # what must hold is that the interval stretch leaves room for a failed scrape
+    d = DataLayerConfig()
+    assert d.scrape_interval_s < d.stale_after_s / 2
+    # the drawing's numbers are the table's
+    drawing = DOC.read_text().split("```")[1]
+    for value in (e.route_timeout_s, e.message_timeout_s, e.first_byte_timeout_s):
+        assert re.search(rf"\b{value:g} s\b", drawing)
+
+
+def test_the_generated_route_carries_the_per_try_idle_timeouts() -> None:
+    config = epp_config(EnvoyOptions())
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    routes = hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    idle = [r["route"]["retry_policy"]["per_try_idle_timeout"] for r in routes]
+    e = EnvoyOptions()
+    assert idle == [f"{e.stream_idle_timeout_s:g}s", f"{e.first_byte_timeout_s:g}s"]
+    assert {r["route"]["timeout"] for r in routes} == {f"{e.route_timeout_s:g}s"}

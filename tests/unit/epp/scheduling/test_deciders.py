@@ -1,0 +1,167 @@
+"""The P/D profile handler and its deciders on plain snapshots (default config)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epp.config import build_scheduler, default_yaml
+from epp.errors import NoEndpointError
+from epp.types import Endpoint, EndpointMetrics, EndpointState, InferenceRequest, Role, Snapshot
+
+NOW = 50.0
+LONG = "tell me about the sea. " * 200  # ~1,150 tokens
+SHORT = "hi"
+
+
+def pool(*roles: Role, waiting: float = 0.0) -> Snapshot:
+    states = tuple(
+        EndpointState(
+            Endpoint("10.0.0.1", 8000 + i, role),
+            EndpointMetrics(updated_at=NOW, waiting=waiting, running=0, kv_usage=0.1),
+        )
+        for i, role in enumerate(roles)
+    )
+    return Snapshot(states, {s.address: 0 for s in states})
+
+
+def request(prompt: str) -> InferenceRequest:
+    return InferenceRequest("r", "m", "/v1/completions", prompt=prompt)
+
+
+def scheduler(text: str = ""):  # type: ignore[no-untyped-def]
+    return build_scheduler(text, clock=lambda: NOW)  # empty: the built-in default
+
+
+def test_long_prompt_is_disaggregated_onto_a_prefill_endpoint() -> None:
+    snap = pool(Role.PREFILL, Role.PREFILL, Role.DECODE, Role.DECODE)
+    result = scheduler().schedule(request(LONG), snap, random.Random(1))
+    assert result.decision == "disaggregated"
+    assert result.primary.role is Role.DECODE
+    assert result.prefill is not None and result.prefill.role is Role.PREFILL
+
+
+def test_short_prompt_goes_decode_only() -> None:
+    snap = pool(Role.PREFILL, Role.DECODE)
+    result = scheduler().schedule(request(SHORT), snap, random.Random(1))
+    assert (result.decision, result.prefill) == ("decode-only", None)
+    assert result.primary.role is Role.DECODE
+
+
+def test_prompt_cached_on_the_decode_endpoint_goes_decode_only() -> None:
+    sched = scheduler()
+    snap = pool(Role.PREFILL, Role.DECODE)
+    first = sched.schedule(request(LONG), snap, random.Random(1))
+    assert first.decision == "disaggregated"
+    sched.on_routed(request(LONG), first, snap)  # the decode endpoint now holds the KV
+    again = sched.schedule(request(LONG + " and the sky?"), snap, random.Random(1))
+    assert again.decision == "decode-only"
+    assert again.primary == first.primary
+
+
+def test_no_prefill_server_means_decode_alone_not_an_error() -> None:
+    result = scheduler().schedule(request(LONG), pool(Role.DECODE, Role.DECODE), random.Random(1))
+    assert (result.decision, result.prefill) == ("no-prefill-endpoint", None)
+
+
+def test_a_lone_prefill_decode_endpoint_does_both_itself() -> None:
+    result = scheduler().schedule(request(LONG), pool(Role.BOTH), random.Random(1))
+    assert (result.decision, result.prefill) == ("no-prefill-endpoint", None)
+
+
+def test_no_decode_endpoint_is_503() -> None:
+    with pytest.raises(NoEndpointError, match="after filter 'decode-filter'"):
+        scheduler().schedule(request(LONG), pool(Role.PREFILL), random.Random(1))
+
+
+@pytest.mark.parametrize(
+    ("decider", "prompt", "expected"),
+    [
+        ("always", SHORT, "disaggregated"),
+        ("never", LONG, "decode-only"),
+        ("prefix-based", LONG, "disaggregated"),
+    ],
+)
+def test_deciders_by_name(decider: str, prompt: str, expected: str) -> None:
+    text = default_yaml()
+    if decider != "prefix-based":
+        text = text.replace(
+            "decider: prefix-based\n    nonCachedTokens: 256\n", f"decider: {decider}\n"
+        )
+        assert f"decider: {decider}" in text
+    result = scheduler(text).schedule(
+        request(prompt), pool(Role.PREFILL, Role.DECODE), random.Random(0)
+    )
+    assert result.decision == expected
+
+
+def test_threshold_is_configurable() -> None:
+    text = default_yaml().replace("nonCachedTokens: 256", "nonCachedTokens: 1")
+    result = scheduler(text).schedule(
+        request("abcdefgh"), pool(Role.PREFILL, Role.DECODE), random.Random(0)
+    )
+    assert result.decision == "disaggregated"
+
+
+def test_prefill_prefers_the_shorter_queue() -> None:
+    snap = pool(Role.PREFILL, Role.PREFILL, Role.DECODE)
+    busy = snap.endpoints[0]
+    states = (
+        EndpointState(busy.endpoint, EndpointMetrics(updated_at=NOW, waiting=4, running=0)),
+        *snap.endpoints[1:],
+    )
+    snap = Snapshot(states, snap.in_flight)
+    result = scheduler().schedule(request(LONG), snap, random.Random(0))
+    assert result.prefill == snap.endpoints[1].endpoint
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    roles=st.lists(st.sampled_from(list(Role)), min_size=1, max_size=8),
+    chars=st.integers(min_value=1, max_value=4000),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_targets_always_decode_and_prefill_always_prefills(
+    roles: list[Role], chars: int, seed: int
+) -> None:
+    snap = pool(*roles)
+    try:
+        result = scheduler().schedule(request("x" * chars), snap, random.Random(seed))
+    except NoEndpointError:
+        assert all(r is Role.PREFILL for r in roles)
+        return
+    members = {s.endpoint for s in snap.endpoints}
+    assert all(t in members and t.role in (Role.DECODE, Role.BOTH) for t in result.targets)
+    if result.prefill is not None:
+        assert result.prefill in members and result.prefill.role in (Role.PREFILL, Role.BOTH)
+        assert result.prefill != result.primary
+        assert result.decision == "disaggregated"
+
+
+def test_only_generation_paths_are_disaggregated() -> None:
+    req = InferenceRequest("r", "m", "/v1/embeddings", prompt=LONG)
+    result = scheduler().schedule(req, pool(Role.PREFILL, Role.DECODE), random.Random(0))
+    assert (result.decision, result.prefill) == ("decode-only", None)
+
+
+def test_long_prompt_cached_in_full_is_not_disaggregated_again() -> None:
+    """Longer than the index hashes (256 blocks = 4,096 tokens): the cached *share*
+    decides, so a repeat stays on the decode endpoint that holds it."""
+    huge = "a very long shared document. " * 1400  # ~10,000 tokens
+    sched = scheduler()
+    snap = pool(Role.PREFILL, Role.DECODE)
+    first = sched.schedule(request(huge), snap, random.Random(1))
+    assert first.decision == "disaggregated"
+    sched.on_routed(request(huge), first, snap)
+    assert sched.schedule(request(huge), snap, random.Random(1)).decision == "decode-only"
+
+
+def test_prefill_is_never_the_chosen_decode_endpoint_in_a_mixed_pool() -> None:
+    snap = pool(Role.BOTH, Role.BOTH, Role.BOTH)
+    for seed in range(20):
+        result = scheduler().schedule(request(LONG), snap, random.Random(seed))
+        assert result.decision == "disaggregated"
+        assert result.prefill is not None and result.prefill != result.primary
