@@ -12,7 +12,7 @@ A reload can change ``plugins``, ``schedulingProfiles``, ``saturationDetector``,
 are wired into running tasks at start: a file that changes any of them is rejected as a
 whole (restart to apply it). Plugins whose spec (type, name, parameters) is unchanged
 are kept with what they learned (a prefix index, a session table); plugins that refer
-to others (the P/D handler) are always rebuilt. A changed ``latencyModel`` restarts the
+to others (the P/D handler) are bound again to the new config's plugins. A changed ``latencyModel`` restarts the
 latency model from the new priors. Plugins that read KV events (a precise prefix
 scorer) have subscribers started with them, so adding, removing or changing one is
 also a restart.
@@ -33,7 +33,6 @@ from epp import config
 from epp.datalayer.kvevents import KvEventSource
 from epp.looptask import LoopTask
 from epp.router import Router
-from epp.scheduling.base import ReferencesPlugins
 from epp.scheduling.params import ConfigError
 from epp.scheduling.scheduler import ProfileScheduler
 
@@ -189,7 +188,7 @@ class ConfigReloader:
         keep: dict[str, Any] = {}
         for spec in cfg.plugins:
             instance = old.plugins.get(spec.name)
-            if spec in self.config.plugins and not isinstance(instance, ReferencesPlugins):
+            if spec in self.config.plugins:  # instantiate binds it again
                 keep[spec.name] = instance
         return config.instantiate(
             cfg, config.builtin_registry(), old.clock, reuse=keep, latency=old.latency

@@ -80,12 +80,12 @@ class PrecisePrefixCacheScorer:
         name = self.fallback_plugin or DEFAULT_FALLBACK
         plugin = plugins.get(name)
         if isinstance(plugin, PrefixCacheScorer):
-            self.fallback = plugin
+            self.fallback, self._own_fallback = plugin, False
         elif self.fallback_plugin is not None:
             raise ConfigError(
                 f"{self.where}.fallbackPlugin: {name!r} is not a configured prefix-cache-scorer"
             )
-        else:  # none declared: keep one of our own, fed by on_routed below
+        elif not self._own_fallback:  # none declared: one of our own, fed by on_routed
             self.fallback = prefix_cache_scorer(Params(f"{self.where} (fallback)", {}))
             self._own_fallback = True
 

@@ -107,6 +107,10 @@ def test_a_valid_file_switches_the_router_and_keeps_unchanged_plugins(setup: Set
         (zone_config("b", "dataLayer: {scrapeIntervalSeconds: 1}\n"), "dataLayer changed"),
         (zone_config("b", "disaggregation: {coordinator: kv-pool}\n"), "disaggregation changed"),
         (zone_config("b", "endpoints: [{address: '10.0.0.9:80'}]\n"), "endpoints changed"),
+        (  # its KV-event subscribers start with the process
+            zone_config("b", scorer="precise-prefix-cache-scorer"),
+            "plugin(s) precise-prefix-cache-scorer read KV events and were added",
+        ),
     ],
 )
 def test_a_bad_file_keeps_the_running_config(
@@ -191,3 +195,15 @@ def test_flags_still_override_the_reloaded_file(tmp_path: Path) -> None:
     path.write_text(zone_config("b"))
     assert reloader.reload("test")
     assert reloader.config.disaggregation.coordinator == "kv-pool"
+
+
+def test_an_unchanged_kv_event_plugin_is_kept_through_a_reload(tmp_path: Path) -> None:
+    setup = Setup(tmp_path / "epp.yaml", zone_config("a", scorer="precise-prefix-cache-scorer"))
+    before = setup.scheduler.plugins["precise-prefix-cache-scorer"]
+    setup.path.write_text(zone_config("b", scorer="precise-prefix-cache-scorer"))
+    assert setup.reloader.reload("test")
+    assert setup.routed_to() == ZONE_B.address
+    assert setup.scheduler.plugins["precise-prefix-cache-scorer"] is before
+    setup.path.write_text(zone_config("b"))  # the precise scorer taken out
+    assert not setup.reloader.reload("test")
+    assert setup.scheduler.plugins["precise-prefix-cache-scorer"] is before
