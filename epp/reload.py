@@ -13,9 +13,9 @@ are wired into running tasks at start: a file that changes any of them is reject
 whole (restart to apply it). Plugins whose spec (type, name, parameters) is unchanged
 are kept with what they learned (a prefix index, a session table); plugins that refer
 to others (the P/D handler) are bound again to the new config's plugins. A changed
-``latencyModel`` restarts the latency model from the new priors. Plugins that read KV events (a precise prefix
-scorer) have subscribers started with them, so adding, removing or changing one is
-also a restart.
+``latencyModel`` restarts the latency model from the new priors. Plugins that read KV
+events (a precise prefix scorer) have subscribers started with them, so adding,
+removing or changing one is also a restart.
 """
 
 from __future__ import annotations
