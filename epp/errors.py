@@ -22,6 +22,8 @@ raises on purpose, and one branch of it is what a client may see.
         ├── ScrapeError              (datalayer/scraper.py)      /metrics gave no metrics
         ├── MetricsParseError        (datalayer/prometheus.py)   a malformed /metrics page
         ├── OrcaParseError           (datalayer/orca.py)         a malformed ORCA report
+        ├── KvEventDecodeError       (kvevents/wire.py)          an undecodable KV event
+        ├── TokenizerError           (tokenization.py)           tokenizer files, a template
         └── LegFailed                (disagg/legs.py)            prefill server unreachable
                                                                  or too slow
 

@@ -37,6 +37,8 @@ import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from epp.errors import InternalError
+
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 _SPECIAL = (
@@ -50,7 +52,7 @@ _SPECIAL = (
 )
 
 
-class TokenizerError(ValueError):
+class TokenizerError(InternalError, ValueError):
     """The tokenizer files cannot be used (the message names the file and why)."""
 
 

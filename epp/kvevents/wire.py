@@ -24,6 +24,8 @@ from typing import Any, TypeGuard
 
 import msgspec
 
+from epp.errors import InternalError
+
 # vLLM publishes a block hash as an int (the low 64 bits of its digest); some versions
 # declare bytes. Either is only ever compared for equality here.
 BlockHash = int | bytes
@@ -32,7 +34,7 @@ BlockHash = int | bytes
 END_OF_REPLAY = -1
 
 
-class KvEventDecodeError(ValueError):
+class KvEventDecodeError(InternalError, ValueError):
     """A message that is not a KV-event batch (the text says what is wrong)."""
 
 
