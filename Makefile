@@ -60,6 +60,10 @@ MATRIX_SETTING := --groups 16 --prefix-tokens 1500 --question-tokens 75 225 \
 	--output-tokens 16 48 --skew 1.1 --max-num-seqs 4 --loads 0.4 0.7 0.95 1.2
 MATRIX_POLICIES ?= --policy round-robin --policy least-request --policy default= \
 	--policy "predicted=--config configs/predicted-latency.yaml" --policy ideal-split
+# issue 16: the simulators publish KV events; the approximate prefix index against the
+# precise one (docs/kv-events.md), on the stress setting
+EVENTS_POLICIES ?= --policy round-robin --policy default= \
+	--policy "precise=--config configs/precise-prefix.yaml" --policy ideal-split
 MATRIX_DURATION ?= 20
 MATRIX_CELLS ?= groups:1.6 control:1.6 groups:2.5 multi-turn:1.6
 
@@ -69,6 +73,9 @@ bench-routing: $(STAMP)
 			--duration $(MATRIX_DURATION) --workload $$w --prefix-copies $$c \
 			--name routing-zipf-$$w-kv$$c || exit 1; \
 	done
+	$(BIN)/python -m bench.routing $(MATRIX_SETTING) $(EVENTS_POLICIES) --kv-events \
+		--duration $(MATRIX_DURATION) --workload groups --prefix-copies 1.6 \
+		--name routing-zipf-groups-kv1.6-events
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -100,7 +100,7 @@ import shlex
 import sys
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -119,6 +119,7 @@ from bench.oracle import (
 from bench.routing_report import mean_range, percent, write_results
 from bench.warmth import Visit, WarmTracker
 from bench.workload import (
+    CHARS_PER_TOKEN,
     KINDS,
     SESSION_HEADER,
     Kind,
@@ -276,6 +277,7 @@ class Deployment(LocalStack):
         sim: SimSettings,
         processing: Processing,
         model: str,
+        kv_events: bool = False,
     ) -> None:
         super().__init__(
             StackOptions(
@@ -293,6 +295,7 @@ class Deployment(LocalStack):
                 epp=policy.epp_args is not None,
                 cluster="original-dst" if policy.oracle else "eds",
                 envoy_concurrency=1,
+                kv_events=kv_events,
             )
         )
         self.policy = policy
@@ -498,11 +501,10 @@ async def drive(
     warmup: Cell | None,
     cells: list[Cell],
     drain_timeout: float,
-    block_size: int,
+    warm: WarmTracker,
 ) -> list[dict[str, Any]]:
     rows = []
     oracle = (dep.policy.oracle, dep.sim_addresses) if dep.policy.oracle else None
-    warm = WarmTracker(block_size)
     async with client_session() as session:
         if warmup is not None and warmup.requests:
             print(f"    warmup {warmup.rate:g} req/s for {warmup.duration:g} s", flush=True)
@@ -804,6 +806,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="what Envoy shows the EPP (as epp stack --processing)",
     )
     add(
+        "--kv-events",
+        action="store_true",
+        help="every policy's simulators publish KV events (epp stack --kv-events), for "
+        "policies with a precise-prefix-cache-scorer, e.g. --policy "
+        '"precise=--config configs/precise-prefix.yaml". The simulators then count one '
+        "token per byte, so their block size and prefill cost per token are scaled by "
+        f"{CHARS_PER_TOKEN}: the same blocks and timings as without",
+    )
+    add(
         "--per-request",
         action="store_true",
         help="also write every request's result to NAME_requests.json (~250 KB)",
@@ -903,6 +914,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         itl_ms_per_running_seq=args.itl_ms_per_running_seq,
     )
     estimate = estimated_capacity(spec, args.servers, sim)
+    chars_per_token = CHARS_PER_TOKEN
+    if args.kv_events:  # the simulators' byte tokenizer: the same blocks and prefill cost
+        chars_per_token = 1
+        sim = replace(
+            sim,
+            block_size=sim.block_size * CHARS_PER_TOKEN,
+            prefill_ms_per_token=sim.prefill_ms_per_token / CHARS_PER_TOKEN,
+        )
     prefix_blocks = math.ceil(args.prefix_tokens / args.block_size)
     all_prefixes = args.groups * prefix_blocks
     free = kv_blocks - running_blocks(spec, args.max_num_seqs, args.block_size)
@@ -935,7 +954,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             cell = workload.cell(1.5 * estimate, calibrate_s, args.seed + 2000)
             rr = Policy("calibration", None)
             with Deployment(
-                rr, workdir / "calibration", args.servers, sim, args.processing, spec.model
+                rr,
+                workdir / "calibration",
+                args.servers,
+                sim,
+                args.processing,
+                spec.model,
+                args.kv_events,
             ) as dep:
                 calibrated = run_async(calibrate(dep, cell, mean_range(spec.output_tokens)))
             print(
@@ -953,9 +978,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {policy.name}: {policy.describe()}", flush=True)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "-", policy.name)
         with Deployment(
-            policy, workdir / safe, args.servers, sim, args.processing, spec.model
+            policy, workdir / safe, args.servers, sim, args.processing, spec.model, args.kv_events
         ) as dep:
-            rows += run_async(drive(dep, warmup, cells, args.drain_timeout, args.block_size))
+            warm = WarmTracker(sim.block_size, chars_per_token)
+            rows += run_async(drive(dep, warmup, cells, args.drain_timeout, warm))
     elapsed = time.monotonic() - began
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -984,6 +1010,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "warmup_s": warmup_s,
         "drain_timeout_s": args.drain_timeout,
         "processing": args.processing,
+        "kv_events": args.kv_events,
         "estimated_capacity_rps": round(estimate, 2),
         "calibrated_capacity_rps": None if calibrated is None else round(calibrated, 2),
         "calibrate_s": calibrate_s if calibrated is not None else 0,

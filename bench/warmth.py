@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from bench.workload import CHARS_PER_TOKEN
 
 
-def full_block_tokens(chars: int, block_size: int) -> int:
+def full_block_tokens(chars: int, block_size: int, chars_per_token: int = CHARS_PER_TOKEN) -> int:
     """Tokens in the full KV blocks of a ``chars``-character prefix (what can be cached)."""
-    return chars // (block_size * CHARS_PER_TOKEN) * block_size
+    return chars // (block_size * chars_per_token) * block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +51,11 @@ class WarmCount:
 class WarmTracker:
     """Which prefix keys have been computed so far in one policy's run, and when."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, chars_per_token: int = CHARS_PER_TOKEN) -> None:
+        """``block_size`` in the servers' tokens, ``chars_per_token`` their tokenizer's
+        (4 for the simulator's default rule, 1 for its byte tokenizer)."""
         self.block_size = block_size
+        self.chars_per_token = chars_per_token
         self._computed: dict[str, float] = {}  # key -> earliest first token
 
     def account(self, visits: Sequence[Visit]) -> WarmCount:
@@ -73,6 +76,6 @@ class WarmTracker:
             if chars is None:
                 continue
             warm += 1
-            if v.cached_tokens < full_block_tokens(chars, self.block_size):
+            if v.cached_tokens < full_block_tokens(chars, self.block_size, self.chars_per_token):
                 misses += 1
         return WarmCount(requests, warm, misses)

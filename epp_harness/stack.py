@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import Self
+from typing import Any, Self
+
+import yaml
 
 from epp import argtypes
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
@@ -98,6 +100,10 @@ class StackOptions:
     # per-attempt silence allowed from a model server (docs/timeouts.md)
     first_byte_timeout_s: float = EnvoyOptions.first_byte_timeout_s
     stream_idle_timeout_s: float = EnvoyOptions.stream_idle_timeout_s
+    # the simulators publish KV events (docs/kv-events.md); the EPP gets them as config
+    # endpoints labelled with their publishers, and its precise scorers the simulators'
+    # tokenizer (see kv_events_config)
+    kv_events: bool = False
 
 
 class LocalStack:
@@ -168,6 +174,13 @@ class LocalStack:
             path = write_config(config, self.workdir / "envoy.yaml")
             self.envoy = EnvoyProcess(path, self.workdir, concurrency=o.envoy_concurrency).start()
             return
+        epp_args, endpoint_args = list(o.epp_args), self.endpoint_args
+        if o.kv_events:
+            published = [int(sim.info["kv_events_port"]) for sim in self.sims]
+            epp_args = kv_events_config(
+                epp_args, endpoint_args, published, self.tokenizer_dir, self.workdir
+            )
+            endpoint_args = []
         self.epp = spawn_epp(
             self.workdir,
             "epp",
@@ -180,9 +193,9 @@ class LocalStack:
             o.log_level,
             "--coordinator",
             o.coordinator,
-            *(self.endpoint_args if o.static_endpoints else []),
+            *(endpoint_args if o.static_endpoints else []),
             *(["--tls-self-signed"] if o.epp_tls else []),
-            *o.epp_args,
+            *epp_args,
         )
         info = self.epp.wait_ready()
         self.grpc_port, self.http_port = info["grpc_port"], info["http_port"]
@@ -206,7 +219,16 @@ class LocalStack:
         plan += [
             (f"decode-{i}", "--decode", ["--role", "decode", *connector]) for i in range(o.decode)
         ]
+        if o.kv_events:
+            plan = [(name, flag, [*extra, "--kv-events-port", "0"]) for name, flag, extra in plan]
+            name, flag, extra = plan[0]
+            plan[0] = (name, flag, [*extra, "--write-tokenizer", str(self.tokenizer_dir)])
         return plan
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """Where the first simulator writes its tokenizer (``kv_events`` only)."""
+        return self.workdir / "tokenizer"
 
     def _start_sidecars(self, plan: list[tuple[str, str, list[str]]]) -> None:
         """Register every simulator with the EPP; with the sidecar coordinator a decode
@@ -282,6 +304,50 @@ class LocalStack:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+ROLE_OF_FLAG = {"--endpoint": "decode", "--decode": "decode", "--prefill": "prefill"}
+
+
+def kv_events_config(
+    epp_args: list[str],
+    endpoint_args: list[str],
+    kv_ports: list[int],
+    tokenizer: Path,
+    workdir: Path,
+) -> list[str]:
+    """``epp_args`` with its ``--config FILE`` (none: the built-in default) replaced by a
+    copy that lists the simulators as ``endpoints`` (``endpoint_args``: flag, address
+    pairs in the simulators' order), each labelled ``epp.dev/kv-events`` with its
+    publisher, and gives every ``precise-prefix-cache-scorer`` without a ``tokenizer``
+    the simulators' one. Flags carry no labels, hence the file."""
+    args = list(epp_args)
+    doc: dict[str, Any] = {}
+    if "--config" in args:
+        at = args.index("--config")
+        path = Path(args[at + 1])
+        del args[at : at + 2]
+        loaded = yaml.safe_load(path.read_text())
+        doc = dict(loaded) if isinstance(loaded, dict) else {}
+        if doc.get("endpoints"):
+            raise ProcessFailed(f"{path}: the stack lists the simulators; give no endpoints")
+    for plugin in doc.get("plugins") or []:
+        if isinstance(plugin, dict) and plugin.get("type") == "precise-prefix-cache-scorer":
+            params = plugin.setdefault("parameters", {}) or {}
+            params.setdefault("tokenizer", str(tokenizer))
+            plugin["parameters"] = params
+    pairs = list(zip(endpoint_args[::2], endpoint_args[1::2], strict=True))
+    doc["endpoints"] = [
+        {
+            "address": address,
+            "role": ROLE_OF_FLAG[flag],
+            "labels": {"epp.dev/kv-events": f"{HOST}:{port}"},
+        }
+        for (flag, address), port in zip(pairs, kv_ports, strict=True)
+    ]
+    out = workdir / "epp-config.yaml"
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return [*args, "--config", str(out)]
 
 
 def _pinned(argv: list[str], port: int) -> list[str]:
@@ -386,6 +452,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"per attempt, the longest silence of a model server on {what}; docs/timeouts.md",
         )
     parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the EPP's config file (epp serve --config), e.g. configs/precise-prefix.yaml",
+    )
+    parser.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="the simulators publish KV events; the EPP gets them as config endpoints "
+        "labelled with their publishers and its precise-prefix-cache-scorer the "
+        "simulators' tokenizer (docs/kv-events.md)",
+    )
+    parser.add_argument(
         "--time-scale",
         type=argtypes.non_negative_float,
         default=1.0,
@@ -417,7 +496,12 @@ def run(args: argparse.Namespace) -> int:
         processing=args.processing,
         cluster=args.cluster,
         sim_args=["--time-scale", str(args.time_scale)],
-        epp_args=["--transport", args.transport],
+        epp_args=[
+            "--transport",
+            args.transport,
+            *(["--config", str(args.config)] if args.config else []),
+        ],
+        kv_events=args.kv_events,
         epp_tls=args.epp_tls,
         first_byte_timeout_s=args.first_byte_timeout,
         stream_idle_timeout_s=args.stream_idle_timeout,

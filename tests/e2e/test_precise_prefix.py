@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
 from epp_harness.sim.tokenizer import write_tokenizer_files
 from epp_harness.stack import LocalStack
@@ -139,3 +140,38 @@ def test_a_prefix_moves_with_the_server_that_really_holds_it(tmp_path: Path) -> 
             text = metrics(stack)
             assert sample(text, "epp_kv_event_total", 'kind="decode_errors"') == 0
             assert sample(text, "epp_kv_event_total", 'kind="messages"') >= 4
+
+
+def test_the_stack_wires_kv_events_for_a_shipped_config(tmp_path: Path) -> None:
+    """`epp stack --kv-events --config configs/precise-prefix.yaml`: the simulators
+    publish, the EPP is given each one's publisher and their tokenizer, its index fills
+    from the events, and a repeated prompt stays with its server's cache."""
+    config = Path(__file__).resolve().parents[2] / "configs" / "precise-prefix.yaml"
+    opts = ephemeral(
+        servers=2,
+        kv_events=True,
+        sim_args=["--time-scale", "0"],
+        epp_args=["--config", str(config)],
+        workdir=tmp_path,
+    )
+    with LocalStack(opts) as stack:
+        doc = yaml.safe_load((tmp_path / "epp-config.yaml").read_text())
+        labels = [e["labels"]["epp.dev/kv-events"] for e in doc["endpoints"]]
+        assert labels == [f"127.0.0.1:{s.info['kv_events_port']}" for s in stack.sims]
+        (precise,) = [p for p in doc["plugins"] if p["type"] == "precise-prefix-cache-scorer"]
+        assert (Path(precise["parameters"]["tokenizer"]) / "tokenizer.json").is_file()
+        first, _ = complete(stack.envoy_url, PROMPT)
+        home = next(s for s in stack.sims if s.info["instance"] == first)
+        wait_for(
+            lambda: sample(
+                metrics(stack), "epp_kv_index_blocks", f'endpoint="{home.info["host"]}:'
+                f'{home.info["port"]}"', 'medium="GPU"'
+            ) >= FULL,
+            what="the prompt's blocks in the EPP's index",
+        )  # fmt: skip
+        for question in ("Why?", "When?", "Where?"):
+            again, cached = complete(stack.envoy_url, f"{PROMPT} {question}")
+            assert (again, cached) == (first, FULL * BS)
+        text = metrics(stack)
+        assert sample(text, "epp_kv_index_endpoints", 'state="trusted"') >= 1  # from seq 0
+        assert sample(text, "epp_kv_event_total", 'kind="decode_errors"') == 0
