@@ -7,8 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from epp_harness.procs import ManagedProcess, start_epp
+
+# property tests check results, never speed: a shared machine stalls any test sometimes
+settings.register_profile("epp", deadline=None)
+settings.load_profile("epp")
 
 
 @pytest.fixture
