@@ -140,6 +140,8 @@ class InferenceRequest:
     # latency objectives from the SLO headers (milliseconds), None when not asked
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    # ``model`` names an adapter of the EPP's LoRA catalogue (config ``lora.adapters``)
+    lora_adapter: bool = False
 
     @property
     def prompt_tokens(self) -> int:

@@ -53,7 +53,7 @@ def test_partial_file_keeps_defaults_for_the_rest() -> None:
     assert cfg.data_layer.orca.request_format == "TEXT"
     assert cfg.data_layer.stale_after_s == 2.0
     assert cfg.data_layer.max_scrapes_per_s == 400
-    assert len(cfg.profiles[0].plugins) == 6  # default profiles untouched
+    assert len(cfg.profiles[0].plugins) == 8  # default profiles untouched
     assert cfg.disaggregation.prefill_timeout_s == 25
 
 
