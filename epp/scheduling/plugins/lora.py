@@ -89,8 +89,7 @@ def _reports_lora(ctx: CycleContext) -> bool:
     found = derived.get("lora-reported")
     if found is None:
         found = derived["lora-reported"] = any(
-            s.metrics is not None and s.metrics.max_lora is not None
-            for s in ctx.snapshot.endpoints
+            s.metrics is not None and s.metrics.max_lora is not None for s in ctx.snapshot.endpoints
         )
     return bool(found)
 
