@@ -43,6 +43,7 @@ RESTART_ONLY = (
     ("data_layer", "dataLayer"),
     ("disaggregation", "disaggregation"),
     ("endpoints", "endpoints"),
+    ("lora_placement", "loraPlacement"),
 )
 
 
@@ -175,6 +176,7 @@ class ConfigReloader:
         if cfg.latency != self.config.latency:
             scheduler.latency.reset(cfg.latency)
         self._router.scheduler = scheduler
+        self._router.models = cfg.models
         self.config, self.scheduler = cfg, scheduler
         self._success.inc()
         log.info("config reloaded (%s) from %s:\n%s", why, cfg.source, yaml.rstrip())
