@@ -104,15 +104,17 @@ class AdapterPlacement:
     # -- the request path ---------------------------------------------------------------
 
     def holders(self, adapter: str) -> frozenset[str]:
-        """Addresses of healthy servers that have ``adapter`` (listed, loaded there, or
-        reported running/waiting)."""
+        """Addresses of healthy servers that have ``adapter``: listed there or loaded
+        there by the EPP; for a server not listed yet, reported running or waiting."""
         out = set()
         for s in self._datastore.snapshot().endpoints:
             held = self._held.get(s.address)
+            if held is not None:  # listed: what the EPP knows beats a report that may lag
+                if adapter in held:
+                    out.add(s.address)
+                continue
             m = s.metrics
-            if (held is not None and adapter in held) or (
-                m is not None and (adapter in m.lora_running or adapter in m.lora_waiting)
-            ):
+            if m is not None and (adapter in m.lora_running or adapter in m.lora_waiting):
                 out.add(s.address)
         return frozenset(out)
 
