@@ -75,6 +75,7 @@ class LoraSlots:
         self._waiting: Counter[str] = Counter()
         self._changed: asyncio.Future[None] | None = None
         self.swaps = 0  # adapters that evicted another from a full slot table
+        self.loads = 0  # adapters registered through the runtime API
         # label set (running, waiting) -> when it was last current (wall time)
         self._series: dict[tuple[str, str], float] = {}
         self._current = ("", "")
@@ -88,6 +89,7 @@ class LoraSlots:
                 400, f"The lora adapter '{name}' has already been loaded.", INVALID_USER_INPUT
             )
         self.registered[name] = path
+        self.loads += 1
 
     def unload(self, name: str) -> None:
         if name not in self.registered:

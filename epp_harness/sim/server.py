@@ -236,6 +236,10 @@ class SimServer:
                 **dataclasses.asdict(self.handoff.counters),
                 "kv_blocks_held": self.handoff.holds.blocks_held,
                 "bootstrap_rooms": len(self.handoff.rooms),
+                # LoRA: runtime loads, and adapters that evicted another from a full slot
+                # table (0 without --enable-lora)
+                "lora_loads": self.lora.loads if self.lora is not None else 0,
+                "lora_swaps": self.lora.swaps if self.lora is not None else 0,
             }
         )
 

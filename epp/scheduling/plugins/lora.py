@@ -21,12 +21,13 @@ candidate and the scorer gives every one 0, so picks are those of the other plug
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from enum import IntEnum
 
 from epp.scheduling.base import CycleContext
 from epp.scheduling.params import Params
-from epp.types import EndpointMetrics, EndpointState
+from epp.types import EndpointMetrics, EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 
 class Tier(IntEnum):
@@ -83,13 +84,17 @@ def _tiers(ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[Tier 
 
 
 def _reports_lora(ctx: CycleContext) -> bool:
+    return _snapshot_reports_lora(ctx.snapshot)
+
+
+def _snapshot_reports_lora(snapshot: Snapshot) -> bool:
     """Whether any endpoint of the snapshot has reported LoRA state (once per snapshot:
     a pool without LoRA pays one lookup per request)."""
-    derived = ctx.snapshot.derived
+    derived = snapshot.derived
     found = derived.get("lora-reported")
     if found is None:
         found = derived["lora-reported"] = any(
-            s.metrics is not None and s.metrics.max_lora is not None for s in ctx.snapshot.endpoints
+            s.metrics is not None and s.metrics.max_lora is not None for s in snapshot.endpoints
         )
     return bool(found)
 
@@ -122,16 +127,27 @@ class LoraAffinityScorer:
     wait, plus ``swapSeconds`` where the adapter has to evict another): scores in
     [2/3, 1] for the active group, [1/3, 2/3) for the next, (0, 1/3) for the full, 0
     without LoRA state; with enough weight it decides alone. 0 everywhere when
-    inactive."""
+    inactive.
+
+    A server lists only the adapters its requests are using, not those idle in its
+    slots; so this scorer also remembers, per endpoint, the last ``max_lora`` distinct
+    adapters it routed there (an approximate slot table, as the prefix index is for
+    cached prompts). In the middle group, an endpoint that probably still holds the
+    adapter (no swap) ranks above those that do not, whatever their wait.
+    """
 
     def __init__(self, swap_s: float, wait_scale_s: float) -> None:
         self.swap_s = swap_s
         self.wait_scale_s = wait_scale_s
+        # address -> adapters routed there, least recently first (at most its max_lora)
+        self._recent: dict[str, OrderedDict[str, None]] = {}
+        self._version = -1
 
     def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
         found = tiers(ctx, candidates)
         if found is None:
             return [0.0] * len(candidates)
+        model = ctx.request.model
         in_flight = ctx.snapshot.in_flight
         metrics = ctx.fresh_metrics(candidates)
         out = []
@@ -142,10 +158,33 @@ class LoraAffinityScorer:
             wait = ctx.latency.predict(s, m, in_flight.get(s.address, 0), 0).wait_s
             if t is Tier.FULL:
                 wait += self.swap_s
-            # 1 at no wait, towards 0 as the wait grows; kept below 1 inside a group
+            # 1 at no wait, towards 0 as the wait grows
             closeness = 1.0 / (1.0 + wait / self.wait_scale_s)
-            out.append((GROUP[t] + 0.999 * closeness) / 3.0)
+            recent = self._recent.get(s.address)
+            warm = t is Tier.ACTIVE or (recent is not None and model in recent)
+            out.append((GROUP[t] + 0.5 * warm + 0.499 * closeness) / 3.0)
         return out
+
+    def on_routed(
+        self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
+    ) -> None:
+        model = request.model
+        if model is None or not _snapshot_reports_lora(snapshot):
+            return
+        if snapshot.version != self._version:  # membership changed: forget removed ones
+            self._version = snapshot.version
+            live = {s.address for s in snapshot.endpoints}
+            self._recent = {a: r for a, r in self._recent.items() if a in live}
+        address = result.primary.address
+        state = snapshot.state(address)
+        m = state.metrics if state is not None else None
+        if m is None or m.max_lora is None:
+            return
+        recent = self._recent.setdefault(address, OrderedDict())
+        recent[model] = None
+        recent.move_to_end(model)
+        while len(recent) > max(m.max_lora, 0):
+            recent.popitem(last=False)
 
 
 def lora_affinity_scorer(p: Params) -> LoraAffinityScorer:

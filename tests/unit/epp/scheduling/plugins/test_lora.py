@@ -173,3 +173,26 @@ def test_the_prefix_index_keys_by_adapter() -> None:
     )  # fmt: skip
     assert scorer.score(same, states)[0] == 1.0
     assert list(scorer.score(other, states)) == [0.0, 0.0]
+
+
+def test_the_scorer_remembers_where_an_idle_adapter_probably_still_sits() -> None:
+    """Servers list only adapters in use: once sql's requests end on port 2, both ports
+    look alike (free slots); the scorer remembers it routed sql to port 2 last, so sql
+    goes back there (no swap) even though port 2 is a little busier."""
+    scorer = lora.lora_affinity_scorer(P)
+    states = [
+        state(1, max_lora=2, lora_running=frozenset(), running=0, waiting=0),
+        state(2, max_lora=2, lora_running=frozenset(), running=1, waiting=1),
+    ]
+    c = ctx(states, flagged=True)
+    before = scorer.score(c, states)
+    assert before[0] > before[1]  # nothing remembered: the idle one
+    scorer.on_routed(c.request, SchedulingResult((states[1].endpoint,)), c.snapshot)
+    after = scorer.score(ctx(states, flagged=True), states)
+    assert after[1] > after[0]
+    # it keeps only max_lora adapters per endpoint: two others push sql out
+    for other in ("x", "y"):
+        r = InferenceRequest("r", other, "/v1/completions", lora_adapter=True)
+        scorer.on_routed(r, SchedulingResult((states[1].endpoint,)), c.snapshot)
+    again = scorer.score(ctx(states, flagged=True), states)
+    assert again[0] > again[1]
