@@ -227,9 +227,10 @@ def run_policy(name: str, s: Settings, workdir: Path) -> Result:
     )
 
 
-def write(name: str, s: Settings, results: list[Result], label: str) -> None:
+def write(name: str, s: Settings, results: list[Result], label: str, note: str) -> None:
     meta = {
         "label": label,
+        "note": note,
         "settings": asdict(s),
         "machine": machine_description(),
         "git": git_state(),
@@ -258,6 +259,8 @@ def write(name: str, s: Settings, results: list[Result], label: str) -> None:
             f"| {r.loads_per_100:.1f} | {r.all_swaps + r.all_runtime_loads} "
             f"| {r.ttft_p50_ms:.0f} | {r.ttft_p90_ms:.0f} | {r.ttft_p99_ms:.0f} | {ratio} |"
         )
+    if note:
+        lines += ["", note]
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
@@ -275,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--label", default="full run", help="what kind of run this is, shown in the result"
     )
+    parser.add_argument("--note", default="", help="a paragraph added under the table")
     args = parser.parse_args(argv)
     s = Settings(
         adapters=args.adapters, servers=args.servers, max_loras=args.max_loras,
@@ -286,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_policy(policy, s, workdir)
         print(json.dumps(asdict(result)), flush=True)
         results.append(result)
-    write(args.name, s, results, args.label)
+    write(args.name, s, results, args.label, args.note)
     print(f"wrote {RESULTS / args.name}.{{json,md}}")
     return 0
 
