@@ -10,10 +10,10 @@ the new config. On any error the previous config keeps running, the error is log
 A reload can change ``plugins``, ``schedulingProfiles``, ``saturationDetector``,
 ``admission``, ``latencyModel`` and ``models``. ``dataLayer``, ``disaggregation``,
 ``endpoints`` and ``loraPlacement`` are wired into running tasks at start: a file that
-changes any of them is rejected as a whole (restart to apply it). Plugins whose spec (type, name, parameters) is unchanged
-are kept with what they learned (a prefix index, a session table); plugins that refer
-to others (the P/D handler) are always rebuilt. A changed ``latencyModel`` restarts the
-latency model from the new priors.
+changes any of them is rejected as a whole (restart to apply it). Plugins whose spec
+(type, name, parameters) is unchanged are kept with what they learned (a prefix index,
+a session table); plugins that refer to others (the P/D handler) are always rebuilt. A
+changed ``latencyModel`` restarts the latency model from the new priors.
 """
 
 from __future__ import annotations
