@@ -145,10 +145,15 @@ def test_a_model_nobody_serves_is_a_404_naming_it(registered: LocalStack) -> Non
 
 
 def test_a_rewrite_header_sends_the_request_to_the_adapter(registered: LocalStack) -> None:
-    status, _, body = complete(
+    status, instance, body = complete(
         registered.envoy_url, "anything", **{"x-llm-d-model-name-rewrite": "chat"}
     )
     assert status == 200 and body["model"] == "chat"
+    url = next(u for u, p in zip(registered.sim_urls, registered.sims, strict=True)
+               if p.info["instance"] == instance)  # fmt: skip
+    seen = get_json(f"{url}/sim/last-request")
+    assert seen["body"]["model"] == "chat"  # the body was rewritten
+    assert "x-llm-d-model-name-rewrite" not in seen["headers"]  # and the header removed
 
 
 # -- placement: adapters loaded on demand -----------------------------------------------------
