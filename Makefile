@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-kv-events bench-routing clean
+.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-kv-events bench-routing \
+	bench-lora clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +29,7 @@ test: lint typecheck
 
 # All benchmarks (~50 minutes); results land in bench/results/, and its README.md (the one
 # page that quotes figures) is rewritten from them last.
-bench: bench-overhead bench-decision bench-scrape bench-kv-events bench-routing
+bench: bench-overhead bench-decision bench-scrape bench-kv-events bench-routing bench-lora
 	$(BIN)/python -m bench.results_index
 
 bench-overhead: $(STAMP)
@@ -44,6 +45,10 @@ bench-scrape: $(STAMP)
 # KV events (docs/kv-events.md): index update and lookup cost, tokenization (~10 s)
 bench-kv-events: $(STAMP)
 	$(BIN)/python -m bench.kv_events
+
+# LoRA adapter churn, round robin vs the EPP (on-demand loading off and on), ~3 minutes
+bench-lora: $(STAMP)
+	$(BIN)/python -m bench.lora
 
 # Issue 13's matrix (~8 minutes per workload and KV size with five policies at 20 s per
 # rate): 16 groups of 1,500-token system prompts, 75-225-token questions, 16-48 output

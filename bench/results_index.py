@@ -25,6 +25,7 @@ TARGET_ADDED_MS = 5.0  # added latency for 220 KB prompts at concurrency 20
 TARGET_DECISION_P99_US = 1000.0  # one scheduling cycle at 1,000 endpoints
 TARGET_P90_VS_RR = 1 / 3  # p90 TTFT vs round robin at 0.7 load, Zipf groups, 1.6 copies
 TARGET_WARM_MISS = 0.10  # warm-miss rate at every load
+TARGET_LORA_VS_RR = 0.5  # adapter loads per 100 requests and TTFT p90 vs round robin
 NONE = "\N{EN DASH}"  # an empty table cell
 MATRIX = "routing-zipf-"  # issue 13's matrix and its companions
 
@@ -110,6 +111,13 @@ BENCHMARKS = [
         "already prefilled, the share whose `usage.prompt_tokens_details.cached_tokens` "
         "show they paid that prefill again; `bench/warmth.py`), CPU; each file's reading "
         "gives every p90 as a multiple of the oracle's and round robin's.",
+    ),
+    (
+        "lora",
+        "LoRA adapter churn (`bench/lora.py`): 8 adapters with Zipf popularity over 4 "
+        "simulators with 2 adapter slots each (100 ms swap), Poisson arrivals; adapter "
+        "loads per 100 requests (slot swaps + runtime loads) and TTFT of round robin, "
+        "the EPP with adapters registered everywhere, and the EPP loading them on demand",
     ),
 ]
 
@@ -402,6 +410,7 @@ def targets_section() -> list[str]:
                 verdict(worst <= TARGET_WARM_MISS),
             ]
         )
+    rows += lora_targets()
     return [
         "## Targets",
         "",
@@ -417,6 +426,49 @@ def benchmarks_table() -> list[str]:
     return table(["benchmark", "run it", "what it measures"], rows, right_from=9)
 
 
+def lora_targets() -> list[list[str]]:
+    """Issue 20: adapter loads per 100 requests and TTFT p90 at most half round robin's."""
+    results = {r["policy"]: r for r in load("lora")["results"]}
+    rr = results["round-robin"]
+    rows = []
+    for policy, r in results.items():
+        if policy == "round-robin":
+            continue
+        loads = r["loads_per_100"] / rr["loads_per_100"]
+        p90 = r["ttft_p90_ms"] / rr["ttft_p90_ms"]
+        rows.append(
+            [
+                f"adapter loads / 100 requests and TTFT p90 ≤ {TARGET_LORA_VS_RR:g}x round "
+                "robin's (LoRA churn)",
+                f"lora ({load('lora')['meta']['label'].split(':')[0]}): {policy}",
+                f"loads {loads:.2f}x, p90 {p90:.2f}x",
+                verdict(loads <= TARGET_LORA_VS_RR and p90 <= TARGET_LORA_VS_RR),
+            ]
+        )
+    return rows
+
+
+def lora_section() -> list[str]:
+    data = load("lora")
+    meta = data["meta"]
+    rows = [
+        [
+            r["policy"],
+            f"{r['loads_per_100']:.1f}",
+            f"{r['ttft_p50_ms']:.0f}",
+            f"{r['ttft_p90_ms']:.0f}",
+            f"{r['ttft_p99_ms']:.0f}",
+        ]
+        for r in data["results"]
+    ]
+    header = ["policy", "loads / 100 req", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms"]
+    lines = ["## LoRA adapter churn", "", f"### {link('lora')}: {meta['label']}", ""]
+    lines += table(header, rows)
+    if meta.get("note"):
+        lines += ["", meta["note"]]
+    return lines
+
+
 def render() -> str:
     intro, outro = INTRO.split("{benchmarks}\n")
     sections = [
@@ -426,6 +478,7 @@ def render() -> str:
         decision_section(),
         scrape_section(),
         routing_section(),
+        lora_section(),
         ["## Other measurements", "", *[f"- {m}" for m in OTHER_MEASUREMENTS]],
     ]
     return "\n\n".join("\n".join(s) for s in sections) + "\n"

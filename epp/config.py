@@ -26,6 +26,8 @@ from epp.addresses import parse_address
 from epp.datalayer.engines import ENGINES
 from epp.datalayer.settings import DataLayerConfig
 from epp.disagg.settings import DisaggConfig
+from epp.modelnames import ModelsConfig
+from epp.placement import PlacementConfig
 from epp.scheduling import defaults
 from epp.scheduling.base import ReferencesPlugins, RoutingObserver
 from epp.scheduling.latency import LatencyModel, LatencyPriors
@@ -88,6 +90,10 @@ class EppConfig:
     )
     disaggregation: DisaggConfig = field(
         default_factory=DisaggConfig, metadata=section_key("disaggregation")
+    )
+    models: ModelsConfig = field(default_factory=ModelsConfig, metadata=section_key("models"))
+    lora_placement: PlacementConfig = field(
+        default_factory=PlacementConfig, metadata=section_key("loraPlacement")
     )
     # static endpoints (beside `epp serve --decode/--prefill` flags and discovery)
     endpoints: tuple[Endpoint, ...] = ()

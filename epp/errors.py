@@ -9,9 +9,12 @@ raises on purpose, and one branch of it is what a client may see.
     │   ├── BadRequestError          400 invalid_request_error   the request cannot be parsed
     │   │   └── BadInput             400 (admin/instances.py)    a bad /instances body
     │   ├── BodyTooLargeError        413 invalid_request_error
+    │   ├── ModelNotFoundError       404 invalid_request_error   a model nobody serves
     │   ├── ShedError                429 rate_limit_exceeded     admission shed it
     │   ├── NoEndpointError          503 service_unavailable     no endpoint can serve it
-    │   └── PrefillRejectedError     400-451 as the prefill server answered, with its body
+    │   ├── PrefillRejectedError     400-451 as the prefill server answered, with its body
+    │   └── PlacementError           (placement.py)              a server refused a LoRA
+    │                                                            load or unload: its status
     └── InternalError                never shown to a client as it is: logged, counted
         ├── ConfigError              (scheduling/params.py)      config file or parameters
         ├── ExtensionError           (extensions.py)             an installed plugin
@@ -77,6 +80,14 @@ class BadRequestError(ClientVisibleError):
 
 class BodyTooLargeError(ClientVisibleError):
     status = 413
+    error_type = "invalid_request_error"
+
+
+class ModelNotFoundError(ClientVisibleError):
+    """The request names a model the gateway knows nobody serves (models.baseModels and
+    models.adapters both set, the model in neither)."""
+
+    status = 404
     error_type = "invalid_request_error"
 
 

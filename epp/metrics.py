@@ -142,6 +142,25 @@ class EppMetrics:
             ["prediction"],
             registry=self.registry,
         )
+        self.lora_loads = Counter(
+            "epp_lora_adapter_loads",
+            "LoRA adapters the EPP asked a server to load (placement or admin API), by "
+            "result (ok, failed).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.lora_unloads = Counter(
+            "epp_lora_adapter_unloads",
+            "LoRA adapters the EPP asked a server to unload (least recently used, or admin "
+            "API), by result (ok, failed).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.lora_waited = Counter(
+            "epp_lora_requests_waited_for_load",
+            "Requests that waited for their adapter to be loaded before being routed.",
+            registry=self.registry,
+        )
         self.config_reloads = Counter(
             "epp_config_reloads",
             "Reloads of the --config file (on SIGHUP or a changed file), by result: "

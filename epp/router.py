@@ -22,6 +22,8 @@ from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
 from epp.errors import ClientVisibleError
 from epp.metrics import EppMetrics
+from epp.modelnames import ModelsConfig, Resolved, resolve
+from epp.placement import AdapterPlacement
 from epp.scheduling.base import Scheduler
 from epp.scheduling.latency import Dispatch
 from epp.types import InferenceRequest, SchedulingResult
@@ -76,6 +78,8 @@ class Router:
         coordinator: Coordinator | None = None,
         outcomes: EndpointOutcomes | None = None,
         envoy_sync: EnvoySync | None = None,
+        models: ModelsConfig | None = None,
+        placement: AdapterPlacement | None = None,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -90,10 +94,35 @@ class Router:
         self.outcomes = outcomes
         # EDS: whether Envoy has this process's endpoints yet (None: never wait)
         self.envoy_sync = envoy_sync
+        # rewrites and the adapter catalogue (replaced on a config reload)
+        self.models = models or ModelsConfig()
+        # loads adapters where none is (None: placement off)
+        self.placement = placement
         self._routed = metrics.requests.labels("routed")
         self._forwarded = metrics.requests.labels("forwarded")
         self._orca_ok = metrics.orca_reports.labels("header", "ok")
         self._orca_malformed = metrics.orca_reports.labels("header", "malformed")
+
+    def resolve(self, request: InferenceRequest, doc: Mapping[str, Any] | None) -> Resolved:
+        """The request's model rewritten and checked against the adapter catalogue
+        (epp.modelnames); ModelNotFoundError for a model nobody serves."""
+        return resolve(self.models, request, doc, self.rng)
+
+    def place(self, request: InferenceRequest) -> InferenceRequest | Awaitable[InferenceRequest]:
+        """With placement on, a catalogued adapter's request narrowed to the servers that
+        hold it, after a load when none does (then awaitable)."""
+        placement = self.placement
+        if placement is None or not request.lora_adapter or request.model is None:
+            return request
+        holders = placement.holders(request.model)
+        if holders:
+            return _within(request, holders)
+        return self._place_after_load(placement, request, request.model)
+
+    async def _place_after_load(
+        self, placement: AdapterPlacement, request: InferenceRequest, adapter: str
+    ) -> InferenceRequest:
+        return _within(request, await placement.ensure(adapter))
 
     def route(self, request: InferenceRequest, max_destinations: int = 1) -> Routed:
         """Schedule ``request``; the result names at most ``max_destinations`` targets
@@ -109,6 +138,8 @@ class Router:
             self._forwarded.inc()
         else:
             self.scheduler.on_routed(request, result, snapshot)
+            if request.lora_adapter and self.placement is not None:
+                self.placement.routed(request.model, result.primary.address)
             self.metrics.scheduling_seconds.observe(time.perf_counter() - start)
             self._routed.inc()
             if result.decision:
@@ -126,12 +157,18 @@ class Router:
         return Routed(result, ticket, dispatch=dispatch)
 
     def hand_off(
-        self, routed: Routed, request: InferenceRequest, doc: Mapping[str, Any]
+        self,
+        routed: Routed,
+        request: InferenceRequest,
+        doc: Mapping[str, Any],
+        rewritten: bool = False,
     ) -> DecodeLeg | Awaitable[DecodeLeg] | None:
         """The decode leg: from the coordinator when the request is disaggregated, else
         None (the body goes as sent), unless the client sent P/D fields of its own,
-        which are dropped."""
+        which are dropped, or ``doc`` is a rewritten body (a new model name)."""
         clean = without_pd_fields(doc)
+        if clean is None and rewritten:
+            clean = dict(doc)
         prefill = routed.result.prefill
         if prefill is None or self.coordinator is None:
             return None if clean is None else DecodeLeg(doc=clean)
@@ -206,3 +243,9 @@ class Router:
         )
         if error is not None:
             self.metrics.ttft_error.observe(error)
+
+
+def _within(request: InferenceRequest, holders: frozenset[str]) -> InferenceRequest:
+    """``request`` picked only among ``holders`` (inside the proxy's subset, if any)."""
+    subset = holders if request.subset is None else request.subset & holders
+    return replace(request, subset=subset)

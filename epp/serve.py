@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epp import argtypes, config, lifecycle, membershipflags
-from epp.admin.auth import API_KEY_ENV
+from epp.admin.auth import API_KEY_ENV, ApiKeyAuth
 from epp.admin.http import make_admin_app
 from epp.admin.instances import add_status_routes
+from epp.admin.lora import add_lora_routes
 from epp.datalayer.ejection import Ejector
 from epp.datalayer.engines import engine_names
 from epp.datalayer.kvevents import kv_event_subscribers
@@ -43,6 +44,7 @@ from epp.listeners import Listeners
 from epp.logsetup import add_log_level
 from epp.membershipflags import MembershipOptions
 from epp.metrics import EppMetrics
+from epp.placement import AdapterPlacement
 from epp.reload import DEFAULT_POLL_S, ConfigFile, ConfigReloader
 from epp.router import Router
 from epp.scheduling.params import ConfigError
@@ -250,6 +252,9 @@ def build(
         )
     )
     envoy_sync = EnvoySync()
+    placement = AdapterPlacement(
+        cfg.lora_placement, lambda: router.models.adapters, datastore, metrics
+    )
     router = Router(
         datastore,
         scheduler,
@@ -260,6 +265,8 @@ def build(
         coordinator=coordinator,
         outcomes=ejector,
         envoy_sync=envoy_sync,
+        models=cfg.models,
+        placement=placement if cfg.lora_placement.enabled else None,
     )
     reloader = ConfigReloader(
         config_file or ConfigFile(None),
@@ -282,6 +289,13 @@ def build(
     readiness = ReadinessGate(health)
     admin = make_admin_app(datastore, metrics, ready=health.serving)
     add_status_routes(admin, datastore, ejector.state, scheduler.latency)
+    add_lora_routes(
+        admin,
+        placement,
+        datastore,
+        lambda: router.models.adapters,
+        ApiKeyAuth(opts.membership.admin_api_key),
+    )
     ctx = DiscoveryContext(
         datastore,
         names,
@@ -312,6 +326,7 @@ def build(
         Step("legs", on_stop=legs.close),
         Step("coordinator", on_stop=coordinator.close),
         Step("readiness-probe", on_stop=probe.stop),
+        Step("lora-placement", on_stop=placement.stop),
         Step("ejector", ejector.start, ejector.stop),
         Step("names", names.start, names.stop),
         *_data_layer(datastore, metrics, dl, ejector),

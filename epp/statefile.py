@@ -1,10 +1,11 @@
 """``--state-file``: the instances added at runtime, kept across EPP restarts.
 
 The file is JSON, ``{"version": 1, "instances": [{"instance": "ip:port", "type":
-"decode"}, ...]}`` (an instance added by host name is kept as ``name:port``, so a restart
-looks it up again), replaced atomically on every change (write to a temporary file, then
-rename), so a crash never leaves half a file. A file that cannot be read or parsed is
-reported and ignored: the EPP starts with its static endpoints rather than not at all.
+"decode", "engine": "vllm"}, ...]}`` (``engine`` missing: ``dataLayer.engine``; an
+instance added by host name is kept as ``name:port``, so a restart looks it up again),
+replaced atomically on every change (write to a temporary file, then rename), so a
+crash never leaves half a file. A file that cannot be read or parsed is reported and
+ignored: the EPP starts with its static endpoints rather than not at all.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ VERSION = 1
 def save(path: Path, endpoints: list[Endpoint]) -> None:
     doc = {
         "version": VERSION,
-        "instances": [{"instance": e.name or e.address, "type": e.role.value} for e in endpoints],
+        "instances": [
+            {"instance": e.name or e.address, "type": e.role.value, "engine": e.engine}
+            for e in endpoints
+        ],
     }
     try:
         write_ready(path, doc)  # the same atomic JSON write as ready files
@@ -64,8 +68,11 @@ def _parse(data: bytes, engine: str) -> list[Endpoint]:
                 raise ValueError("not an object with an 'instance' string")
             host, port = parse_address(item["instance"])
             role = Role.parse(str(item.get("type", "decode")))
+            kept = item.get("engine", engine)
+            if not isinstance(kept, str) or not kept:
+                raise ValueError(f"'engine' must be a non-empty string, got {kept!r}")
         except ValueError as exc:
             log.error("state file: skipping entry %r: %s", item, exc)
             continue
-        endpoints.append(Endpoint(host, port, role, engine=engine))
+        endpoints.append(Endpoint(host, port, role, engine=kept))
     return endpoints

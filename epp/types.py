@@ -143,6 +143,8 @@ class InferenceRequest:
     # the decoded JSON body, for plugins that need what the fields above leave out (the
     # precise prefix-cache scorer tokenizes `prompt` or `messages` as the engine does)
     body: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    # ``model`` names an adapter of the EPP's LoRA catalogue (config ``lora.adapters``)
+    lora_adapter: bool = False
 
     @property
     def prompt_tokens(self) -> int:

@@ -4,7 +4,9 @@
 
 Bodies follow the vllm-ascend elastic proxies: ``{"type": "prefill" | "decode" |
 "prefill-decode", "instance": "host:port"}`` or ``"instances": ["host:port", ...]`` (a
-single string is accepted too); a host may be an IP or a name. Every bad input gets a
+single string is accepted too); a host may be an IP or a name. An optional ``"engine":
+"vllm" | "sglang" | "trtllm"`` (or an installed dialect) says whose metric names the
+servers speak (default: ``dataLayer.engine``). Every bad input gets a
 400 naming the field and the problem. Answers carry both proxies' message forms: the
 list form of the vllm-ascend load-balance proxy (``message``) and the per-instance lines
 of its elastic proxy example (``instance_messages``).
@@ -24,6 +26,7 @@ from epp.addresses import is_ip, join, parse_address
 from epp.admin.auth import ApiKeyAuth
 from epp.admin.replies import error, ok
 from epp.datalayer.ejection import FailureState
+from epp.datalayer.engines import ENGINES
 from epp.datastore import Datastore, Member, Status
 from epp.discovery.names import NameResolver, ResolveError
 from epp.discovery.runtime import Outcome, RuntimeMembership
@@ -60,6 +63,7 @@ def parse_body(raw: bytes, engine: str = "vllm") -> tuple[Role, list[Endpoint]]:
         raise BadInput("invalid_type", f"'type': {exc}") from None
     if ("instance" in doc) == ("instances" in doc):
         raise BadInput("missing_instance", "give exactly one of 'instance' or 'instances'")
+    engine = _engine(doc.get("engine", engine))
     given = doc.get("instance", doc.get("instances"))
     items = [given] if isinstance(given, str) else given
     if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
@@ -68,6 +72,14 @@ def parse_body(raw: bytes, engine: str = "vllm") -> tuple[Role, list[Endpoint]]:
             "'instances' must be a 'host:port' string or a non-empty list of them",
         )
     return role, [_endpoint(i, role, engine) for i in items]
+
+
+def _engine(value: object) -> str:
+    """The optional ``engine`` field: whose metric names the servers speak."""
+    if not isinstance(value, str) or value not in ENGINES:
+        known = ", ".join(sorted(ENGINES))
+        raise BadInput("invalid_engine", f"'engine' must be one of {known}, got {value!r}")
+    return value
 
 
 def _endpoint(text: str, role: Role, engine: str) -> Endpoint:

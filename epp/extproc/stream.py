@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -27,15 +27,18 @@ from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
+from epp.modelnames import REWRITE_HEADERS
 from epp.requestparse import parse_request
 from epp.router import Routed, Router
+from epp.types import InferenceRequest
 from epp.usage import find_usage, keep_tail
 
 log = logging.getLogger(__name__)
 
 # Client-sent routing headers are never trusted: only the EPP sets them.
 _STRIPPED_PREFIX = "x-gateway-destination-endpoint"
-_STRIPPED_EXACT = frozenset({"x-prefiller-host-port", messages.STREAM_HEADER})
+# the model-name rewrite headers are the EPP's to act on, not the model server's
+_STRIPPED_EXACT = frozenset({"x-prefiller-host-port", messages.STREAM_HEADER, *REWRITE_HEADERS})
 _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BUFFERED
 _EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
@@ -236,13 +239,53 @@ class ExtProcStream:
             return self._route_when_synced(sync.wait(), body, end_of_stream)
         req = self._req
         request, doc = parse_request(req.request_id, req.headers, body, req.subset)
+        resolved = self._router.resolve(request, doc)  # model rewrites, adapter catalogue
+        if resolved.doc is not None:
+            doc = resolved.doc
+        placed = self._router.place(resolved.request)  # an adapter loaded first?
+        if not isinstance(placed, InferenceRequest):
+            return self._schedule_after(placed, doc, resolved.doc is not None, body, end_of_stream)
+        return self._schedule(placed, doc, resolved.doc is not None, body, end_of_stream)
+
+    def _schedule(
+        self,
+        request: InferenceRequest,
+        doc: dict[str, Any] | None,
+        rewritten: bool,
+        body: bytes | None,
+        end_of_stream: bool,
+    ) -> Replies:
+        req = self._req
         routed = self._router.route(request, self._max_destinations)
         req.routed = routed
         req.stream = request.stream
-        leg = self._router.hand_off(routed, request, doc) if doc is not None else None
+        leg = None
+        if doc is not None:
+            leg = self._router.hand_off(routed, request, doc, rewritten)
         if leg is None or isinstance(leg, DecodeLeg):
             return self._forward(body, end_of_stream, leg)
         return self._forward_after(leg, body, end_of_stream)
+
+    async def _schedule_after(
+        self,
+        placed: Awaitable[InferenceRequest],
+        doc: dict[str, Any] | None,
+        rewritten: bool,
+        body: bytes | None,
+        end_of_stream: bool,
+    ) -> list[ProcessingResponse]:
+        """Schedule once the request's adapter is loaded (epp.placement)."""
+        try:
+            request = await placed
+            if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
+                return []
+            replies = self._schedule(request, doc, rewritten, body, end_of_stream)
+            return replies if isinstance(replies, list) else await replies
+        except ClientVisibleError as error:
+            return [self._reject(error)]
+        except Exception:
+            log.exception("request %s: internal error placing its adapter", self._req.request_id)
+            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
 
     async def _route_when_synced(
         self, synced: Awaitable[None], body: bytes | None, end_of_stream: bool

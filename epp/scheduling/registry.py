@@ -16,6 +16,7 @@ from epp.scheduling.plugins import (
     filters,
     latency,
     load,
+    lora,
     pd,
     pickers,
     precise,
@@ -111,7 +112,7 @@ def register_builtin_plugins(registry: Registry) -> Registry:
     r("prefill-filter", "filter", filters.prefill_filter, "endpoints that can prefill")
     r("role-filter", "filter", filters.role_filter, "endpoints whose role is in `roles`")
     r("label-selector-filter", "filter", filters.label_selector_filter, "by `matchLabels`")
-    r("lora-affinity-filter", "filter", filters.lora_capacity_filter, "LoRA capacity")
+    r("lora-affinity-filter", "filter", lora.lora_affinity_filter, "adapter active, else a slot")
     r("saturation-filter", "filter", filters.saturation_filter, "drop saturated endpoints")
     r("queue-scorer", "scorer", load.queue_scorer, "shorter engine queue")
     r("running-requests-scorer", "scorer", load.running_requests_scorer, "smaller batch")
@@ -130,7 +131,7 @@ def register_builtin_plugins(registry: Registry) -> Registry:
         latency.predicted_latency_scorer,
         "lowest predicted time to first token",
     )
-    r("lora-affinity-scorer", "scorer", affinity.lora_affinity_scorer, "adapter loaded")
+    r("lora-affinity-scorer", "scorer", lora.lora_affinity_scorer, "adapter tier, then wait")
     r("orca-scorer", "scorer", affinity.orca_scorer, "lower ORCA utilisation")
     r("session-affinity-scorer", "scorer", affinity.session_affinity_scorer, "same session")
     r("single-profile-handler", "handler", single_profile_handler, "run the first profile")

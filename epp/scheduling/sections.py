@@ -6,7 +6,8 @@ From that one declaration come the defaults (the dataclass's own), the reader
 the built-in default config and its documentation are generated from
 (:func:`render_section`). Field types understood: ``bool``, ``int``, ``float``,
 ``str`` (optionally one of ``choices``), ``int | None`` (null has a meaning),
-``Mapping[str, int]`` and a nested section (:func:`section_key`).
+``tuple[str, ...]``, ``Mapping[str, str]``, ``Mapping[str, int]``, ``Mapping[str,
+Mapping[str, int]]`` (weights) and a nested section (:func:`section_key`).
 """
 
 from __future__ import annotations
@@ -98,6 +99,12 @@ def _read(p: Params, s: Setting, hint: Any, default: Any) -> Any:
         return p.string(s.key, default, choices=tuple(s.choices))
     if hint == int | None:
         return p.optional_integer(s.key, default, minimum=_int(lo) or 0, maximum=_int(hi))
+    if hint == tuple[str, ...]:
+        return p.strings(s.key, default)
+    if hint == Mapping[str, str]:
+        return p.mapping(s.key) if p.get(s.key) is not None else default
+    if hint == Mapping[str, Mapping[str, int]]:
+        return _weights(p, s.key, default)
     if typing.get_origin(hint) is Mapping and typing.get_args(hint) == (str, int):
         value = p.get(s.key)
         if value is None:
@@ -109,6 +116,31 @@ def _read(p: Params, s: Setting, hint: Any, default: Any) -> Any:
             raise ConfigError(f"{p.where}.{s.key}: expected name -> integer, got {value!r}")
         return dict(value)
     raise TypeError(f"setting {s.key!r}: unsupported type {hint!r}")
+
+
+def _weights(p: Params, key: str, default: Any) -> Any:
+    """``name -> {target: weight}``: each target map non-empty, weights >= 0, one > 0."""
+    value = p.get(key)
+    if value is None:
+        return default
+    where = f"{p.where}.{key}"
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected name -> {{target: weight}}, got {value!r}")
+    out = {}
+    for name, targets in value.items():
+        ok = isinstance(name, str) and name and isinstance(targets, Mapping) and targets
+        if not ok or not all(
+            isinstance(t, str) and t and isinstance(w, int) and not isinstance(w, bool) and w >= 0
+            for t, w in targets.items()
+        ):
+            raise ConfigError(
+                f"{where}.{name}: expected a non-empty map of target name -> integer weight "
+                f">= 0, got {targets!r}"
+            )
+        if not any(targets.values()):
+            raise ConfigError(f"{where}.{name}: at least one weight must be above 0")
+        out[name] = dict(targets)
+    return out
 
 
 def _int(bound: float | None) -> int | None:

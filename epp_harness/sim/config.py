@@ -10,6 +10,9 @@ from epp.types import Role
 # The simulator's one tokenizer rule: a token is about 4 characters of text.
 CHARS_PER_TOKEN = 4
 
+# the metric names /metrics can speak (epp.datalayer.engines has the same three)
+METRICS_DIALECTS = ("vllm", "sglang", "trtllm")
+
 
 def address(host: str, port: int) -> str:
     """``host:port``, IPv6 hosts bracketed."""
@@ -70,6 +73,13 @@ class SimConfig:
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
     kv_events_topic: str = ""
+    # LoRA (epp_harness.sim.lora): on with enable_lora, as vLLM's --enable-lora
+    enable_lora: bool = False
+    max_loras: int = 1  # GPU adapter slots (vLLM's default)
+    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, path) registered at start
+    lora_swap_ms: float = 50.0  # cost of evicting an adapter from a full slot table
+    # whose metric names /metrics uses: vllm | sglang | trtllm (epp_harness.sim.metrics)
+    metrics_dialect: str = "vllm"
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -81,13 +91,14 @@ class SimConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, got {self.port}")
         self._check_disaggregation()
-        for name in ("kv_events_port", "kv_events_replay_port"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value <= 65535:
-                raise ValueError(f"{name} must be 0-65535, got {value}")
-        if self.kv_events_replay_port is not None and self.kv_events_port is None:
-            raise ValueError("kv_events_replay_port needs kv_events_port (--kv-events-port)")
-        for name in ("max_num_seqs", "kv_blocks", "block_size", "default_max_tokens"):
+        if self.metrics_dialect not in METRICS_DIALECTS:
+            raise ValueError(
+                f"metrics_dialect must be one of {', '.join(METRICS_DIALECTS)}, "
+                f"got {self.metrics_dialect!r}"
+            )
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("lora_modules (--lora-modules) need enable_lora (--enable-lora)")
+        for name in ("max_num_seqs", "max_loras", "kv_blocks", "block_size", "default_max_tokens"):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -100,6 +111,7 @@ class SimConfig:
             "kv_hold_seconds",
             "bootstrap_timeout_seconds",
             "kv_transfer_ms_per_token",
+            "lora_swap_ms",
         ):
             value = getattr(self, name)
             # `not value >= 0` also rejects NaN.

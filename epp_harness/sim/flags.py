@@ -7,7 +7,8 @@ import argparse
 from epp import argtypes
 from epp.logsetup import add_log_level
 from epp.types import Role
-from epp_harness.sim.config import KvConnector, SimConfig, address
+from epp_harness.sim.config import METRICS_DIALECTS, KvConnector, SimConfig, address
+from epp_harness.sim.lora import parse_lora_module
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,8 +100,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve ORCA OpenRcaService/StreamCoreMetrics (gRPC) on this port "
         "(0 = pick a free one; not given = off)",
     )
+    add(
+        "--metrics-dialect",
+        type=str.lower,
+        choices=list(METRICS_DIALECTS),
+        default=d.metrics_dialect,
+        help="whose metric names /metrics uses: vLLM's, SGLang's or TensorRT-LLM's "
+        "(queue, running batch, KV usage, cache geometry, TTFT)",
+    )
     _add_disaggregation_arguments(parser, d)
     _add_kv_event_arguments(parser, d)
+    _add_lora_arguments(parser, d)
     add_log_level(parser)
 
 
@@ -143,6 +153,41 @@ def _add_kv_event_arguments(parser: argparse.ArgumentParser, d: SimConfig) -> No
         help="write the simulator's tokenizer as tokenizer.json and tokenizer_config.json "
         "(with its chat template) into DIR at start, for the EPP's precise-prefix-cache-"
         "scorer `tokenizer` parameter",
+    )
+
+
+def _add_lora_arguments(parser: argparse.ArgumentParser, d: SimConfig) -> None:
+    group = parser.add_argument_group(
+        "LoRA adapters", "as vLLM serves them (docs/lora.md): requests name an adapter as model"
+    )
+    add = group.add_argument
+    add(
+        "--enable-lora",
+        action="store_true",
+        help="serve LoRA adapters: /v1/load_lora_adapter, /v1/unload_lora_adapter, "
+        "adapters in /v1/models, vllm:lora_requests_info",
+    )
+    add(
+        "--max-loras",
+        type=argtypes.positive_int,
+        default=d.max_loras,
+        help="adapters that can be active at once (GPU slots); a request whose adapter "
+        "finds every slot busy with others waits",
+    )
+    add(
+        "--lora-modules",
+        nargs="+",
+        type=argtypes.checked(parse_lora_module),
+        default=[],
+        metavar="NAME=PATH",
+        help="adapters registered at start (implies --enable-lora)",
+    )
+    add(
+        "--lora-swap-ms",
+        type=argtypes.non_negative_float,
+        default=d.lora_swap_ms,
+        help="time an adapter takes to enter a full slot table (evicting the least "
+        "recently used idle one), scaled by --time-scale",
     )
 
 
@@ -232,4 +277,9 @@ def config_from_args(args: argparse.Namespace, port: int) -> SimConfig:
         kv_events_port=args.kv_events_port,
         kv_events_replay_port=args.kv_events_replay_port,
         kv_events_topic=args.kv_events_topic,
+        enable_lora=args.enable_lora or bool(args.lora_modules),
+        max_loras=args.max_loras,
+        lora_modules=tuple(args.lora_modules),
+        lora_swap_ms=args.lora_swap_ms,
+        metrics_dialect=args.metrics_dialect,
     )

@@ -1,4 +1,5 @@
-"""vLLM-named Prometheus metrics for one simulator, on a registry of its own.
+"""vLLM-named Prometheus metrics for one simulator, on a registry of its own (or
+SGLang's / TensorRT-LLM's names for the routing signals: epp_harness.sim.dialects).
 
 Gauges and counters are read from the engine when scraped, so they always show the
 live state and cost nothing per request; only the TTFT histogram is observed as
@@ -16,8 +17,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from epp_harness.sim.dialects import DIALECTS
 from epp_harness.sim.engine import Engine
 from epp_harness.sim.handoff import SimHandoff
+from epp_harness.sim.lora import LoraSlots
 
 # vLLM's buckets for vllm:time_to_first_token_seconds.
 TTFT_BUCKETS = (
@@ -43,12 +46,25 @@ def _counter(name: str, doc: str, model: list[str], value: float) -> CounterMetr
     return family
 
 
+def _lora_info(lora: LoraSlots) -> GaugeMetricFamily:
+    """vLLM's LoRA gauge: a series per state, valued when it was last current."""
+    family = GaugeMetricFamily(
+        "vllm:lora_requests_info",
+        "Running stats on lora requests.",
+        labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+    )
+    for running, waiting, at in lora.info_series():
+        family.add_metric([str(lora.max_loras), running, waiting], at)
+    return family
+
+
 class _EngineCollector(Collector):
     """Reads the engine's live state and counters at scrape time."""
 
-    def __init__(self, engine: Engine, handoff: SimHandoff) -> None:
+    def __init__(self, engine: Engine, handoff: SimHandoff, lora: LoraSlots | None) -> None:
         self._engine = engine
         self._handoff = handoff
+        self._lora = lora
 
     def collect(self) -> Iterable[Metric]:
         engine, config = self._engine, self._engine.config
@@ -63,20 +79,28 @@ class _EngineCollector(Collector):
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             return _counter(name, doc, model, value)
 
-        yield gauge("vllm:num_requests_running", "Requests in model execution.", engine.running)
-        yield gauge("vllm:num_requests_waiting", "Requests waiting to run.", engine.waiting)
+        names = DIALECTS[config.metrics_dialect]
+        lora = self._lora
+        # requests held back for an adapter slot wait in the engine's queue in vLLM
+        waiting = engine.waiting + (lora.waiting_requests if lora is not None else 0)
+        yield gauge(names.running, "Requests in model execution.", engine.running)
+        yield gauge(names.waiting, "Requests waiting to run.", waiting)
         yield gauge(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            engine.kv_cache_usage,
+            names.kv_usage, "KV-cache usage. 1 means 100 percent usage.", engine.kv_cache_usage
         )
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "Information of the KV cache config.",
-            labels=["model_name", "block_size", "num_gpu_blocks"],
-        )
-        info.add_metric([config.model, str(config.block_size), str(config.kv_blocks)], 1.0)
-        yield info
+        if names.cache_config is not None:
+            info = GaugeMetricFamily(
+                names.cache_config,
+                "Information of the KV cache config.",
+                labels=["model_name", names.block_size_label, names.num_blocks_label],
+            )
+            info.add_metric([config.model, str(config.block_size), str(config.kv_blocks)], 1.0)
+            yield info
+        yield from self._handoff_metrics()
+        if config.metrics_dialect != "vllm":
+            return
+        if lora is not None:
+            yield _lora_info(lora)
         yield counter(
             "vllm:prompt_tokens", "Prefill tokens processed.", counters.prompt_tokens_total
         )
@@ -102,7 +126,6 @@ class _EngineCollector(Collector):
             "Prefix-cache hits, in cached tokens.",
             counters.prefix_cache_hits_tokens,
         )
-        yield from self._handoff_metrics()
 
     def _handoff_metrics(self) -> Iterable[Metric]:
         config, handoffs = self._engine.config, self._handoff.counters
@@ -124,10 +147,10 @@ class _EngineCollector(Collector):
 class SimMetrics:
     """The simulator's registry: a TTFT histogram now, the engine's state once attached."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, dialect: str = "vllm") -> None:
         self.registry = CollectorRegistry()
         histogram = Histogram(
-            "vllm:time_to_first_token_seconds",
+            DIALECTS[dialect].ttft,
             "Histogram of time to first token in seconds.",
             ["model_name"],
             buckets=TTFT_BUCKETS,
@@ -138,9 +161,9 @@ class SimMetrics:
     def observe_ttft(self, seconds: float) -> None:
         self._ttft.observe(seconds)
 
-    def attach(self, engine: Engine, handoff: SimHandoff) -> None:
-        """Expose ``engine``'s and ``handoff``'s gauges and counters (call once)."""
-        self.registry.register(_EngineCollector(engine, handoff))
+    def attach(self, engine: Engine, handoff: SimHandoff, lora: LoraSlots | None = None) -> None:
+        """Expose ``engine``'s, ``handoff``'s and ``lora``'s gauges and counters (once)."""
+        self.registry.register(_EngineCollector(engine, handoff, lora))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of everything registered."""

@@ -8,6 +8,7 @@ without ``stream: true`` is rejected (the reason P/D prefill rewrites must drop 
 from __future__ import annotations
 
 import os
+from collections.abc import Container
 from dataclasses import dataclass
 from enum import StrEnum
 from http import HTTPStatus
@@ -32,10 +33,11 @@ class ApiKind(StrEnum):
 class SimError(Exception):
     """An error answered to the client as vLLM does: ``{"error": {...}}`` with a status."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, err_type: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.err_type = err_type  # vLLM's own type for some errors ("InvalidUserInput")
 
     def body(self) -> dict[str, Any]:
         # vLLM names the type after the status ("BadRequestError", "NotFoundError") and
@@ -44,7 +46,7 @@ class SimError(Exception):
         return {
             "error": {
                 "message": self.message,
-                "type": f"{phrase}Error",
+                "type": self.err_type or f"{phrase}Error",
                 "param": None,
                 "code": self.status,
             }
@@ -166,11 +168,13 @@ def parse_request(
     served_model: str,
     default_max_tokens: int,
     request_id: str | None = None,
+    adapters: Container[str] = (),
 ) -> GenerationRequest:
     """Validate a raw request body; raise SimError (400 / 404) when it cannot be served.
 
     ``request_id`` (the client's ``x-request-id``) becomes the response id's suffix, as
-    in vLLM; without it a random one is made.
+    in vLLM; without it a random one is made. ``adapters``: LoRA adapter names also
+    served.
     """
     try:
         body = orjson.loads(raw)
@@ -181,7 +185,7 @@ def parse_request(
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("`model` is required and must be a non-empty string")
-    if model != served_model:
+    if model != served_model and model not in adapters:
         raise SimError(404, f"The model `{model}` does not exist.")
     token_ids: tuple[int, ...] | None = None
     if kind is ApiKind.CHAT:

@@ -1,6 +1,8 @@
 """The simulator's HTTP surface: an aiohttp app serving vLLM's API plus test hooks.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+with ``--enable-lora`` ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``
+(epp_harness.sim.lora),
 ``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /reset_prefix_cache``,
 for tests ``GET /sim/stats``,
 ``GET /sim/last-request`` and ``POST /sim/faults``, and for P/D handoffs between
@@ -30,6 +32,7 @@ from epp_harness.sim.engine import Engine, PromptReport
 from epp_harness.sim.handoff import Plan, SimHandoff
 from epp_harness.sim.kv_events import KvEventPublisher
 from epp_harness.sim.kv_routes import KvRoutes
+from epp_harness.sim.lora import LoraRoutes, adapter_cards, lora_slots
 from epp_harness.sim.metrics import METRICS_CONTENT_TYPE, SimMetrics
 from epp_harness.sim.protocol import MAX_TOKENS_LIMIT, ApiKind, SimError, parse_request
 from epp_harness.sim.responses import error_response, json_response
@@ -77,7 +80,7 @@ class SimServer:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
-        self.metrics = SimMetrics(config.model)
+        self.metrics = SimMetrics(config.model, config.metrics_dialect)
         # KV events: bound by `epp sim` (cli), which starts it once the loop runs
         self.kv_events = (
             None if config.kv_events_port is None else KvEventPublisher(config.kv_events_topic)
@@ -86,7 +89,8 @@ class SimServer:
             config, on_first_token=self.metrics.observe_ttft, kv_events=self.kv_events
         )
         self.handoff = SimHandoff(config, self.engine)
-        self.metrics.attach(self.engine, self.handoff)
+        self.lora = lora_slots(config)
+        self.metrics.attach(self.engine, self.handoff, self.lora)
         self.last_request: LastRequest | None = None
         # fault injection for tests: /metrics answers 503 while set (see /sim/faults)
         self.metrics_down = False
@@ -119,6 +123,7 @@ class SimServer:
                 served_model=self.config.model,
                 default_max_tokens=self.config.default_max_tokens,
                 request_id=request.headers.get("x-request-id"),
+                adapters=self.lora.registered if self.lora is not None else (),
             )
         except SimError as exc:
             return error_response(exc)
@@ -147,9 +152,11 @@ class SimServer:
         tokens = self.engine.generate(
             plan.req, received_tokens=plan.received_tokens, arrival=arrival, report=report
         )
-        if plan.after_prefill is None:  # most requests: no extra generator per token
-            return tokens
-        return _after_first(tokens, plan.after_prefill)
+        if plan.after_prefill is not None:
+            tokens = _after_first(tokens, plan.after_prefill)
+        if self.lora is not None and plan.req.model != self.config.model:
+            tokens = self.lora.hold(plan.req.model, tokens)  # an adapter: needs a slot
+        return tokens
 
     def _cached(self, report: PromptReport) -> int | None:
         """``cached_tokens`` for ``usage``: None unless prompt token details are on."""
@@ -201,7 +208,10 @@ class SimServer:
         return resp
 
     async def models(self, request: web.Request) -> web.Response:
-        body = responses.models_list(self.config.model, responses.now_created(), MAX_TOKENS_LIMIT)
+        created = responses.now_created()
+        body = responses.models_list(self.config.model, created, MAX_TOKENS_LIMIT)
+        if self.lora is not None:
+            body["data"].extend(adapter_cards(self.lora, self.config.model, created))
         return json_response(body)
 
     async def tokenize(self, request: web.Request) -> web.Response:
@@ -253,6 +263,10 @@ class SimServer:
                 **dataclasses.asdict(self.handoff.counters),
                 "kv_blocks_held": self.handoff.holds.blocks_held,
                 "bootstrap_rooms": len(self.handoff.rooms),
+                # LoRA: runtime loads, and adapters that evicted another from a full slot
+                # table (0 without --enable-lora)
+                "lora_loads": self.lora.loads if self.lora is not None else 0,
+                "lora_swaps": self.lora.swaps if self.lora is not None else 0,
             }
         )
 
@@ -321,5 +335,7 @@ def make_app(config: SimConfig) -> web.Application:
     app.router.add_get("/sim/last-request", server.last_request_info)
     app.router.add_post("/sim/faults", server.faults)
     KvRoutes(server.handoff).add_to(app)
+    if server.lora is not None:
+        LoraRoutes(server.lora).add_to(app)
     app.on_cleanup.append(server.close)
     return app

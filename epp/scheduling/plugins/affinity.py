@@ -1,4 +1,4 @@
-"""Scorers for affinity that is not load: LoRA adapters, ORCA metrics, sessions."""
+"""Scorers for affinity that is not load: ORCA metrics, sessions (LoRA: lora.py)."""
 
 from __future__ import annotations
 
@@ -8,34 +8,6 @@ from collections.abc import Sequence
 from epp.scheduling.base import CycleContext
 from epp.scheduling.params import Params
 from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
-
-
-def lora_affinity(ctx: CycleContext, s: EndpointState) -> float | None:
-    """1.0 adapter active, 0.8 a free adapter slot, 0.6 adapter queued, 0.0 otherwise;
-    None when the endpoint reports no LoRA state (or stale)."""
-    m = ctx.metrics(s)
-    model = ctx.request.model
-    if m is None or m.max_lora is None or model is None:
-        return None
-    if model in m.lora_running:
-        return 1.0
-    if len(m.lora_running) < m.max_lora:
-        return 0.8
-    if model in m.lora_waiting:
-        return 0.6
-    return 0.0
-
-
-class LoraAffinityScorer:
-    """Prefers endpoints with the request's adapter (``model``) loaded. Consumes:
-    ``vllm:lora_requests_info``. Endpoints without LoRA state score 0."""
-
-    def score(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[float]:
-        return [lora_affinity(ctx, s) or 0.0 for s in candidates]
-
-
-def lora_affinity_scorer(p: Params) -> LoraAffinityScorer:
-    return LoraAffinityScorer()
 
 
 class OrcaScorer:

@@ -1,4 +1,4 @@
-"""Filters: narrow candidates by role, labels, LoRA capacity or saturation."""
+"""Filters: narrow candidates by role, labels or saturation (LoRA: lora.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import select, snapshot_columns
 from epp.scheduling.params import ConfigError, Params
-from epp.scheduling.plugins.affinity import lora_affinity
 from epp.scheduling.saturation import SaturationConfig, endpoint_saturation
 from epp.types import EndpointState, Role
 
@@ -73,24 +72,6 @@ class LabelSelectorFilter:
 
 def label_selector_filter(p: Params) -> LabelSelectorFilter:
     return LabelSelectorFilter(p.mapping("matchLabels"))
-
-
-class LoraCapacityFilter:
-    """Keeps endpoints that have the requested adapter loaded or queued, or a free
-    adapter slot, or report no LoRA state. If that leaves nothing, keeps all: an
-    adapter can always be swapped in, slowly."""
-
-    def filter(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[EndpointState]:
-        kept = []
-        for s in candidates:
-            affinity = lora_affinity(ctx, s)
-            if affinity is None or affinity > 0.0:
-                kept.append(s)
-        return kept or list(candidates)
-
-
-def lora_capacity_filter(p: Params) -> LoraCapacityFilter:
-    return LoraCapacityFilter()
 
 
 class SaturationFilter:

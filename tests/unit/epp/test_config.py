@@ -27,13 +27,15 @@ def test_default_config_is_complete() -> None:
     assert weights["queue-scorer"] == 2
     assert weights["kv-cache-utilization-scorer"] == 2
     assert weights["prefix-cache-scorer"] == 3
+    assert weights["lora-affinity-scorer"] == 4  # inactive without LoRA state
     # prefill favours cache hits and short queues; KV headroom matters where tokens decode
     assert "kv-cache-utilization-scorer" not in {r.plugin for r in prefill.plugins}
     assert cfg.saturation.queue_threshold == 5 and cfg.saturation.kv_threshold == 0.8
     assert cfg.data_layer.scrape_interval_s == 0.05 and cfg.data_layer.stale_after_s == 2.0
     assert cfg.disaggregation.coordinator == "nixl"
     sched = config.instantiate(cfg, config.builtin_registry())
-    assert [o.__class__.__name__ for o in sched.observers] == ["PrefixCacheScorer"]
+    names = [o.__class__.__name__ for o in sched.observers]
+    assert names == ["PrefixCacheScorer", "LoraAffinityScorer"]
     assert sched.handler.__class__.__name__ == "PDProfileHandler"
 
 
@@ -53,7 +55,7 @@ def test_partial_file_keeps_defaults_for_the_rest() -> None:
     assert cfg.data_layer.orca.request_format == "TEXT"
     assert cfg.data_layer.stale_after_s == 2.0
     assert cfg.data_layer.max_scrapes_per_s == 400
-    assert len(cfg.profiles[0].plugins) == 6  # default profiles untouched
+    assert len(cfg.profiles[0].plugins) == 8  # default profiles untouched
     assert cfg.disaggregation.prefill_timeout_s == 25
 
 

@@ -91,6 +91,13 @@ def test_a_valid_file_switches_the_router_and_keeps_unchanged_plugins(setup: Set
     assert (setup.count("success"), setup.count("failure")) == (1, 0)
 
 
+def test_models_are_applied_on_reload(setup: Setup) -> None:
+    assert setup.router.models.rewrites == {}
+    setup.path.write_text(zone_config("a", "models: {rewrites: {m: {m-v2: 1}}}\n"))
+    assert setup.reloader.reload("test")
+    assert setup.router.models.rewrites == {"m": {"m-v2": 1}}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -111,6 +118,7 @@ def test_a_valid_file_switches_the_router_and_keeps_unchanged_plugins(setup: Set
             zone_config("b", scorer="precise-prefix-cache-scorer"),
             "plugin(s) precise-prefix-cache-scorer read KV events and were added",
         ),
+        (zone_config("b", "loraPlacement: {enabled: true}\n"), "loraPlacement changed"),
     ],
 )
 def test_a_bad_file_keeps_the_running_config(

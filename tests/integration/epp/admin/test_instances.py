@@ -61,7 +61,8 @@ def test_runtime_instances_survive_a_restart(tmp_path: Path, sim: str) -> None:
         assert status == 200 and body["current_prefill_instances"] == [sim]
     finally:
         proc.stop()
-    assert json.loads(state.read_text())["instances"] == [{"instance": sim, "type": "prefill"}]
+    saved = json.loads(state.read_text())["instances"]
+    assert saved == [{"instance": sim, "type": "prefill", "engine": "vllm"}]
     proc = serve(tmp_path, *flags)
     try:
         _, doc = call(proc, "/status", {})

@@ -307,3 +307,58 @@ def test_prometheus_client_exposition_round_trips(waiting: list[int], kv: float)
     assert m.waiting == sum(waiting)
     assert m.kv_usage is not None and math.isclose(m.kv_usage, kv, abs_tol=1e-12)
     assert m.running is None
+
+
+def lora_page(*series: tuple[str, str, str, str]) -> str:
+    """A page with vllm:num_requests_waiting and these lora_requests_info series
+    (max_lora, running, waiting, value)."""
+    lines = [
+        "# TYPE vllm:num_requests_waiting gauge",
+        'vllm:num_requests_waiting{model_name="m"} 0.0',
+        "# TYPE vllm:lora_requests_info gauge",
+    ]
+    lines += [
+        f'vllm:lora_requests_info{{max_lora="{m}",running_lora_adapters="{r}",'
+        f'waiting_lora_adapters="{w}"}} {v}'
+        for m, r, w, v in series
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_lora_info_the_newest_series_wins_even_when_it_is_empty() -> None:
+    # an idle server: its newest state lists nothing; older busy states stay on the page
+    page = lora_page(
+        ("2", "a,b", "c", "1.7e9"),
+        ("2", "", "", "1.7000005e9"),  # newest: idle
+        ("2", "a", "", "1.7000001e9"),
+    )
+    m = parse_metrics(page, VLLM, now=1.0)
+    assert m.lora_running == frozenset() and m.lora_waiting == frozenset()
+    assert m.max_lora == 2  # LoRA state known: slots free
+
+
+def test_lora_info_lists_trim_spaces_and_skip_empty_names() -> None:
+    page = lora_page(("4", " a, b ,,c ", ",", "5"))
+    m = parse_metrics(page, VLLM, now=1.0)
+    assert m.lora_running == frozenset({"a", "b", "c"}) and m.lora_waiting == frozenset()
+
+
+def test_lora_info_with_a_bad_max_lora_keeps_the_lists_without_a_slot_count() -> None:
+    page = lora_page(("None", "a", "", "5"), ("-1", "b", "", "4"))
+    m = parse_metrics(page, VLLM, now=1.0)
+    assert m.lora_running == frozenset({"a"}) and m.max_lora is None
+
+
+def test_without_lora_info_nothing_is_reported() -> None:
+    m = parse_metrics(lora_page(), VLLM, now=1.0)
+    assert m.max_lora is None and m.lora_running == frozenset()
+
+
+def test_the_simulators_lora_info_reads_as_its_current_state() -> None:
+    """What epp sim emits (epp_harness.sim.metrics) parses to its state: slots known."""
+    from epp_harness.sim.config import SimConfig
+    from epp_harness.sim.server import SimServer
+
+    server = SimServer(SimConfig(enable_lora=True, max_loras=3, lora_modules=(("a", "/a"),)))
+    m = parse_metrics(server.metrics.render().decode(), VLLM, now=1.0)
+    assert m.max_lora == 3 and m.lora_running == frozenset() and m.waiting == 0.0

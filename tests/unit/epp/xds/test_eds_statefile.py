@@ -24,7 +24,11 @@ def test_body_forms_accepted() -> None:
     role, eps = parse_body(b'{"type": "both", "instances": ["10.0.0.1:1", "[::1]:2"]}')
     assert role is Role.BOTH and [e.address for e in eps] == ["10.0.0.1:1", "[::1]:2"]
     _, eps = parse_body(b'{"type": "decode", "instances": "10.0.0.1:3"}')
-    assert eps[0].role is Role.DECODE
+    assert eps[0].role is Role.DECODE and eps[0].engine == "vllm"
+    _, eps = parse_body(b'{"type": "decode", "instance": "10.0.0.1:3", "engine": "sglang"}')
+    assert eps[0].engine == "sglang"
+    _, eps = parse_body(b'{"type": "decode", "instance": "10.0.0.1:3"}', engine="trtllm")
+    assert eps[0].engine == "trtllm"  # the default is dataLayer.engine
 
 
 @pytest.mark.parametrize(
@@ -43,6 +47,8 @@ def test_body_forms_accepted() -> None:
         (b'{"type": "decode", "instance": "ho_st:80"}', "invalid_instance", "host name"),
         (b'{"type": "decode", "instance": "0.0.0.0:80"}', "invalid_instance", "127.0.0.1"),
         (b'{"type": "decode", "instance": "[::]:80"}', "invalid_instance", "any address"),
+        (b'{"type": "decode", "instance": "a:1", "engine": "tgi"}', "invalid_engine", "sglang"),
+        (b'{"type": "decode", "instance": "a:1", "engine": 1}', "invalid_engine", "got 1"),
     ],
 )
 def test_bad_bodies_say_what_is_wrong(body: bytes, code: str, words: str) -> None:
@@ -155,10 +161,13 @@ def test_state_file_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     eps = [Endpoint("10.0.0.1", 1, Role.PREFILL, engine="sglang"), Endpoint("::1", 2)]
     statefile.save(path, eps)
-    assert statefile.load(path, "sglang") == [
+    # each endpoint keeps its own engine; an entry without one gets the default
+    assert statefile.load(path, "trtllm") == [
         Endpoint("10.0.0.1", 1, Role.PREFILL, engine="sglang"),
-        Endpoint("::1", 2, engine="sglang"),
+        Endpoint("::1", 2, engine="vllm"),
     ]
+    path.write_bytes(b'{"version": 1, "instances": [{"instance": "10.0.0.1:3"}]}')
+    assert statefile.load(path, "trtllm") == [Endpoint("10.0.0.1", 3, engine="trtllm")]
     assert not list(tmp_path.glob(".ready-*"))  # no temporary left behind
     assert statefile.load(tmp_path / "missing.json", "vllm") == []
 

@@ -89,23 +89,6 @@ def test_in_flight_scorer_requests_and_tokens() -> None:
     assert tok.score(c, states) == [1.0, 0.0]
 
 
-def test_lora_affinity_levels() -> None:
-    req = InferenceRequest("r", "adapter-a", "/v1/completions")
-    states = [
-        state(1, max_lora=2, lora_running=frozenset({"adapter-a"})),
-        state(2, max_lora=2, lora_running=frozenset({"x"})),
-        state(3, max_lora=1, lora_running=frozenset({"x"}), lora_waiting=frozenset({"adapter-a"})),
-        state(4, max_lora=1, lora_running=frozenset({"x"})),
-        state(5),
-    ]
-    c = ctx(states, req)
-    assert affinity.lora_affinity_scorer(P).score(c, states) == [1.0, 0.8, 0.6, 0.0, 0.0]
-    kept = filters.lora_capacity_filter(P).filter(c, states)
-    assert [s.endpoint.port for s in kept] == [1, 2, 3, 5]
-    full = [states[3]]
-    assert filters.lora_capacity_filter(P).filter(c, full) == full  # never empties
-
-
 def test_orca_scorer_reads_the_configured_key() -> None:
     states = [
         state(1, orca={"application_utilization": 0.25}),
