@@ -20,7 +20,7 @@ from typing import Self
 
 from epp import argtypes
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
-from epp.logsetup import add_log_level
+from epp.logsetup import add_log_level, level_of
 from epp.readyfile import read_ready
 from epp_harness.envoyconfig import (
     CLUSTER_KINDS,
@@ -176,6 +176,8 @@ class LocalStack:
             str(o.grpc_port),
             "--http-port",
             str(o.http_port),
+            "--grpc-health-port",
+            "0",
             "--log-level",
             o.log_level,
             "--coordinator",
@@ -421,7 +423,7 @@ def run(args: argparse.Namespace) -> int:
         epp_tls=args.epp_tls,
         first_byte_timeout_s=args.first_byte_timeout,
         stream_idle_timeout_s=args.stream_idle_timeout,
-        log_level=args.log_level,
+        log_level=level_of(args),
         workdir=args.workdir,
     )
     stop = threading.Event()

@@ -27,6 +27,7 @@ from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
+from epp.logsetup import REQUEST_ID
 from epp.requestparse import parse_request
 from epp.router import Routed, Router
 from epp.usage import find_usage, keep_tail
@@ -190,6 +191,7 @@ class ExtProcStream:
         req.request_id = req.headers.get("x-request-id", "")
         if not req.request_id:
             req.request_id, req.generated_id = uuid.uuid4().hex, True
+        REQUEST_ID.set(req.request_id)  # this stream's task: its log lines name it
         if msg.end_of_stream:  # nothing to wait for
             # GET /v1/models has no body by design; a POST without one is a client error.
             method = req.headers.get(":method", "GET")
