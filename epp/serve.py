@@ -262,7 +262,7 @@ def build(
         engine_names(engine)  # an installed dialect that cannot load fails now
     datastore = Datastore(drain_timeout_s=opts.membership.drain_timeout_s)
     names = NameResolver(datastore, interval_s=opts.membership.resolve_interval_s)
-    metrics = EppMetrics(datastore)
+    metrics = EppMetrics(datastore, pool_name=opts.pool.name if opts.pool else "default")
     metrics.report_latency_model(scheduler.latency)  # a reload keeps this model
     request_headers = []
     if dl.orca.header_format is not None:

@@ -45,7 +45,11 @@ def record(message: str, *args: object) -> logging.LogRecord:
 
 
 def test_json_lines_carry_time_level_logger_message() -> None:
-    line = JsonFormatter().format(record("picked %s", "10.0.0.1:8000\nnext"))
+    token = REQUEST_ID.set("")  # between requests (other tests' streams set it here)
+    try:
+        line = JsonFormatter().format(record("picked %s", "10.0.0.1:8000\nnext"))
+    finally:
+        REQUEST_ID.reset(token)
     assert "\n" not in line
     doc = orjson.loads(line)
     assert doc["level"] == "warning" and doc["logger"] == "epp.router"
