@@ -4,7 +4,7 @@
 #   docker build -t epp:dev .
 FROM python:3.12-slim
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY epp ./epp
 COPY epp_harness ./epp_harness
 RUN pip install --no-cache-dir . && useradd --uid 10001 --no-create-home epp
