@@ -43,6 +43,9 @@ _EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 UPSTREAM_ADDRESS = "upstream.address"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+# the Endpoint Picker Protocol's report of the endpoint that served (envoy.lb metadata
+# on the response path, from proxies that send it)
+SERVED_KEY = "x-gateway-destination-endpoint-served"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 # How an ext_proc stream ended: Envoy half-closed it (complete), reset it (cancelled),
@@ -87,7 +90,9 @@ class _Request:
     subset: frozenset[str] | None = None
     routed: Routed | None = None
     status: int = 0
-    served: str = ""  # the endpoint that answered, when Envoy says (upstream.address)
+    # the endpoint that answered, when the proxy says (envoy.lb metadata, else Envoy's
+    # upstream.address attribute)
+    served: str = ""
     tail: bytes = b""
     stream: bool = False  # the client asked for a streamed answer ("stream": true)
 
@@ -165,7 +170,8 @@ class ExtProcStream:
 
     def _note(self, msg: ProcessingRequest) -> None:
         """What a message carries besides its kind: Envoy's body modes (on the first),
-        the endpoint that answered (a response attribute), the proxy's subset hint."""
+        the endpoint that answered (envoy.lb metadata or a response attribute), the
+        proxy's subset hint."""
         if msg.HasField("protocol_config"):
             self._envoy.request_body_mode = msg.protocol_config.request_body_mode
             self._envoy.response_body_mode = msg.protocol_config.response_body_mode
@@ -173,6 +179,7 @@ class ExtProcStream:
             self._req.served = _upstream_address(msg) or self._req.served
         if msg.HasField("metadata_context"):
             self._subset_hint = _subset_hint(msg)
+            self._req.served = _served_metadata(msg) or self._req.served
 
     def _response_unfinished(self) -> bool:
         """Would this stream have seen the response end? Not when Envoy does not send
@@ -369,6 +376,19 @@ def _subset_hint(msg: ProcessingRequest) -> frozenset[str] | None:
         return frozenset(v.string_value for v in value.list_value.values if v.string_value)
     # tolerate a single string, possibly comma-separated
     return frozenset(a.strip() for a in value.string_value.split(",") if a.strip())
+
+
+def _served_metadata(msg: ProcessingRequest) -> str:
+    """``envoy.lb`` metadata ``x-gateway-destination-endpoint-served``: the ``ip:port``
+    that served, when the proxy reports it (the first, should it send a list)."""
+    lb = msg.metadata_context.filter_metadata.get(messages.LB_NAMESPACE)
+    if lb is None or SERVED_KEY not in lb.fields:
+        return ""
+    value = lb.fields[SERVED_KEY]
+    text = (
+        value.list_value.values[0].string_value if value.list_value.values else value.string_value
+    )
+    return text.split(",", 1)[0].strip()
 
 
 def _upstream_address(msg: ProcessingRequest) -> str:
