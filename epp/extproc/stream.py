@@ -385,7 +385,7 @@ def _served_metadata(msg: ProcessingRequest) -> str:
     if lb is None or SERVED_KEY not in lb.fields:
         return ""
     value = lb.fields[SERVED_KEY]
-    text = (
+    text: str = (
         value.list_value.values[0].string_value if value.list_value.values else value.string_value
     )
     return text.split(",", 1)[0].strip()
