@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp_harness.stack import LocalStack, StackOptions
 from tests.support.http import request
+from tests.support.wait import wait_for
 
 LONG = "Background for the question that follows. " * 60  # disaggregated
 SHORT = "Hi there"  # decode only
@@ -41,6 +42,11 @@ def stack_with_traffic() -> Iterator[LocalStack]:
         ):
             request(url, orjson.dumps(doc), timeout=30)
         request(url, b"{bad", timeout=30)  # the EPP's 400
+        # and both endpoints scraped at least once (their load gauges)
+        wait_for(
+            lambda: len(samples(stack).get("epp_endpoint_queue_depth", [])) == 2,
+            what="both endpoints scraped",
+        )
         yield stack
 
 
