@@ -1,5 +1,7 @@
-"""The llm-d Router's ``epp serve`` flags that have no counterpart of ours yet, so that
-the argument list its chart renders starts this EPP unchanged (docs/llm-d-router.md).
+"""The llm-d Router's ``epp serve`` flags that have no counterpart of ours, so that the
+argument list its chart renders starts this EPP unchanged (docs/llm-d-router.md):
+``--metrics-endpoint-auth`` (:mod:`epp.admin.metricsauth`), and two accepted without
+being implemented yet.
 
 The rest of its flags live beside the ones of ours they map onto: ``--pool-group``,
 ``--endpoint-selector``, ``--endpoint-target-ports`` (:mod:`epp.discovery.serve_pool`),
@@ -17,8 +19,6 @@ from epp.logsetup import add_router_logging
 # flag -> what it does here when true (each is accepted; false is our behaviour)
 NOT_YET = {
     "tracing": "no traces are exported yet (OpenTelemetry is not wired in)",
-    "metrics_endpoint_auth": "/metrics is served without authentication "
-    "(bearer-token checks are not implemented yet)",
     "ha_enable_leader_election": "there is no leader election: this replica serves "
     "as if it were the leader",
 }
@@ -29,9 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "llm-d Router compatibility", "their flags, accepted (see docs/llm-d-router.md)"
     )
     add_router_logging(g)
+    g.add_argument(
+        "--metrics-endpoint-auth",
+        type=go_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="/metrics only for Kubernetes identities allowed to get it (a bearer token, "
+        "checked with TokenReview and SubjectAccessReview; --kubeconfig or the pod's "
+        "service account). Off by default here, unlike theirs (docs/llm-d-router.md)",
+    )
     for flag, what in (
         ("--tracing", "emit OpenTelemetry traces"),
-        ("--metrics-endpoint-auth", "require a Kubernetes bearer token on /metrics"),
         ("--ha-enable-leader-election", "leader election between replicas"),
     ):
         g.add_argument(

@@ -21,6 +21,7 @@ from epp import argtypes, config, lifecycle, membershipflags, routerflags
 from epp.admin.auth import API_KEY_ENV
 from epp.admin.http import make_admin_app
 from epp.admin.instances import add_status_routes
+from epp.admin.metricsauth import KubeReviewer, MetricsAuth
 from epp.datalayer.ejection import Ejector
 from epp.datalayer.engines import engine_names
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
@@ -81,6 +82,8 @@ class ServeOptions:
     pool: PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
     selector: SelectorRef | None = None  # or the pods this selector matches
     tls: ServerTls | None = None  # None: plaintext gRPC port
+    metrics_auth: bool = False  # --metrics-endpoint-auth: /metrics for allowed identities
+    kubeconfig: Path | None = None  # for it (discovery has its own in pool/selector)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -178,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
         config_path=args.config,
         config_text=args.config_text,
         config_poll_s=args.config_poll_seconds,
+        metrics_auth=args.metrics_endpoint_auth,
+        kubeconfig=args.kubeconfig,
     )
     try:
         opts = replace(opts, membership=membershipflags.options(args))
@@ -314,7 +319,9 @@ def build(
     transport = make_transport(opts.transport, router, eds)
     health = HealthBoard(transport)
     readiness = ReadinessGate(health)
-    admin = make_admin_app(datastore, metrics, ready=health.serving)
+    reviewer = KubeReviewer(opts.kubeconfig) if opts.metrics_auth else None
+    metrics_auth = MetricsAuth(reviewer) if reviewer is not None else None
+    admin = make_admin_app(datastore, metrics, ready=health.serving, metrics_auth=metrics_auth)
     add_status_routes(admin, datastore, ejector.state, scheduler.latency)
     ctx = DiscoveryContext(
         datastore,
@@ -346,6 +353,7 @@ def build(
     # started in this order, stopped in the reverse one
     components: list[Component] = [
         Step("legs", on_stop=legs.close),
+        *([Step("metrics-auth", on_stop=reviewer.close)] if reviewer is not None else []),
         Step("coordinator", on_stop=coordinator.close),
         Step("readiness-probe", on_stop=probe.stop),
         Step("ejector", ejector.start, ejector.stop),

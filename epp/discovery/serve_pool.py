@@ -30,9 +30,11 @@ def pool_ref(args: argparse.Namespace) -> PoolRef | None:
             f"--pool-group {args.pool_group!r}: only {POOL_GROUP} (v1) InferencePools are read"
         )
     if args.pool_name is None:
-        if args.endpoint_selector is None and (args.pool_namespace or args.kubeconfig):
+        if args.endpoint_selector is None and args.pool_namespace:
+            raise ValueError("--pool-namespace needs --pool-name or --endpoint-selector")
+        if args.endpoint_selector is None and args.kubeconfig and not args.metrics_endpoint_auth:
             raise ValueError(
-                "--pool-namespace and --kubeconfig need --pool-name or --endpoint-selector"
+                "--kubeconfig needs --pool-name, --endpoint-selector or --metrics-endpoint-auth"
             )
         return None
     if args.endpoint_selector is not None:
@@ -90,8 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig",
         type=Path,
         metavar="PATH",
-        help="kubeconfig for --pool-name and --endpoint-selector (default: the pod's "
-        "service account in a cluster, else $KUBECONFIG or ~/.kube/config)",
+        help="kubeconfig for --pool-name, --endpoint-selector and --metrics-endpoint-auth "
+        "(default: the pod's service account in a cluster, else $KUBECONFIG or "
+        "~/.kube/config)",
     )
 
 

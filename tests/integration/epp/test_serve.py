@@ -85,7 +85,12 @@ def test_unknown_coordinator_is_a_usage_error() -> None:
 def test_pool_flags_without_pool_name_are_a_usage_error(tmp_path: Path) -> None:
     result = serve("--kubeconfig", str(tmp_path / "k"))
     assert result.returncode == 2
-    assert "--pool-namespace and --kubeconfig need --pool-name" in result.stderr
+    assert "--kubeconfig needs --pool-name, --endpoint-selector or --metrics-endpoint-a" in (
+        result.stderr
+    )
+    result = serve("--pool-namespace", "ns")
+    assert result.returncode == 2
+    assert "--pool-namespace needs --pool-name or --endpoint-selector" in result.stderr
 
 
 def test_unreadable_kubeconfig_exits_1_naming_it(tmp_path: Path) -> None:
