@@ -4,6 +4,7 @@ them) and the HTTP admin port, opened in that order and closed gracefully."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ from epp.xds.eds import EdsServer
 
 if TYPE_CHECKING:
     from epp.extproc.tls import ServerTls
+
+log = logging.getLogger(__name__)
 
 
 class Listeners:
@@ -55,6 +58,7 @@ class Listeners:
             except OSError:
                 await self._transport.stop(0)
                 raise
+            log.info("gRPC health (plaintext) on %s:%d", self.host, self.health_port)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.http_port)
         try:
