@@ -172,6 +172,16 @@ class RouterNames:
         registry.register(_PoolCollector(datastore, pool))
         self._models = _Bounded()
         self._fairness = _Bounded()
+        # labelled children by (metric, label values): prometheus_client's labels()
+        # checks and locks on every call, several times per request otherwise
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def labels_of(self, model: str | None, headers: Mapping[str, str]) -> tuple[str, str]:
         """The (bounded) model and fairness id a request is recorded under."""
@@ -181,28 +191,30 @@ class RouterNames:
     def routed(
         self, model: str, fairness: str, seconds: float, address: str, decision: str
     ) -> None:
-        self._requests[0].labels(model, model, fairness, PRIORITY).inc()
-        self._requests[1].labels(model, model, PRIORITY).inc()
+        child = self._child
+        child(self._requests[0], model, model, fairness, PRIORITY).inc()
+        child(self._requests[1], model, model, PRIORITY).inc()
         for histogram in self._scheduling:
             histogram.observe(seconds)
         host, _, port = address.rpartition(":")
-        self._attempts[0].labels("success", model, host, "", port).inc()
-        self._attempts[1].labels("success", model, host, "", port).inc()
+        child(self._attempts[0], "success", model, host, "", port).inc()
+        child(self._attempts[1], "success", model, host, "", port).inc()
         theirs = DECISIONS.get(decision)
         if theirs is not None:
             for current, legacy in (self._pd, self._disagg):
-                current.labels(PD_HANDLER, PD_HANDLER, model, theirs).inc()
-                legacy.labels(model, theirs).inc()
+                child(current, PD_HANDLER, PD_HANDLER, model, theirs).inc()
+                child(legacy, model, theirs).inc()
 
     def failed(self, model: str, fairness: str, status: int, *, ours: bool) -> None:
         """A request that ended in an error status: one we answered (``ours``), or a
         model server's non-200 answer."""
         code = ERROR_CODES.get(status, "Unknown") if ours else MODEL_SERVER_ERROR
-        self._errors[0].labels(model, model, fairness, PRIORITY, code).inc()
-        self._errors[1].labels(model, model, code).inc()
+        self._child(self._errors[0], model, model, fairness, PRIORITY, code).inc()
+        self._child(self._errors[1], model, model, code).inc()
 
     def first_byte(self, model: str, fairness: str, seconds: float, streaming: bool) -> None:
-        self._ttft.labels(model, model, fairness, PRIORITY, str(streaming).lower()).observe(seconds)
+        streamed = "true" if streaming else "false"
+        self._child(self._ttft, model, model, fairness, PRIORITY, streamed).observe(seconds)
 
     def completed(
         self,
@@ -225,12 +237,11 @@ class RouterNames:
         if completion > 0:
             self._observe(self._ntpot, new, old, seconds / completion)
 
-    @staticmethod
     def _observe(
-        pair: tuple[Any, Any], new: tuple[str, ...], old: tuple[str, ...], value: float
+        self, pair: tuple[Any, Any], new: tuple[str, ...], old: tuple[str, ...], value: float
     ) -> None:
-        pair[0].labels(*new).observe(value)
-        pair[1].labels(*old).observe(value)
+        self._child(pair[0], *new).observe(value)
+        self._child(pair[1], *old).observe(value)
 
 
 class _PoolCollector(Collector):
