@@ -138,6 +138,10 @@ class RouterNames:
             "Request latency divided by its output tokens, in seconds.", REQUEST, MODEL,
             buckets=NTPOT_BUCKETS,
         )  # fmt: skip
+        self._running = pair(
+            Gauge, "request_running", f"{OBJECTIVE}_running_requests",
+            "Requests in flight: routed, their response not finished.", REQUEST, ["model_name"],
+        )  # fmt: skip
         self._ttft = Histogram(
             f"{NEW}_request_ttft_seconds",
             "Time to first token in seconds: routing to the response body's first bytes.",
@@ -204,6 +208,19 @@ class RouterNames:
             for current, legacy in (self._pd, self._disagg):
                 child(current, PD_HANDLER, PD_HANDLER, model, theirs).inc()
                 child(legacy, model, theirs).inc()
+
+    def started(self, model: str, fairness: str) -> Callable[[], None]:
+        """A routed request is in flight; returns what to call once when it is not."""
+        current = self._child(self._running[0], model, model, fairness, PRIORITY)
+        legacy = self._child(self._running[1], model)
+        current.inc()
+        legacy.inc()
+
+        def done() -> None:
+            current.dec()
+            legacy.dec()
+
+        return done
 
     def failed(self, model: str, fairness: str, status: int, *, ours: bool) -> None:
         """A request that ended in an error status: one we answered (``ours``), or a

@@ -51,11 +51,15 @@ class Routed:
     routed_at: float = 0.0
     streaming: bool = False
     first_byte: bool = False
+    on_release: Callable[[], None] | None = None  # once, when it stops being in flight
 
     def release(self) -> None:
         self.ticket.release()
         if self.prefill_ticket is not None:
             self.prefill_ticket.release()
+        if self.on_release is not None:
+            done, self.on_release = self.on_release, None
+            done()
 
 
 class EndpointOutcomes(Protocol):
@@ -128,6 +132,8 @@ class Router:
         routed = Routed(
             result, ticket, labels=labels, routed_at=routed_at, streaming=request.stream
         )
+        if labels is not None:
+            routed.on_release = self.metrics.llmd.started(*labels)
         pred = result.prediction
         if pred is None:
             return routed

@@ -25,6 +25,7 @@ PAIRS = {
     "llm_d_epp_request_ntpot_seconds_count":
         "inference_objective_normalized_time_per_output_token_seconds_count",
     "llm_d_epp_request_ttft_seconds_count": None,
+    "llm_d_epp_request_running": "inference_objective_running_requests",
     "llm_d_epp_average_kv_cache_utilization": "inference_pool_average_kv_cache_utilization",
     "llm_d_epp_average_queue_size": "inference_pool_average_queue_size",
     "llm_d_epp_average_running_requests": "inference_pool_average_running_requests",
@@ -84,3 +85,4 @@ def test_values_and_labels_follow_the_traffic(live: LocalStack) -> None:
     )
     assert total(found, "llm_d_epp_ready_endpoints", name="default") == 2
     assert total(found, "llm_d_epp_info") == 1
+    assert total(found, "llm_d_epp_request_running", **routed) == 0  # all finished

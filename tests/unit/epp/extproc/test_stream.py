@@ -178,8 +178,13 @@ def test_response_path_releases_in_flight_and_counts_usage() -> None:
     [r] = stream.on_message(m.response_body(usage[:10], False))
     assert r.HasField("response_body") and not r.response_body.HasField("response")
     assert router.datastore.total_in_flight() == 1
+    running = router.metrics.registry.get_sample_value
+    labels = {"model_name": "m", "target_model_name": "m"}
+    assert running("llm_d_epp_request_running", {**labels, "fairness_id": "default-flow",
+                                                 "priority": "0"}) == 1  # fmt: skip
     stream.on_message(m.response_body(usage[10:], True))
     assert router.datastore.total_in_flight() == 0
+    assert running("inference_objective_running_requests", {"model_name": "m"}) == 0
     assert router.metrics.tokens.labels("prompt")._value.get() == 75
     stream.close()  # and closing afterwards does not release twice
     assert router.datastore.total_in_flight() == 0
