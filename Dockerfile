@@ -4,13 +4,17 @@
 #   docker build -t epp:dev .
 FROM python:3.12-slim
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY epp ./epp
 COPY epp_harness ./epp_harness
 RUN pip install --no-cache-dir . && useradd --uid 10001 --no-create-home epp
 # an unprivileged user (Pod Security "restricted" requires a non-root UID)
 USER 10001
-# ext_proc gRPC, EPP HTTP (/metrics, /health), simulator, Envoy listener, Envoy admin
-EXPOSE 9002 9090 8000 8081 9901
+# `epp serve` binds every interface in the container, also when started with the
+# llm-d Router chart's arguments (which name no address): docs/llm-d-router.md
+ENV EPP_LISTEN_HOST=0.0.0.0
+# ext_proc gRPC, gRPC health, EPP HTTP (/metrics, /health), simulator, Envoy listener,
+# Envoy admin
+EXPOSE 9002 9003 9090 8000 8081 9901
 ENTRYPOINT ["epp"]
 CMD ["serve", "--listen-host", "0.0.0.0"]

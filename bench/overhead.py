@@ -77,6 +77,7 @@ def start_epp_for(stack: LocalStack, name: str, extra: list[str]) -> ManagedProc
     endpoints = [a for addr in stack.sim_addresses for a in ("--endpoint", addr)]
     return start_epp(
         stack.workdir, name, "serve", "--grpc-port", "0", "--http-port", "0",
+        "--grpc-health-port", "0",
         "--log-level", "warning", *endpoints, *extra,
     )  # fmt: skip
 

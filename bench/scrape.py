@@ -60,6 +60,7 @@ def measure(
     endpoints = [a for i in range(n) for a in ("--endpoint", endpoint_address(i, ports))]
     epp = start_epp(
         workdir, f"epp-{n}-{budget:g}", "serve", "--grpc-port", "0", "--http-port", "0",
+        "--grpc-health-port", "0",
         "--log-level", "error", "--config", str(config), *endpoints,
     )  # fmt: skip
     try:

@@ -74,3 +74,29 @@ def positive_float(text: str) -> float:
     if value == 0:
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
+
+
+GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+
+
+def go_bool(text: str) -> bool:
+    """A boolean as Go's flag packages parse it (``--flag=false``; ``--flag`` alone is
+    true: give the argument ``nargs="?", const=True``)."""
+    if text in GO_TRUE:
+        return True
+    if text in GO_FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r} (use true or false)")
+
+
+def comma_ports(text: str) -> tuple[int, ...]:
+    """``8000,8001``: one or more ports 1-65535, no duplicates kept."""
+    ports: list[int] = []
+    for part in text.split(","):
+        value = integer(part.strip())
+        if not 1 <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"port must be 1-65535, got {value}")
+        if value not in ports:
+            ports.append(value)
+    return tuple(ports)

@@ -1,4 +1,5 @@
-"""The single ``epp`` entry point: ``epp serve | sim | stack | sidecar | config``.
+"""The single ``epp`` entry point: ``epp serve | sim | stack | sidecar | config``, and
+``epp --flag ...`` (flags with no command) as ``epp serve --flag ...``.
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only wires them together. Modules are named by string
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from epp import __version__
-from epp.logsetup import setup_logging
+from epp.logsetup import format_of, level_of, setup_logging
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -50,8 +51,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        # flags alone are `epp serve`'s: the llm-d Router chart gives the image's
+        # entry point (`epp`) its EPP's arguments, with no command
+        argv = ["serve", *argv]
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command).parse_args(argv)
-    setup_logging(getattr(args, "log_level", "info"))
+    setup_logging(level_of(args), format_of(args))
     result: int = args._module.run(args)
     return result

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from epp import routerconfig
 from epp.addresses import parse_address
 from epp.datalayer.engines import ENGINES
 from epp.datalayer.settings import DataLayerConfig
@@ -352,7 +353,8 @@ def load(path: Path | None, registry: Registry | None = None) -> EppConfig:
 
 def load_text(text: str, source: str, registry: Registry | None = None) -> EppConfig:
     registry = registry or builtin_registry()
-    return validate(with_defaults(parse(text, source), source, registry), source, registry)
+    doc = routerconfig.translate(parse(text, source), source)
+    return validate(with_defaults(doc, source, registry), source, registry)
 
 
 def builtin_registry() -> Registry:

@@ -14,7 +14,9 @@ EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 # Health service names Envoy / Kubernetes probes ask for ("" = the whole server).
 LIVENESS = "liveness"
 READINESS = "readiness"
-HEALTH_SERVICES = ("", LIVENESS, READINESS, EXT_PROC_SERVICE)
+# what the llm-d Router chart's probes ask for with one replica (readiness's meaning)
+INFERENCE_EXTENSION = "inference-extension"
+HEALTH_SERVICES = ("", LIVENESS, READINESS, EXT_PROC_SERVICE, INFERENCE_EXTENSION)
 
 
 class HealthSetter(Protocol):

@@ -1,8 +1,10 @@
-"""The EPP's two ports as one component: the gRPC port (ext_proc, EDS, gRPC health)
-and the HTTP admin port, opened in that order and closed gracefully."""
+"""The EPP's ports as one component: the gRPC port (ext_proc, EDS, gRPC health), the
+plaintext gRPC health port (kubelet's gRPC probes, as the llm-d Router chart sets
+them) and the HTTP admin port, opened in that order and closed gracefully."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,8 @@ from epp.xds.eds import EdsServer
 
 if TYPE_CHECKING:
     from epp.extproc.tls import ServerTls
+
+log = logging.getLogger(__name__)
 
 
 class Listeners:
@@ -27,6 +31,7 @@ class Listeners:
         host: str,
         grpc_port: int,
         http_port: int,
+        health_port: int | None = None,
         tls: ServerTls | None = None,
         grace_s: float = 10.0,
         on_listening: Callable[[int, int], None] = lambda grpc, http: None,
@@ -38,13 +43,22 @@ class Listeners:
         self.host = host
         self.grpc_port = grpc_port  # the bound ports once started (0 = any free one)
         self.http_port = http_port
+        self.health_port = health_port  # None: no health port of its own
         self._tls = tls
         self._grace_s = grace_s
         self._on_listening = on_listening
 
     async def start(self) -> None:
-        """Open the gRPC port, then the HTTP port; OSError naming the one that failed."""
+        """Open the gRPC port, the health port, then the HTTP port; OSError naming the
+        one that failed."""
         self.grpc_port = await self._transport.start(self.host, self.grpc_port, self._tls)
+        if self.health_port is not None:
+            try:
+                self.health_port = await self._transport.start_health(self.host, self.health_port)
+            except OSError:
+                await self._transport.stop(0)
+                raise
+            log.info("gRPC health (plaintext) on %s:%d", self.host, self.health_port)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.http_port)
         try:

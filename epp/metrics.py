@@ -12,11 +12,21 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from epp import __version__
 from epp.datastore import Datastore
+from epp.llmdmetrics import RouterNames
 
 # How long an endpoint's own series (epp_responses_total, epp_scrape_failures_total)
 # outlive its removal from the pool, so the scrapes after it still see the final counts.
@@ -48,10 +58,18 @@ class EppMetrics:
         self,
         datastore: Datastore,
         *,
+        pool_name: str = "default",
         series_grace_s: float = SERIES_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # the standard process_* and python_* series
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        # the llm-d Router's names for what is counted here (``pool_name``: their
+        # ``name`` label of pool series)
+        self.llmd = RouterNames(self.registry, datastore, pool_name, __version__)
         self.requests = Counter(
             "epp_requests",
             "Requests seen by the EPP, by outcome: routed (an inference request: a "

@@ -50,15 +50,19 @@ RESTART_ONLY = (
 
 
 class ConfigFile:
-    """The config as ``epp serve`` reads it: FILE, or the built-in default when there is
-    none, with the flags that override it applied. Remembers what it last read."""
+    """The config as ``epp serve`` reads it: FILE, else ``text`` (``--config-text``,
+    never reloaded), else the built-in default, with the flags that override it applied.
+    Remembers what it last read."""
 
     def __init__(
         self,
         path: Path | None,
         overrides: Callable[[config.EppConfig], config.EppConfig] = lambda cfg: cfg,
+        *,
+        text: str | None = None,
     ) -> None:
         self.path = path
+        self._given = text
         self._overrides = overrides
         self._stamp: tuple[int, int, int] | None = None  # (mtime ns, size, inode) last read
         self._text: str | None = None  # what was last read
@@ -67,6 +71,8 @@ class ConfigFile:
     def load(self) -> config.EppConfig:
         """Read and validate the file (raises ConfigError naming file and key)."""
         if self.path is None:
+            if self._given is not None:
+                return self._overrides(config.load_text(self._given, "--config-text"))
             return self._overrides(config.load(None))
         stamp = self._stat()
         try:

@@ -48,11 +48,20 @@ class Routed:
     # what the latency model learns from when the response comes back (None: nothing,
     # e.g. a disaggregated request, whose decode leg starts after the prefill leg)
     dispatch: Dispatch | None = None
+    # what per-request metrics are labelled with and timed from (inference requests)
+    labels: tuple[str, str] | None = None  # (model, fairness id); None: not counted
+    routed_at: float = 0.0
+    streaming: bool = False
+    first_byte: bool = False
+    on_release: Callable[[], None] | None = None  # once, when it stops being in flight
 
     def release(self) -> None:
         self.ticket.release()
         if self.prefill_ticket is not None:
             self.prefill_ticket.release()
+        if self.on_release is not None:
+            done, self.on_release = self.on_release, None
+            done()
 
 
 class EndpointOutcomes(Protocol):
@@ -128,6 +137,7 @@ class Router:
         """Schedule ``request``; the result names at most ``max_destinations`` targets
         (primary first), as many as the Envoy config can use."""
         start = time.perf_counter()
+        routed_at = self.clock()
         snapshot = self.datastore.snapshot()
         result = self.scheduler.schedule(request, snapshot, self.rng)
         if len(result.targets) > max_destinations:
@@ -136,25 +146,34 @@ class Router:
             # no body (GET /, /v1/models): it needs an endpoint, but it is no inference
             # request, so it is not a scheduling decision (nor a prefix to remember)
             self._forwarded.inc()
-        else:
+        labels = None
+        if request.model is not None:
             self.scheduler.on_routed(request, result, snapshot)
             if request.lora_adapter and self.placement is not None:
                 self.placement.routed(request.model, result.primary.address)
-            self.metrics.scheduling_seconds.observe(time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            self.metrics.scheduling_seconds.observe(seconds)
             self._routed.inc()
             if result.decision:
                 self.metrics.pd_decisions.labels(result.decision).inc()
+            labels = self.metrics.llmd.labels_of(request.model, request.headers)
+            self.metrics.llmd.routed(*labels, seconds, result.primary.address, result.decision)
         tokens = request.prompt_tokens + (request.max_tokens or DEFAULT_OUTPUT_TOKENS)
         ticket = self.datastore.acquire(result.primary.address, tokens)
+        routed = Routed(
+            result, ticket, labels=labels, routed_at=routed_at, streaming=request.stream
+        )
+        if labels is not None:
+            routed.on_release = self.metrics.llmd.started(*labels)
         pred = result.prediction
         if pred is None:
-            return Routed(result, ticket)
+            return routed
         if pred.meets_slo is not None:
             self.metrics.slo_predictions.labels("met" if pred.meets_slo else "missed").inc()
         if result.prefill is not None or request.model is None:
-            return Routed(result, ticket)  # nothing for the latency model to learn from
-        dispatch = Dispatch(result.primary.address, self.clock(), pred, request.stream)
-        return Routed(result, ticket, dispatch=dispatch)
+            return routed  # nothing for the latency model to learn from
+        routed.dispatch = Dispatch(result.primary.address, self.clock(), pred, request.stream)
+        return routed
 
     def hand_off(
         self,
@@ -175,8 +194,15 @@ class Router:
         handoff = Handoff(request, doc if clean is None else clean, prefill, routed.result.primary)
         return self.coordinator.hand_off(handoff)
 
-    def rejected(self, error: ClientVisibleError) -> None:
+    def rejected(self, error: ClientVisibleError, request: InferenceRequest | None = None) -> None:
+        """A request answered by the EPP itself with an error (``request``: when it was
+        parsed)."""
         self.metrics.requests.labels(str(error.status)).inc()
+        model = None if request is None else request.model
+        headers = {} if request is None else request.headers
+        self.metrics.llmd.failed(
+            *self.metrics.llmd.labels_of(model, headers), error.status, ours=True
+        )
 
     def response_headers_seen(self, address: str, headers: Mapping[str, str]) -> None:
         """Take ORCA load from a response's headers, fresher than the last scrape."""
@@ -216,8 +242,18 @@ class Router:
         else:
             outcomes.success(address)
 
+    def answered(self, routed: Routed, status: int) -> None:
+        """The model server's response status, once per routed request: a non-200
+        counts as an error of the request (the llm-d Router's ModelServerError)."""
+        if routed.labels is not None and status != 200:
+            self.metrics.llmd.failed(*routed.labels, status, ours=False)
+
     def first_byte_seen(self, routed: Routed) -> None:
         """The response body's first bytes passed (a streamed response's first token)."""
+        if routed.labels is not None and not routed.first_byte:
+            routed.first_byte = True
+            seconds = self.clock() - routed.routed_at
+            self.metrics.llmd.first_byte(*routed.labels, seconds, routed.streaming)
         dispatch = routed.dispatch
         if dispatch is not None and dispatch.first_byte_at is None:
             dispatch.first_byte_at = self.clock()
@@ -228,6 +264,11 @@ class Router:
         if usage is not None:
             self.metrics.tokens.labels("prompt").inc(usage.prompt_tokens)
             self.metrics.tokens.labels("completion").inc(usage.completion_tokens)
+        if routed.labels is not None:
+            tokens = None
+            if usage is not None:
+                tokens = (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+            self.metrics.llmd.completed(*routed.labels, self.clock() - routed.routed_at, tokens)
         dispatch = routed.dispatch
         if dispatch is None:
             return

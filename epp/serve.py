@@ -10,17 +10,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epp import argtypes, config, lifecycle, membershipflags
+from epp import argtypes, config, lifecycle, membershipflags, routerflags
 from epp.admin.auth import API_KEY_ENV, ApiKeyAuth
 from epp.admin.http import make_admin_app
 from epp.admin.instances import add_status_routes
 from epp.admin.lora import add_lora_routes
+from epp.admin.metricsauth import KubeReviewer, MetricsAuth
 from epp.datalayer.ejection import Ejector
 from epp.datalayer.engines import engine_names
 from epp.datalayer.kvevents import kv_event_subscribers
@@ -33,7 +35,7 @@ from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
 from epp.disagg.legs import AiohttpLegTransport, LegClient
 from epp.discovery import serve_pool, static
 from epp.discovery.names import NameResolver
-from epp.discovery.poolref import PoolRef
+from epp.discovery.poolref import PoolRef, SelectorRef
 from epp.discovery.readiness import ReadinessProbe
 from epp.extensions import ExtensionError
 from epp.extproc import tlsflags
@@ -60,6 +62,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("epp.serve")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_LISTEN_HOST = "127.0.0.1"
+LISTEN_HOST_ENV = "EPP_LISTEN_HOST"  # the image sets it to 0.0.0.0
+DEFAULT_HEALTH_PORT = 9003
 
 
 @dataclass(frozen=True)
@@ -67,21 +72,28 @@ class ServeOptions:
     listen_host: str = "127.0.0.1"
     grpc_port: int = 9002
     http_port: int = 9090
+    health_port: int | None = None  # a plaintext gRPC health port of its own (None: none)
     endpoints: tuple[Endpoint, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ready_file: Path | None = None
     transport: str = DEFAULT_TRANSPORT
     shutdown_grace_s: float = 10.0
     config_path: Path | None = None
+    config_text: str | None = None  # --config-text: instead of a file, never reloaded
     config_poll_s: float = DEFAULT_POLL_S  # 0: reload on SIGHUP only
     membership: MembershipOptions = field(default_factory=MembershipOptions)
     pool: PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
+    selector: SelectorRef | None = None  # or the pods this selector matches
     tls: ServerTls | None = None  # None: plaintext gRPC port
+    metrics_auth: bool = False  # --metrics-endpoint-auth: /metrics for allowed identities
+    kubeconfig: Path | None = None  # for it (discovery has its own in pool/selector)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--listen-host", default="127.0.0.1", help="address the gRPC and HTTP ports bind to"
+        "--listen-host",
+        help=f"address the gRPC and HTTP ports bind to (default ${LISTEN_HOST_ENV}, else "
+        f"{DEFAULT_LISTEN_HOST}; the image sets {LISTEN_HOST_ENV}=0.0.0.0)",
     )
     parser.add_argument(
         "--grpc-port",
@@ -90,7 +102,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ext_proc gRPC port (0 = any free port)",
     )
     parser.add_argument(
-        "--http-port", type=argtypes.port, default=9090, help="HTTP port for /metrics and /health"
+        "--http-port",
+        "--metrics-port",
+        type=argtypes.port,
+        default=9090,
+        help="HTTP port for /metrics, /health, /ready and the admin API "
+        "(--metrics-port: the llm-d Router's name for it)",
+    )
+    parser.add_argument(
+        "--grpc-health-port",
+        type=argtypes.port,
+        default=DEFAULT_HEALTH_PORT,
+        help="plaintext gRPC health port of its own (kubelet's gRPC probes; the services "
+        "answered: docs/operations.md); 0 = any free port",
     )
     static.add_arguments(parser)
     parser.add_argument(
@@ -107,10 +131,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--config",
+        "--config-file",
         type=Path,
         metavar="FILE",
         help="scheduling/data-layer config (YAML, see `epp config show`); default: built in. "
         "Reloaded on SIGHUP and when it changes (see docs/configuration.md)",
+    )
+    parser.add_argument(
+        "--config-text",
+        metavar="YAML",
+        help="the config as text instead of a file (never reloaded)",
     )
     parser.add_argument(
         "--config-poll-seconds",
@@ -138,19 +168,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     membershipflags.add_arguments(parser)
     serve_pool.add_arguments(parser)
     add_log_level(parser)
+    routerflags.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     opts = ServeOptions(
-        listen_host=args.listen_host,
+        listen_host=args.listen_host or os.environ.get(LISTEN_HOST_ENV) or DEFAULT_LISTEN_HOST,
         grpc_port=args.grpc_port,
         http_port=args.http_port,
+        health_port=args.grpc_health_port,
         max_body_bytes=args.max_body_bytes,
         ready_file=args.ready_file,
         transport=args.transport,
         shutdown_grace_s=args.shutdown_grace_seconds,
         config_path=args.config,
+        config_text=args.config_text,
         config_poll_s=args.config_poll_seconds,
+        metrics_auth=args.metrics_endpoint_auth,
+        kubeconfig=args.kubeconfig,
     )
     try:
         opts = replace(opts, membership=membershipflags.options(args))
@@ -160,10 +195,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         opts = replace(opts, endpoints=tuple(static.endpoints(args)))
         opts = replace(opts, pool=serve_pool.pool_ref(args))
+        opts = replace(opts, selector=serve_pool.selector_ref(args))
         tlsflags.check_flags(args)
+        if args.config is not None and args.config_text is not None:
+            raise ValueError("--config (--config-file) and --config-text exclude each other")
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+    for warning in routerflags.warnings(args):
+        log.warning("%s", warning)
 
     def with_flags(cfg: config.EppConfig) -> config.EppConfig:
         if not args.coordinator:
@@ -172,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
             cfg, disaggregation=replace(cfg.disaggregation, coordinator=args.coordinator)
         )
 
-    config_file = ConfigFile(opts.config_path, with_flags)
+    config_file = ConfigFile(opts.config_path, with_flags, text=opts.config_text)
     try:
         cfg = config_file.load()
         scheduler = config.instantiate(cfg, config.builtin_registry())
@@ -230,7 +270,7 @@ def build(
         engine_names(engine)  # an installed dialect that cannot load fails now
     datastore = Datastore(drain_timeout_s=opts.membership.drain_timeout_s)
     names = NameResolver(datastore, interval_s=opts.membership.resolve_interval_s)
-    metrics = EppMetrics(datastore)
+    metrics = EppMetrics(datastore, pool_name=opts.pool.name if opts.pool else "default")
     metrics.report_latency_model(scheduler.latency)  # a reload keeps this model
     request_headers = []
     if dl.orca.header_format is not None:
@@ -287,7 +327,9 @@ def build(
     transport = make_transport(opts.transport, router, eds)
     health = HealthBoard(transport)
     readiness = ReadinessGate(health)
-    admin = make_admin_app(datastore, metrics, ready=health.serving)
+    reviewer = KubeReviewer(opts.kubeconfig) if opts.metrics_auth else None
+    metrics_auth = MetricsAuth(reviewer) if reviewer is not None else None
+    admin = make_admin_app(datastore, metrics, ready=health.serving, metrics_auth=metrics_auth)
     add_status_routes(admin, datastore, ejector.state, scheduler.latency)
     add_lora_routes(
         admin,
@@ -306,6 +348,7 @@ def build(
         # flags name no engine: the config's applies
         endpoints=(*cfg.endpoints, *(replace(e, engine=dl.engine) for e in opts.endpoints)),
         pool=opts.pool,
+        selector=opts.selector,
         membership=opts.membership,
     )
     before, after = _sources(discovery, ctx)
@@ -317,6 +360,7 @@ def build(
         host=opts.listen_host,
         grpc_port=opts.grpc_port,
         http_port=opts.http_port,
+        health_port=opts.health_port,
         tls=opts.tls,
         grace_s=opts.shutdown_grace_s,
         on_listening=_announce(opts, pd.coordinator, datastore),
@@ -324,6 +368,7 @@ def build(
     # started in this order, stopped in the reverse one
     components: list[Component] = [
         Step("legs", on_stop=legs.close),
+        *([Step("metrics-auth", on_stop=reviewer.close)] if reviewer is not None else []),
         Step("coordinator", on_stop=coordinator.close),
         Step("readiness-probe", on_stop=probe.stop),
         Step("lora-placement", on_stop=placement.stop),
@@ -341,7 +386,11 @@ def build(
     return App(
         components,
         ready_file=opts.ready_file,
-        ready_info=lambda: {"grpc_port": listeners.grpc_port, "http_port": listeners.http_port},
+        ready_info=lambda: {
+            "grpc_port": listeners.grpc_port,
+            "http_port": listeners.http_port,
+            "grpc_health_port": listeners.health_port,
+        },
     )
 
 

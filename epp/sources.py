@@ -8,6 +8,8 @@ config call for its source (its ``create`` returns one, or None). Built in:
   ``endpoints`` name (:class:`~epp.discovery.static.StaticSource`);
 * ``kubernetes``: an InferencePool's pods, with ``--pool-name``
   (:class:`~epp.discovery.serve_pool.PoolSource`);
+* ``kubernetes-selector``: the pods ``--endpoint-selector`` matches, on
+  ``--endpoint-target-ports`` (the llm-d Router's standalone mode; the same source);
 * ``admin-api``: ``POST /instances/add`` and ``/remove`` on the HTTP port, and the
   ``--state-file`` they keep (:class:`~epp.discovery.runtime.RuntimeMembership`); always on.
 
@@ -27,7 +29,7 @@ from epp.admin.auth import ApiKeyAuth
 from epp.admin.instances import add_membership_routes
 from epp.datastore import Datastore
 from epp.discovery.names import NameResolver
-from epp.discovery.poolref import PoolRef
+from epp.discovery.poolref import PoolRef, SelectorRef
 from epp.discovery.runtime import Check, RuntimeMembership
 from epp.discovery.serve_pool import PoolSource
 from epp.discovery.static import StaticSource
@@ -62,6 +64,7 @@ class DiscoveryContext:
     engine: str = "vllm"  # engine of endpoints that name none (dataLayer.engine)
     endpoints: tuple[Endpoint, ...] = ()  # named at start: config file, then flags
     pool: PoolRef | None = None  # --pool-name ...
+    selector: SelectorRef | None = None  # --endpoint-selector ...
     membership: MembershipOptions = field(default_factory=MembershipOptions)
 
 
@@ -88,6 +91,12 @@ def _kubernetes(ctx: DiscoveryContext) -> PoolSource | None:
     return PoolSource(ctx.pool, ctx.datastore, ctx.engine, ctx.readiness.hold("kubernetes"))
 
 
+def _selector(ctx: DiscoveryContext) -> PoolSource | None:
+    if ctx.selector is None:
+        return None
+    return PoolSource(ctx.selector, ctx.datastore, ctx.engine, ctx.readiness.hold("selector"))
+
+
 def _admin_api(ctx: DiscoveryContext) -> RuntimeMembership:
     membership = RuntimeMembership(
         ctx.datastore,
@@ -107,6 +116,9 @@ DISCOVERY_SOURCES: OpenRegistry[DiscoveryKind] = OpenRegistry(
     {
         "static": DiscoveryKind("servers named by flags and the config file", _static),
         "kubernetes": DiscoveryKind("an InferencePool's pods (--pool-name)", _kubernetes),
+        "kubernetes-selector": DiscoveryKind(
+            "the pods a label selector matches (--endpoint-selector)", _selector
+        ),
         "admin-api": DiscoveryKind(
             "POST /instances/add and /remove, kept in --state-file",
             _admin_api,

@@ -52,6 +52,7 @@ _OVERRIDE_HOST = (
 _LEAST_REQUEST = (
     "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"
 )
+FALLBACK_CLUSTER = "model_servers_fallback"
 _HTTP_OPTS = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 _CEL_FILTER = "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
@@ -73,8 +74,12 @@ class EnvoyOptions:
     # whole body is in (and a prefill leg has run), so this bounds body upload time +
     # scheduling + the prefill leg.
     message_timeout_s: float = 30.0
-    # Fail closed: with ORIGINAL_DST there is no destination without the EPP.
+    # Fail closed by default. Fail open (True): when the EPP cannot be reached, requests
+    # go on without its pick, by the fallback route (docs/operations.md, "Fail-open").
     failure_mode_allow: bool = False
+    # where fail-open requests go (round robin); empty: the EDS cluster's endpoints as
+    # Envoy last had them (its override_host fallback picks the least loaded)
+    fallback_servers: tuple[tuple[str, int], ...] = ()
     # what the client gets when the EPP cannot be reached (an OpenAI-style JSON body)
     status_on_error: int = 503
     # the whole exchange, retries included
@@ -246,6 +251,34 @@ def _routes(opts: EnvoyOptions) -> list[dict[str, Any]]:
     return routes
 
 
+def _fallback_route(opts: EnvoyOptions) -> dict[str, Any]:
+    """Fail-open: a request the EPP did not route carries no destination header (the EPP
+    always sets it, and clears the route cache so Envoy matches again), so this route,
+    first in the list, takes exactly those: to the fallback servers, else to the
+    model-server cluster without a pick."""
+    if opts.cluster == "original-dst" and not opts.fallback_servers:
+        raise ValueError("fail-open with the original-dst cluster needs fallback servers")
+    if opts.processing != "buffered":
+        # measured (Envoy 1.40): once part of a FULL_DUPLEX_STREAMED body went to the
+        # processor, Envoy cannot go on without it and answers the error itself
+        raise ValueError("fail-open needs processing 'buffered' (the request body BUFFERED)")
+    action = {
+        "cluster": FALLBACK_CLUSTER if opts.fallback_servers else MODEL_CLUSTER,
+        "timeout": _seconds(opts.route_timeout_s),
+        "idle_timeout": _seconds(opts.route_timeout_s),
+        "retry_policy": {
+            "retry_on": "connect-failure,reset,refused-stream",
+            "num_retries": max(len(opts.fallback_servers), opts.destinations) - 1,
+            "per_try_idle_timeout": _seconds(opts.first_byte_timeout_s),
+        },
+    }
+    match = {
+        "prefix": "/",
+        "headers": [{"name": DESTINATION_HEADER, "present_match": True, "invert_match": True}],
+    }
+    return {"match": match, "route": action}
+
+
 def _local_replies(opts: EnvoyOptions) -> dict[str, Any]:
     """Envoy's own error answers (the EPP unreachable, an upstream timeout, no healthy
     upstream) in the OpenAI error shape the EPP's answers have. Answers the EPP wrote
@@ -318,7 +351,15 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
     )
     if opts.epp_tls:
         epp["transport_socket"] = _unverified_tls()
-    config = _bootstrap(opts, [ext_proc], [model_servers, epp], _routes(opts))
+    clusters, routes = [model_servers, epp], _routes(opts)
+    if opts.failure_mode_allow:
+        routes.insert(0, _fallback_route(opts))
+        if opts.fallback_servers:
+            fallback = _static_cluster(
+                FALLBACK_CLUSTER, list(opts.fallback_servers), False, opts.connect_timeout_s
+            )
+            clusters.append(fallback)
+    config = _bootstrap(opts, [ext_proc], clusters, routes)
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
     hcm["typed_config"]["local_reply_config"] = _local_replies(opts)
     config["layered_runtime"] = {
@@ -458,6 +499,7 @@ EXAMPLES: dict[str, EnvoyOptions] = {
     "local-buffered.yaml": EnvoyOptions(processing="buffered"),
     "local-original-dst.yaml": EnvoyOptions(cluster="original-dst"),
     "local-tls.yaml": EnvoyOptions(epp_tls=True),
+    "local-fail-open.yaml": EnvoyOptions(processing="buffered", failure_mode_allow=True),
     "compose.yaml": EnvoyOptions(listen_host="0.0.0.0", admin_host="0.0.0.0", epp_host="epp"),
 }
 EXAMPLE_HEADER = (

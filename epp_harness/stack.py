@@ -22,7 +22,7 @@ import yaml
 
 from epp import argtypes
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
-from epp.logsetup import add_log_level
+from epp.logsetup import add_log_level, level_of
 from epp.readyfile import read_ready
 from epp_harness.envoyconfig import (
     CLUSTER_KINDS,
@@ -97,6 +97,9 @@ class StackOptions:
     envoy_concurrency: int | None = None
     # the EPP serves its gRPC port with a self-signed certificate; Envoy talks TLS to it
     epp_tls: bool = False
+    # Envoy fails open: with the EPP unreachable, requests go round robin to the
+    # servers that can decode (EnvoyOptions.failure_mode_allow, fallback_servers)
+    fail_open: bool = False
     # per-attempt silence allowed from a model server (docs/timeouts.md)
     first_byte_timeout_s: float = EnvoyOptions.first_byte_timeout_s
     stream_idle_timeout_s: float = EnvoyOptions.stream_idle_timeout_s
@@ -161,6 +164,14 @@ class LocalStack:
             processing=o.processing,
             cluster=o.cluster,
             epp_tls=o.epp_tls,
+            failure_mode_allow=o.fail_open,
+            fallback_servers=tuple(
+                (str(p.info["host"]), int(p.info["port"]))
+                for p in self.sims
+                if not p.name.startswith("prefill")
+            )
+            if o.fail_open
+            else (),
             first_byte_timeout_s=o.first_byte_timeout_s,
             stream_idle_timeout_s=o.stream_idle_timeout_s,
         )
@@ -189,6 +200,8 @@ class LocalStack:
             str(o.grpc_port),
             "--http-port",
             str(o.http_port),
+            "--grpc-health-port",
+            "0",
             "--log-level",
             o.log_level,
             "--coordinator",
@@ -438,6 +451,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Envoy talks TLS to the EPP's gRPC port (ext_proc and EDS): the EPP serves a "
         "self-signed certificate (epp serve --tls-self-signed), Envoy does not verify it",
     )
+    parser.add_argument(
+        "--fail-open",
+        action="store_true",
+        help="Envoy fails open: while the EPP is unreachable, requests go round robin to "
+        "the servers that decode (needs --processing buffered; docs/operations.md, Fail-open)",
+    )
     for flag, default, what in (
         ("--first-byte-timeout", EnvoyOptions.first_byte_timeout_s, "non-streaming requests "
          "(their whole answer: Envoy then tries the next endpoint)"),
@@ -483,6 +502,9 @@ def run(args: argparse.Namespace) -> int:
     if args.servers + decode == 0:
         print("epp stack: nothing can decode: give --decode N or --servers N", file=sys.stderr)
         return 2
+    if args.fail_open and args.processing != "buffered":
+        print("epp stack: --fail-open needs --processing buffered", file=sys.stderr)
+        return 2
     opts = StackOptions(
         servers=args.servers,
         prefill=prefill,
@@ -503,9 +525,10 @@ def run(args: argparse.Namespace) -> int:
         ],
         kv_events=args.kv_events,
         epp_tls=args.epp_tls,
+        fail_open=args.fail_open,
         first_byte_timeout_s=args.first_byte_timeout,
         stream_idle_timeout_s=args.stream_idle_timeout,
-        log_level=args.log_level,
+        log_level=level_of(args),
         workdir=args.workdir,
     )
     stop = threading.Event()

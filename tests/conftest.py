@@ -41,6 +41,8 @@ def epp_server(
         "0",
         "--http-port",
         "0",
+        "--grpc-health-port",
+        "0",
         "--endpoint",
         closed_addresses[0],
         "--endpoint",

@@ -8,6 +8,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epp.admin.metricsauth import MetricsAuth
 from epp.admin.replies import error
 from epp.datastore import Datastore
 from epp.metrics import EppMetrics
@@ -29,11 +30,20 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 def make_admin_app(
-    datastore: Datastore, metrics: EppMetrics, *, ready: Callable[[], bool]
+    datastore: Datastore,
+    metrics: EppMetrics,
+    *,
+    ready: Callable[[], bool],
+    metrics_auth: MetricsAuth | None = None,
 ) -> web.Application:
-    """``ready``: the gRPC ``readiness`` status, which ``/ready`` answers with."""
+    """``ready``: the gRPC ``readiness`` status, which ``/ready`` answers with;
+    ``metrics_auth``: who may read /metrics (None: anyone)."""
 
-    async def metrics_handler(_: web.Request) -> web.Response:
+    async def metrics_handler(request: web.Request) -> web.Response:
+        if metrics_auth is not None:
+            refused = await metrics_auth.refusal(request)
+            if refused is not None:
+                return refused
         metrics.expire_series()
         return web.Response(
             body=generate_latest(metrics.registry), headers={"content-type": CONTENT_TYPE_LATEST}

@@ -33,7 +33,7 @@ from epp.discovery.pool_endpoints import (
     pod_endpoints,
     pod_name,
 )
-from epp.discovery.poolref import PoolRef
+from epp.discovery.poolref import PoolRef, SelectorRef
 from epp.discovery.reflector import Obj, Reflector, WatchTiming
 from epp.types import Endpoint
 
@@ -94,6 +94,7 @@ class PoolDiscovery:
         self._side_tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
+        """Follow the pool: its object, then its pods."""
         pools = Reflector(
             f"InferencePool {self.namespace}/{self.pool_name}",
             self._custom.list_namespaced_custom_object,
@@ -109,6 +110,12 @@ class PoolDiscovery:
             self._timing,
         )
         self._pool_task = asyncio.create_task(pools.run(), name="inferencepool-watch")
+
+    def follow(self, spec: PoolSpec) -> None:
+        """Follow the pods ``spec`` selects, with no InferencePool object (the llm-d
+        Router's standalone mode)."""
+        self.pool = spec
+        self._start_pods(spec)
 
     async def stop(self) -> None:
         """Stop watching and close the client; the endpoints stay (the process is ending)."""
@@ -282,23 +289,30 @@ def _name(pod: Obj) -> str:
     return str(pod["metadata"]["name"])
 
 
-async def start_pool_discovery(
-    ref: PoolRef,
+async def start_discovery(
+    ref: PoolRef | SelectorRef,
     datastore: Datastore,
     default_engine: str,
     on_ready: Callable[[bool], Awaitable[None]],
     timing: WatchTiming | None = None,
 ) -> PoolDiscovery:
-    """Connect to the API server and start following ``ref``'s pool (inside the loop)."""
+    """Connect to the API server and start following ``ref``'s pool, or the pods its
+    selector matches (inside the loop)."""
     api = await api_client(ref.kubeconfig)
+    namespace = ref.resolved_namespace()
+    name = ref.name if isinstance(ref, PoolRef) else f"(selector {ref.label_selector})"
     discovery = PoolDiscovery(
         api,
         datastore,
-        ref.name,
-        ref.resolved_namespace(),
+        name,
+        namespace,
         default_engine=default_engine,
         timing=timing,
         on_ready=on_ready,
     )
-    discovery.start()
+    if isinstance(ref, PoolRef):
+        discovery.start()
+    else:
+        # no pool object: port-discovery entries (which name a pool) never match here
+        discovery.follow(PoolSpec("", namespace, dict(ref.match_labels), ref.target_ports))
     return discovery

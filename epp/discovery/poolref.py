@@ -1,6 +1,8 @@
-"""Which InferencePool ``epp serve`` follows, and the namespace it is in (found as
-kubectl finds it). Apart from :mod:`epp.discovery.kubernetes`, which uses it, so that the
-flags can name a pool without importing the Kubernetes client."""
+"""Which InferencePool ``epp serve`` follows (or, without one, which pods: the llm-d
+Router's standalone ``--endpoint-selector``), and the namespace it is in (the flag, else
+``$NAMESPACE`` as the llm-d Router chart sets it, else as kubectl finds it). Apart from
+:mod:`epp.discovery.kubernetes`, which uses it, so that the flags can name a pool
+without importing the Kubernetes client."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 import yaml
 
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+NAMESPACE_ENV = "NAMESPACE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,18 +25,62 @@ class PoolRef:
     kubeconfig: Path | None = None
 
     def resolved_namespace(self) -> str:
-        """As kubectl: the flag, else the pod's own namespace in a cluster (when no
-        kubeconfig is given), else the kubeconfig's current context's, else default."""
-        if self.namespace:
-            return self.namespace
-        if self.kubeconfig is None and IN_CLUSTER_NAMESPACE.exists():
-            return IN_CLUSTER_NAMESPACE.read_text().strip()
-        path = self.kubeconfig or default_kubeconfig()
-        try:
-            text = path.read_text() if path is not None else ""
-        except OSError:
-            text = ""  # the client reports an unreadable kubeconfig when it loads it
-        return context_namespace(text) or "default"
+        return resolve_namespace(self.namespace, self.kubeconfig)
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorRef:
+    """Standalone mode: the pods matching ``match_labels`` in one namespace, each
+    serving on ``target_ports``."""
+
+    match_labels: tuple[tuple[str, str], ...]
+    target_ports: tuple[int, ...]
+    namespace: str | None = None  # None: see resolve_namespace
+    kubeconfig: Path | None = None
+
+    @property
+    def label_selector(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.match_labels)
+
+    def resolved_namespace(self) -> str:
+        return resolve_namespace(self.namespace, self.kubeconfig)
+
+
+def parse_selector(text: str) -> tuple[tuple[str, str], ...]:
+    """``key=value[,key=value...]`` (``==`` too) as sorted pairs; ValueError naming what
+    is not supported (set-based and ``!=`` terms) or missing."""
+    pairs: dict[str, str] = {}
+    for term in (t.strip() for t in text.split(",")):
+        if not term:
+            continue
+        key, sep, value = term.replace("==", "=", 1).partition("=")
+        if not sep or "!" in key or not key.strip() or "=" in value:
+            raise ValueError(
+                f"--endpoint-selector {text!r}: term {term!r} is not key=value "
+                "(only equality terms are supported)"
+            )
+        pairs[key.strip()] = value.strip()
+    if not pairs:
+        raise ValueError("--endpoint-selector is empty: give key=value[,key=value]")
+    return tuple(sorted(pairs.items()))
+
+
+def resolve_namespace(namespace: str | None, kubeconfig: Path | None) -> str:
+    """The flag, else ``$NAMESPACE`` (the llm-d Router chart sets it to the pod's),
+    else as kubectl: the pod's own namespace in a cluster (when no kubeconfig is given),
+    else the kubeconfig's current context's, else default."""
+    if namespace:
+        return namespace
+    if os.environ.get(NAMESPACE_ENV):
+        return os.environ[NAMESPACE_ENV]
+    if kubeconfig is None and IN_CLUSTER_NAMESPACE.exists():
+        return IN_CLUSTER_NAMESPACE.read_text().strip()
+    path = kubeconfig or default_kubeconfig()
+    try:
+        text = path.read_text() if path is not None else ""
+    except OSError:
+        text = ""  # the client reports an unreadable kubeconfig when it loads it
+    return context_namespace(text) or "default"
 
 
 def default_kubeconfig() -> Path | None:

@@ -81,6 +81,7 @@ class GrpcioTransport:
             )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self._health_server: grpc.aio.Server | None = None
 
     async def start(self, host: str, port: int, tls: ServerTls | None = None) -> int:
         address = f"{host}:{port}"
@@ -95,6 +96,16 @@ class GrpcioTransport:
         await self._server.start()
         return bound
 
+    async def start_health(self, host: str, port: int) -> int:
+        self._health_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_server)
+        try:
+            bound: int = self._health_server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as exc:
+            raise OSError(f"gRPC health port {host}:{port}: {exc}") from None
+        await self._health_server.start()
+        return bound
+
     async def set_serving(self, serving: bool, names: Iterable[str] = HEALTH_SERVICES) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING
@@ -106,6 +117,8 @@ class GrpcioTransport:
 
     async def stop(self, grace: float) -> None:
         await self._server.stop(grace)
+        if self._health_server is not None:
+            await self._health_server.stop(0)
 
 
 def make(router: Router, eds: EdsServer | None = None) -> GrpcioTransport:

@@ -121,6 +121,7 @@ class GrpclibTransport:
         if eds is not None:
             handlers.append(_Eds(eds))
         self._server = Server(handlers)
+        self._health_server: Server | None = None
 
     async def start(self, host: str, port: int, tls: ServerTls | None = None) -> int:
         context = None
@@ -134,6 +135,16 @@ class GrpclibTransport:
             raise OSError(f"gRPC port {host}:{port}: {exc.strerror}") from None
         # grpclib exposes no bound address; the asyncio server underneath has it.
         server: Any = self._server._server
+        bound: int = server.sockets[0].getsockname()[1]
+        return bound
+
+    async def start_health(self, host: str, port: int) -> int:
+        self._health_server = Server([self._health])
+        try:
+            await self._health_server.start(host, port)
+        except OSError as exc:
+            raise OSError(f"gRPC health port {host}:{port}: {exc.strerror}") from None
+        server: Any = self._health_server._server
         bound: int = server.sockets[0].getsockname()[1]
         return bound
 
@@ -152,6 +163,9 @@ class GrpclibTransport:
             await asyncio.wait_for(self._ext_proc.idle.wait(), grace)
         self._server.close()
         await self._server.wait_closed()
+        if self._health_server is not None:
+            self._health_server.close()
+            await self._health_server.wait_closed()
 
 
 def make(router: Router, eds: EdsServer | None = None) -> GrpclibTransport:

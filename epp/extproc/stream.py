@@ -27,6 +27,7 @@ from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
+from epp.logsetup import REQUEST_ID
 from epp.modelnames import REWRITE_HEADERS
 from epp.requestparse import parse_request
 from epp.router import Routed, Router
@@ -45,6 +46,9 @@ _EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 UPSTREAM_ADDRESS = "upstream.address"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+# the Endpoint Picker Protocol's report of the endpoint that served (envoy.lb metadata
+# on the response path, from proxies that send it)
+SERVED_KEY = "x-gateway-destination-endpoint-served"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 # How an ext_proc stream ended: Envoy half-closed it (complete), reset it (cancelled),
@@ -89,7 +93,9 @@ class _Request:
     subset: frozenset[str] | None = None
     routed: Routed | None = None
     status: int = 0
-    served: str = ""  # the endpoint that answered, when Envoy says (upstream.address)
+    # the endpoint that answered, when the proxy says (envoy.lb metadata, else Envoy's
+    # upstream.address attribute)
+    served: str = ""
     tail: bytes = b""
     stream: bool = False  # the client asked for a streamed answer ("stream": true)
 
@@ -167,7 +173,8 @@ class ExtProcStream:
 
     def _note(self, msg: ProcessingRequest) -> None:
         """What a message carries besides its kind: Envoy's body modes (on the first),
-        the endpoint that answered (a response attribute), the proxy's subset hint."""
+        the endpoint that answered (envoy.lb metadata or a response attribute), the
+        proxy's subset hint."""
         if msg.HasField("protocol_config"):
             self._envoy.request_body_mode = msg.protocol_config.request_body_mode
             self._envoy.response_body_mode = msg.protocol_config.response_body_mode
@@ -175,6 +182,7 @@ class ExtProcStream:
             self._req.served = _upstream_address(msg) or self._req.served
         if msg.HasField("metadata_context"):
             self._subset_hint = _subset_hint(msg)
+            self._req.served = _served_metadata(msg) or self._req.served
 
     def _response_unfinished(self) -> bool:
         """Would this stream have seen the response end? Not when Envoy does not send
@@ -193,6 +201,7 @@ class ExtProcStream:
         req.request_id = req.headers.get("x-request-id", "")
         if not req.request_id:
             req.request_id, req.generated_id = uuid.uuid4().hex, True
+        REQUEST_ID.set(req.request_id)  # this stream's task: its log lines name it
         if msg.end_of_stream:  # nothing to wait for
             # GET /v1/models has no body by design; a POST without one is a client error.
             method = req.headers.get(":method", "GET")
@@ -397,6 +406,7 @@ class ExtProcStream:
                 self._router.response_seen(
                     routed.ticket.address, self._req.status, self._req.served
                 )
+                self._router.answered(routed, self._req.status)
 
 
 def _subset_hint(msg: ProcessingRequest) -> frozenset[str] | None:
@@ -409,6 +419,19 @@ def _subset_hint(msg: ProcessingRequest) -> frozenset[str] | None:
         return frozenset(v.string_value for v in value.list_value.values if v.string_value)
     # tolerate a single string, possibly comma-separated
     return frozenset(a.strip() for a in value.string_value.split(",") if a.strip())
+
+
+def _served_metadata(msg: ProcessingRequest) -> str:
+    """``envoy.lb`` metadata ``x-gateway-destination-endpoint-served``: the ``ip:port``
+    that served, when the proxy reports it (the first, should it send a list)."""
+    lb = msg.metadata_context.filter_metadata.get(messages.LB_NAMESPACE)
+    if lb is None or SERVED_KEY not in lb.fields:
+        return ""
+    value = lb.fields[SERVED_KEY]
+    text: str = (
+        value.list_value.values[0].string_value if value.list_value.values else value.string_value
+    )
+    return text.split(",", 1)[0].strip()
 
 
 def _upstream_address(msg: ProcessingRequest) -> str:

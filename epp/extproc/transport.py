@@ -40,6 +40,12 @@ class Transport(Protocol):
         return the bound port. Raises OSError naming the address if it cannot bind."""
         ...
 
+    async def start_health(self, host: str, port: int) -> int:
+        """Also answer gRPC health, alone and in plaintext, on host:port (0 = any free
+        port); return the bound port. Raises OSError naming the address. Stopped by
+        :meth:`stop`."""
+        ...
+
     async def set_serving(self, serving: bool, names: Iterable[str] = HEALTH_SERVICES) -> None:
         """Report ``names`` (default: all of HEALTH_SERVICES) as SERVING or NOT_SERVING."""
         ...

@@ -49,7 +49,16 @@ def _serve(tmp_path: Path, grpc_port: int, servers: list[SimProc]) -> ManagedPro
         tmp_path,
         "epp",
         "serve",
-        *("--grpc-port", str(grpc_port), "--http-port", "0", "--log-level", "warning"),
+        *(
+            "--grpc-port",
+            str(grpc_port),
+            "--http-port",
+            "0",
+            "--grpc-health-port",
+            "0",
+            "--log-level",
+            "warning",
+        ),
         *("--decode", *addresses),
     )
 

@@ -39,7 +39,7 @@ def stack(kube: FakeKubeThread, tmp_path_factory: pytest.TempPathFactory) -> Ite
         workdir=workdir,
         static_endpoints=False,
         epp_args=["--pool-name", "qwen-pool", "--pool-namespace", "default",
-                  "--kubeconfig", str(kubeconfig)],
+                  "--kubeconfig", str(kubeconfig), "--secure-serving=false"],
     )  # fmt: skip
     with LocalStack(opts) as s:
         yield s
@@ -141,7 +141,8 @@ def pd_stack(
     opts = ephemeral(
         servers=0, prefill=1, decode=1, coordinator="nixl", static_endpoints=False,
         workdir=workdir, sim_args=["--time-scale", "0.05"],
-        epp_args=["--pool-name", "pd-pool", "--kubeconfig", str(kubeconfig)],
+        epp_args=["--pool-name", "pd-pool", "--kubeconfig", str(kubeconfig),
+                  "--secure-serving=false"],
     )  # fmt: skip
     with LocalStack(opts) as s:
         yield s

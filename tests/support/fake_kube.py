@@ -82,6 +82,10 @@ class FakeKube:
         self.history: list[_Change] = []
         self.requests: list[Seen] = []
         self.events: list[Obj] = []  # core/v1 Events the client created
+        # TokenReview / SubjectAccessReview: bearer token -> user name, and the users
+        # allowed to GET the non-resource URL /metrics
+        self.tokens: dict[str, str] = {}
+        self.metrics_readers: set[str] = set()
         self._watches: set[_Watch] = set()
         self._failures: list[int] = []
         self._stalls = 0
@@ -148,7 +152,33 @@ class FakeKube:
         group = "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools"
         app.router.add_get(group, self._get("inferencepools"))
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._post_event)
+        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
+        app.router.add_post(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews", self._access_review
+        )
         return app
+
+    async def _token_review(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(Seen("POST", "tokenreviews", {}))
+        user = self.tokens.get(body["spec"]["token"])
+        status: Obj = {"authenticated": False, "error": "invalid bearer token"}
+        if user is not None:
+            groups = ["system:authenticated"]
+            status = {"authenticated": True, "user": {"username": user, "groups": groups}}
+        return web.json_response({**body, "status": status}, status=201)
+
+    async def _access_review(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(Seen("POST", "subjectaccessreviews", {}))
+        spec = body["spec"]
+        attrs = spec.get("nonResourceAttributes") or {}
+        allowed = (
+            spec.get("user") in self.metrics_readers
+            and attrs.get("path") == "/metrics"
+            and attrs.get("verb") == "get"
+        )
+        return web.json_response({**body, "status": {"allowed": allowed}}, status=201)
 
     def _get(self, resource: str) -> Callable[[web.Request], Any]:
         async def handler(request: web.Request) -> web.StreamResponse:

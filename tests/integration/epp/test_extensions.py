@@ -116,7 +116,8 @@ def test_serve_uses_the_source_the_dialect_and_the_coordinator(
     ready = tmp_path / "epp.ready"
     proc = ManagedProcess(
         "epp",
-        epp_argv("serve", "--grpc-port", "0", "--http-port", "0", "--config", str(config),
+        epp_argv("serve", "--grpc-port", "0", "--http-port", "0",
+                 "--grpc-health-port", "0", "--config", str(config),
                  "--ready-file", str(ready)),
         ready_file=ready,
         log_path=tmp_path / "epp.log",
@@ -153,5 +154,16 @@ def test_a_broken_entry_point_stops_config_and_serve_naming_it(tmp_path: Path) -
     )
     shown = epp(site, "config", "show", "--config", str(config))
     assert shown.returncode == 2 and message in shown.stderr, shown.stderr
-    served = epp(site, "serve", "--grpc-port", "0", "--http-port", "0", "--coordinator", "broken")
+    served = epp(
+        site,
+        "serve",
+        "--grpc-port",
+        "0",
+        "--http-port",
+        "0",
+        "--grpc-health-port",
+        "0",
+        "--coordinator",
+        "broken",
+    )
     assert served.returncode == 2 and message in served.stderr, served.stderr

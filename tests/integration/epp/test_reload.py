@@ -47,7 +47,7 @@ def reloads(proc: ManagedProcess, result: str) -> float:
 
 def start(tmp_path: Path, config: Path, poll_s: str) -> ManagedProcess:
     return start_epp(
-        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0",
+        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0", "--grpc-health-port", "0",
         "--config", str(config), "--config-poll-seconds", poll_s,
         "--eject-after", "0",  # nothing listens at the endpoints
     )  # fmt: skip

@@ -16,7 +16,7 @@ from tests.support.http import metric_sum, request
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        epp_argv("serve", "--grpc-port", "0", "--http-port", "0", *args),
+        epp_argv("serve", "--grpc-port", "0", "--http-port", "0", "--grpc-health-port", "0", *args),
         capture_output=True,
         text=True,
         timeout=30,
@@ -45,7 +45,9 @@ def test_taken_port_exits_1_with_the_address() -> None:
         s.listen()
         port = s.getsockname()[1]
         result = subprocess.run(
-            epp_argv("serve", "--grpc-port", "0", "--http-port", str(port)),
+            epp_argv(
+                "serve", "--grpc-port", "0", "--http-port", str(port), "--grpc-health-port", "0"
+            ),
             capture_output=True,
             text=True,
             timeout=30,
@@ -58,7 +60,7 @@ def test_role_flags_and_config_endpoints_join_the_pool(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("endpoints: [{address: '127.0.0.1:1004', role: both}]\n")
     proc = start_epp(
-        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0",
+        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0", "--grpc-health-port", "0",
         "--config", str(config), "--prefill", "127.0.0.1:1001",
         "--decode", "127.0.0.1:1002", "--endpoint", "127.0.0.1:1003",
         "--coordinator", "kv-pool", "--eject-after", "0",  # nothing listens there
@@ -83,7 +85,12 @@ def test_unknown_coordinator_is_a_usage_error() -> None:
 def test_pool_flags_without_pool_name_are_a_usage_error(tmp_path: Path) -> None:
     result = serve("--kubeconfig", str(tmp_path / "k"))
     assert result.returncode == 2
-    assert "--pool-namespace and --kubeconfig need --pool-name" in result.stderr
+    assert "--kubeconfig needs --pool-name, --endpoint-selector or --metrics-endpoint-a" in (
+        result.stderr
+    )
+    result = serve("--pool-namespace", "ns")
+    assert result.returncode == 2
+    assert "--pool-namespace needs --pool-name or --endpoint-selector" in result.stderr
 
 
 def test_unreadable_kubeconfig_exits_1_naming_it(tmp_path: Path) -> None:
@@ -100,8 +107,23 @@ def test_unreadable_kubeconfig_exits_1_naming_it(tmp_path: Path) -> None:
         (["--tls-key-file", "k.pem"], "--tls-cert-file and --tls-key-file go together"),
         (
             ["--tls-self-signed", "--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"],
-            "--tls-self-signed and --tls-cert-file/--tls-key-file exclude each other",
+            "--tls-self-signed and certificate files (--tls-cert-file, --cert-path) exclude",
         ),
+        (["--cert-path", "d", "--tls-cert-file", "c", "--tls-key-file", "k"], "exclude each"),
+        (["--secure-serving=false", "--tls-self-signed"], "--secure-serving=false contradicts"),
+        (["--secure-serving=maybe"], "not a boolean: 'maybe' (use true or false)"),
+        (["--pool-group", "inference.networking.x-k8s.io"], "only inference.networking.k8s.io"),
+        (["--pool-name", "p", "--endpoint-selector", "a=b"], "exclude each other: give one"),
+        (["--endpoint-selector", "app=x"], "--endpoint-selector needs --endpoint-target-ports"),
+        (["--endpoint-target-ports", "8000"], "--endpoint-target-ports needs --endpoint-selector"),
+        (["--endpoint-target-ports", "0"], "port must be 1-65535, got 0"),
+        (
+            ["--endpoint-selector", "env in (a)", "--endpoint-target-ports", "8000"],
+            "is not key=value (only equality terms are supported)",
+        ),
+        (["--config-text", "{}", "--config-file", "x"], "--config-text exclude each other"),
+        (["--zap-encoder", "xml"], "invalid choice: 'xml'"),
+        (["-v", "-1"], "must be >= 0, got -1"),
     ],
 )
 def test_bad_flag_combinations_are_usage_errors(flags: list[str], message: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from epp_harness.envoyconfig import (
     EXAMPLES,
+    FALLBACK_CLUSTER,
     EnvoyOptions,
     baseline_config,
     client_routed_config,
@@ -68,3 +69,44 @@ def test_invalid_config_is_reported_with_envoys_words(tmp_path: Path) -> None:
 
     with pytest.raises(ProcessFailed, match="NOT_A_TYPE"):
         validate(write_config(config, tmp_path / "bad.yaml"))
+
+
+def test_fail_open_adds_the_fallback_route_first(tmp_path: Path) -> None:
+    servers = (("127.0.0.1", 8000), ("127.0.0.1", 8001))
+    opts = EnvoyOptions(processing="buffered", failure_mode_allow=True, fallback_servers=servers)
+    config = epp_config(opts)
+    [ext_proc] = [f for f in http_filters(config) if f["name"] == "envoy.filters.http.ext_proc"]
+    assert ext_proc["typed_config"]["failure_mode_allow"] is True
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    routes = hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    first = routes[0]
+    assert first["match"]["headers"] == [
+        {"name": "x-gateway-destination-endpoint", "present_match": True, "invert_match": True}
+    ]
+    assert first["route"]["cluster"] == FALLBACK_CLUSTER
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    assert len(clusters[FALLBACK_CLUSTER]["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 2
+    validate(write_config(config, tmp_path / "fail-open.yaml"))
+    # without fallback servers (eds): the model-server cluster, no pick
+    no_list = epp_config(replace(opts, fallback_servers=()))
+    hcm = no_list["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    assert (
+        hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster"]
+        == "model_servers"
+    )
+    validate(write_config(no_list, tmp_path / "fail-open-eds.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("opts", "message"),
+    [
+        (EnvoyOptions(failure_mode_allow=True), "needs processing 'buffered'"),
+        (
+            EnvoyOptions(processing="buffered", failure_mode_allow=True, cluster="original-dst"),
+            "original-dst cluster needs fallback servers",
+        ),
+    ],
+)
+def test_fail_open_configs_that_cannot_work_are_refused(opts: EnvoyOptions, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        epp_config(opts)

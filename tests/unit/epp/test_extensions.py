@@ -136,5 +136,10 @@ broken-scorer = {HERE}:NOT_A_DIALECT
 
 def test_the_shipped_registries_hold_the_built_ins() -> None:
     assert {"nixl", "sidecar", "concurrent", "kv-pool"} <= set(COORDINATORS)
-    assert list(DISCOVERY_SOURCES)[:3] == ["static", "kubernetes", "admin-api"]
+    assert list(DISCOVERY_SOURCES)[:4] == [
+        "static",
+        "kubernetes",
+        "kubernetes-selector",
+        "admin-api",
+    ]
     assert COORDINATORS["nixl"] is NixlCoordinator

@@ -28,7 +28,8 @@ def sim(tmp_path: Path) -> Iterator[str]:
 
 def serve(tmp_path: Path, *args: str) -> ManagedProcess:
     return start_epp(
-        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0", *args
+        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0",
+        "--grpc-health-port", "0", *args
     )  # fmt: skip
 
 

@@ -129,7 +129,7 @@ def test_with_an_epp_only_its_prefill_members_are_called(
 ) -> None:
     prefill, decode, _ = pair
     epp = start_epp(
-        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0",
+        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0", "--grpc-health-port", "0",
         "--prefill", f"localhost:{prefill.port}", "--decode", f"127.0.0.1:{decode.port}",
     )  # fmt: skip
     sidecar = start_epp(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from epp.datastore import Datastore
-from epp.discovery.kubernetes import PoolDiscovery, api_client, start_pool_discovery
+from epp.discovery.kubernetes import PoolDiscovery, api_client, start_discovery
 from epp.discovery.poolref import PoolRef
 from epp.discovery.reflector import WatchTiming
 from epp.types import Endpoint, Role
@@ -47,7 +47,7 @@ async def start(fake: FakeKube, url: str, tmp_path: Path, timing: WatchTiming = 
         calls.append(ready)
 
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
-    discovery = await start_pool_discovery(
+    discovery = await start_discovery(
         PoolRef("qwen-pool", "default", kubeconfig), datastore, "vllm", on_ready, timing
     )
     return World(fake, datastore, discovery, calls)

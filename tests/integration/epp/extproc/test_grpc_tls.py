@@ -42,7 +42,7 @@ class TlsServer:
 
 def start(tmp_path: Path, endpoint: str, transport: str, *tls_flags: str) -> ManagedProcess:
     return start_epp(
-        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0",
+        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0", "--grpc-health-port", "0",
         "--endpoint", endpoint, "--eject-after", "0", "--transport", transport,
         *tls_flags,
     )  # fmt: skip

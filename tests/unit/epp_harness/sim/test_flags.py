@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from epp.logsetup import level_of
 from epp.types import Role
 from epp_harness.sim.config import KvConnector, address
 from epp_harness.sim.flags import add_arguments, config_from_args
@@ -28,7 +29,7 @@ def test_defaults() -> None:
     assert (args.max_num_seqs, args.kv_blocks, args.block_size) == (16, 8192, 16)
     assert (args.prefill_overhead_ms, args.prefill_ms_per_token) == (5.0, 0.05)
     assert (args.decode_ms_per_token, args.itl_ms_per_running_seq) == (8.0, 0.5)
-    assert (args.default_max_tokens, args.time_scale, args.log_level) == (16, 1.0, "info")
+    assert (args.default_max_tokens, args.time_scale, level_of(args)) == (16, 1.0, "info")
 
 
 def test_config_from_args_uses_the_bound_port_for_the_instance_id() -> None:

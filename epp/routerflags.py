@@ -1,0 +1,64 @@
+"""The llm-d Router's ``epp serve`` flags that have no counterpart of ours, so that the
+argument list its chart renders starts this EPP unchanged (docs/llm-d-router.md):
+``--metrics-endpoint-auth`` (:mod:`epp.admin.metricsauth`), and two accepted without
+being implemented yet.
+
+The rest of its flags live beside the ones of ours they map onto: ``--pool-group``,
+``--endpoint-selector``, ``--endpoint-target-ports`` (:mod:`epp.discovery.serve_pool`),
+``--secure-serving``, ``--cert-path`` (:mod:`epp.extproc.tlsflags`), ``-v``,
+``--zap-encoder`` (:mod:`epp.logsetup`), ``--config-file``, ``--config-text``,
+``--metrics-port``, ``--grpc-health-port`` (:mod:`epp.serve`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from epp.argtypes import go_bool
+from epp.logsetup import add_router_logging
+
+# flag -> what it does here when true (each is accepted; false is our behaviour)
+NOT_YET = {
+    "tracing": "no traces are exported yet (OpenTelemetry is not wired in)",
+    "ha_enable_leader_election": "there is no leader election: this replica serves "
+    "as if it were the leader",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "llm-d Router compatibility", "their flags, accepted (see docs/llm-d-router.md)"
+    )
+    add_router_logging(g)
+    g.add_argument(
+        "--metrics-endpoint-auth",
+        type=go_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="/metrics only for Kubernetes identities allowed to get it (a bearer token, "
+        "checked with TokenReview and SubjectAccessReview; --kubeconfig or the pod's "
+        "service account). Off by default here, unlike theirs (docs/llm-d-router.md)",
+    )
+    for flag, what in (
+        ("--tracing", "emit OpenTelemetry traces"),
+        ("--ha-enable-leader-election", "leader election between replicas"),
+    ):
+        g.add_argument(
+            flag,
+            type=go_bool,
+            nargs="?",
+            const=True,
+            default=False,
+            metavar="BOOL",
+            help=f"{what}; accepted, not implemented yet: true only logs a warning",
+        )
+
+
+def warnings(args: argparse.Namespace) -> list[str]:
+    """What the flags ask for that this EPP does not do, as log lines."""
+    return [
+        f"--{name.replace('_', '-')}=true: {what}"
+        for name, what in NOT_YET.items()
+        if getattr(args, name)
+    ]
