@@ -49,6 +49,9 @@ class SimConfig:
     prefill_ms_per_token: float = 0.05
     decode_ms_per_token: float = 8.0
     itl_ms_per_running_seq: float = 0.5
+    # Step-level batching with chunked prefill (epp_harness.sim.steps): the per-step token
+    # budget, as vLLM's --max-num-batched-tokens; 0 = per-request timing, no interference.
+    max_num_batched_tokens: int = 2048
     default_max_tokens: int = 16
     time_scale: float = 1.0
     # ORCA response header on non-streaming responses: none | text | json | bin
@@ -76,6 +79,16 @@ class SimConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, got {self.port}")
         self._check_disaggregation()
+        if self.max_num_batched_tokens < 0:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 0, got {self.max_num_batched_tokens}"
+            )
+        if self.max_num_batched_tokens and self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM refuses this too: every running decode needs a token of the budget.
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be 0 (off) or "
+                f">= max_num_seqs ({self.max_num_seqs})"
+            )
         for name in ("max_num_seqs", "kv_blocks", "block_size", "default_max_tokens"):
             value = getattr(self, name)
             if value < 1:
