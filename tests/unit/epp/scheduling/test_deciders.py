@@ -42,6 +42,9 @@ def test_long_prompt_is_disaggregated_onto_a_prefill_endpoint() -> None:
     assert result.decision == "disaggregated"
     assert result.primary.role is Role.DECODE
     assert result.prefill is not None and result.prefill.role is Role.PREFILL
+    # the prefill profile's other pick is the prefill leg's fallback
+    [fallback] = result.prefill_fallbacks
+    assert fallback.role is Role.PREFILL and fallback != result.prefill
 
 
 def test_short_prompt_goes_decode_only() -> None:
