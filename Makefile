@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-routing clean
+.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-routing bench-pd clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ test: lint typecheck
 
 # All benchmarks (~50 minutes); results land in bench/results/, and its README.md (the one
 # page that quotes figures) is rewritten from them last.
-bench: bench-overhead bench-decision bench-scrape bench-routing
+bench: bench-overhead bench-decision bench-scrape bench-routing bench-pd
 	$(BIN)/python -m bench.results_index
 
 bench-overhead: $(STAMP)
@@ -65,6 +65,12 @@ bench-routing: $(STAMP)
 			--duration $(MATRIX_DURATION) --workload $$w --prefix-copies $$c \
 			--name routing-zipf-$$w-kv$$c || exit 1; \
 	done
+
+# Issue 21: the same 4 simulators aggregated and split (1P:3D, 2P:2D; nixl and sidecar;
+# the deciders on 1P:3D), prefill-heavy, decode-heavy and mixed workloads, six loads up
+# to past saturation (~1.5 hours; bench/results/pd.*). `--quick` is the short run.
+bench-pd: $(STAMP)
+	$(BIN)/python -m bench.pd
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
