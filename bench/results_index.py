@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from bench import pd_report
+
 RESULTS = Path(__file__).resolve().parent / "results"
 INDEX = RESULTS / "README.md"
 
@@ -53,7 +55,7 @@ req/s in a morning run of 2026-11-23 and 713 req/s in the afternoon run the over
 files hold), so compare rows within a file, and read absolute numbers as this machine's.
 
 {benchmarks}
-`make bench` runs them all (about 50 minutes). The simulators' latency and cache flags
+`make bench` runs them all (about 2.5 hours). The simulators' latency and cache flags
 are passed explicitly, so a change of `epp sim` defaults cannot move a baseline.
 """
 
@@ -110,6 +112,18 @@ BENCHMARKS = [
         "already prefilled, the share whose `usage.prompt_tokens_details.cached_tokens` "
         "show they paid that prefill again; `bench/warmth.py`), CPU; each file's reading "
         "gives every p90 as a multiple of the oracle's and round robin's.",
+    ),
+    (
+        "pd",
+        "issue 21's comparison (about 1.5 hours; `pd.md`, `--quick` writes `pd-short.md`, "
+        "each with `_itl.png`, `_ttft.png` and `_goodput.png`): the same 4 simulators "
+        "(step-level batching with chunked prefill, so a long prefill slows the decodes "
+        "beside it) aggregated and split 1P:3D and 2P:2D under the `nixl` and `sidecar` "
+        "coordinators, and the deciders `always`, `never`, `prefix-based` and `benefit` "
+        "on 1P:3D; prefill-heavy, decode-heavy and mixed workloads of unique prompts, "
+        "Poisson arrivals at fractions of the aggregated pool's estimated capacity up to "
+        "past it. Per cell: TTFT, ITL and e2e p50/p90/p99, throughput, the share "
+        "disaggregated, goodput (TTFT and the request's own p90 ITL within their SLOs).",
     ),
 ]
 
@@ -412,6 +426,18 @@ def targets_section() -> list[str]:
     ]
 
 
+def pd_section() -> list[str]:
+    out = ["## Prefill/decode split", ""]
+    for name in names("pd"):
+        data = load(name)
+        meta = data["meta"]
+        kind = "a short run on a shared machine" if meta["quick"] else "the full run"
+        out += [f"### {link(name)}: {kind}, {meta['started']}", ""]
+        out += [line for line in pd_report.reading(meta, data["rows"]) if line.startswith("* ")]
+        out.append("")
+    return out[:-1]
+
+
 def benchmarks_table() -> list[str]:
     rows = [[name, f"`make bench-{name}`", what] for name, what in BENCHMARKS]
     return table(["benchmark", "run it", "what it measures"], rows, right_from=9)
@@ -426,6 +452,7 @@ def render() -> str:
         decision_section(),
         scrape_section(),
         routing_section(),
+        pd_section(),
         ["## Other measurements", "", *[f"- {m}" for m in OTHER_MEASUREMENTS]],
     ]
     return "\n\n".join("\n".join(s) for s in sections) + "\n"
