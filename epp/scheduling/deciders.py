@@ -90,8 +90,10 @@ class BenefitDecider:
       chunks add to their steps (:func:`epp.scheduling.latency.interference_s`, with
       ``stepTokens`` per step), weighed by ``stallWeight``;
     * **remote**: the best prefill-capable endpoint's predicted TTFT for those tokens
-      (its queue wait + prefill), plus the KV transfer (``transferMsPerToken`` per
-      uncached token) and one decode step on the decode endpoint.
+      (its queue wait + prefill; on a prefill-only endpoint at least the prefill of
+      those tokens after every prompt token in flight there), plus the KV transfer
+      (``transferMsPerToken`` per uncached token) and one decode step on the decode
+      endpoint.
 
     The decode endpoint's own queue wait comes first either way, so it is left out.
     """
@@ -134,6 +136,11 @@ class BenefitDecider:
             uncached_there = _uncached(self._estimate, ctx, state.address)
             in_flight = ctx.snapshot.in_flight.get(state.address, 0)
             ttft = ctx.latency.predict(state, ctx.metrics(state), in_flight, uncached_there).ttft_s
+            if state.endpoint.role is Role.PREFILL:
+                # only prefills there, batched by compute rather than queued for slots:
+                # this prompt is done after the prompt tokens already in flight there
+                backlog = ctx.snapshot.in_flight_tokens.get(state.address, 0)
+                ttft = max(ttft, ctx.latency.endpoint(state).prefill(uncached_there + backlog))
             if remote is None or ttft < remote:
                 remote = ttft
         if remote is None:

@@ -186,7 +186,7 @@ PROMPT_4000 = "y" * 16_000  # 4,000 tokens at 4 characters a token
 
 
 def benefit_context(
-    prompt: str, decode_running: float, prefill_waiting: float = 0.0
+    prompt: str, decode_running: float, prefill_waiting: float = 0.0, prefill_tokens: int = 0
 ) -> tuple[CycleContext, EndpointState]:
     decode = EndpointState(
         Endpoint("10.0.0.2", 8000, Role.DECODE),
@@ -198,7 +198,11 @@ def benefit_context(
             updated_at=NOW, waiting=prefill_waiting, running=min(prefill_waiting, 16), kv_usage=0
         ),
     )
-    snap = Snapshot((prefill, decode), {prefill.address: 0, decode.address: 0})
+    snap = Snapshot(
+        (prefill, decode),
+        {prefill.address: 0, decode.address: 0},
+        {prefill.address: prefill_tokens},
+    )
     ctx = CycleContext(request(prompt), snap, NOW, random.Random(0), latency=LatencyModel(SIM_LIKE))
     return ctx, decode
 
@@ -267,3 +271,13 @@ def test_benefit_is_configured_by_name() -> None:
         request(SHORT), pool(Role.PREFILL, Role.DECODE), random.Random(0)
     )
     assert result.decision == "decode-only"
+
+
+def test_benefit_counts_the_prompt_tokens_a_prefill_server_is_already_computing() -> None:
+    decider = BenefitDecider(2048, 0.005, 1.0)
+    ctx, decode = benefit_context(PROMPT_4000, decode_running=16, prefill_tokens=40_000)
+    _, remote = decider.costs(ctx, decode)
+    assert remote == pytest.approx(0.005 + 0.05e-3 * 44_000 + 4000 * 0.005e-3 + 0.016)
+    assert decider.wants_prefill(ctx, decode)  # 2.2 s there still beats 2.9 s here
+    ctx, decode = benefit_context(PROMPT_4000, decode_running=16, prefill_tokens=60_000)
+    assert not decider.wants_prefill(ctx, decode)
