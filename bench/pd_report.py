@@ -159,7 +159,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         + ", ".join(f"{k} {v:g} req/s" for k, v in meta["capacity_rps"].items())
         + ". *split*: the share of requests the EPP disaggregated; goodput: the share of "
         f"requests with TTFT <= {meta['slo']['ttft_ms']:g} ms and their own p90 ITL <= "
-        f"{meta['slo']['itl_ms']:g} ms. ITL pools every gap between a request's tokens.",
+        f"{meta['slo']['itl_ms']:g} ms. ITL pools every gap between a request's tokens. "
+        "*ok req/s* and *tok/s*: what completed, per second of the arrival window (with "
+        "every request done that is the offered rate: saturation shows in TTFT and e2e).",
         "",
         "Workloads (share, prompt tokens, output tokens): "
         + "; ".join(
