@@ -85,8 +85,8 @@ class CoordinatorEnv:
     # that failed a leg (address, reason, serving: it answered with a 5xx)
     on_success: Callable[[str], None] | None = None
     on_failure: Callable[[str, str, bool], None] | None = None
-    # all of a request's prefill attempts together (failover included); past it the
-    # request decodes alone. None: each attempt has only the transport's timeouts
+    # all of a request's prefill attempts together, shared out equally among its prefill
+    # endpoints; past it the request decodes alone. None: only the transport's timeouts
     prefill_budget_s: float | None = None
 
 
@@ -110,23 +110,26 @@ class PrefillLegs:
         count_ok: bool = True,
     ) -> LegResult | None:
         """The first good prefill answer from ``h.prefills`` in order, or None when the
-        decode endpoint must prefill alone (every one failed, or the budget ran out).
-        Each attempt is counted once: ``count_ok=False`` leaves a 2xx leg's outcome to
-        the caller, which still has to judge the answer. A 400-451 is the client's
-        error: raised at once, no other endpoint tried."""
-        try:
-            async with asyncio.timeout(self.env.prefill_budget_s):
-                for prefill in h.prefills:
+        decode endpoint must prefill alone (every one failed). The budget is shared out
+        equally, so that one that hangs leaves time for the next; with one endpoint it
+        gets the whole budget. Each attempt is counted once: ``count_ok=False`` leaves a
+        2xx leg's outcome to the caller, which still has to judge the answer. A 400-451
+        is the client's error: raised at once, no other endpoint tried."""
+        budget = self.env.prefill_budget_s
+        share = None if budget is None else budget / len(h.prefills)
+        for prefill in h.prefills:
+            try:
+                async with asyncio.timeout(share):
                     result = await self.attempt(h, prefill, doc, count_ok=count_ok)
-                    if result is not None:
-                        return result
-        except TimeoutError:
-            self.count("failed")
-            log.warning(
-                "request %s: prefill legs took longer than %gs; decode alone",
-                h.request.request_id,
-                self.env.prefill_budget_s,
-            )
+            except TimeoutError:
+                self.count("failed")
+                reason = f"prefill leg failed: no answer within {share:g}s"
+                log.warning("request %s: %s from %s", h.request.request_id, reason, prefill.address)
+                if self.env.on_failure is not None:
+                    self.env.on_failure(prefill.address, reason, False)
+                continue
+            if result is not None:
+                return result
         return None
 
     async def attempt(

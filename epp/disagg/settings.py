@@ -23,8 +23,8 @@ class DisaggConfig:
     prefill_timeout_s: float = setting(
         25.0,
         "prefillTimeoutSeconds",
-        "the prefill leg, failover to the next prefill endpoints included; past it the "
-        "request decodes alone",
+        "the prefill leg, failover included (shared out equally among the request's "
+        "prefill endpoints); past it the request decodes alone",
         minimum=0.001,
     )
     connect_timeout_s: float = setting(

@@ -303,13 +303,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefill-timeout-seconds",
         type=argtypes.non_negative_float,
         default=60.0,
-        help="longest a prefill leg may take before decoding alone",
+        help="longest one prefill leg may take before the next prefill server named "
+        "(x-prefiller-fallbacks) gets it, or the request decodes alone",
     )
     parser.add_argument(
         "--connect-timeout-seconds",
         type=argtypes.non_negative_float,
         default=1.0,
-        help="longest to wait to reach the prefill server before decoding alone",
+        help="longest to wait to reach a prefill server before trying the next one named, "
+        "or decoding alone",
     )
     parser.add_argument(
         "--epp-url",

@@ -452,13 +452,32 @@ async def test_a_prefill_client_error_is_not_retried_elsewhere() -> None:
     r.assert_nothing_left()
 
 
+async def test_a_hung_prefill_server_leaves_its_share_of_the_budget_to_the_next() -> None:
+    never = asyncio.Event()
+    r = failover_rig(held(never, KV_ANSWER), KV_ANSWER, prefill_budget_s=0.1)
+    leg = await NixlCoordinator(r.env).hand_off(failover_handoff())
+    assert leg.doc is not None and leg.doc["kv_transfer_params"] == RETURNED_KV
+    assert [s.address for s in r.transport.sent] == [PREFILL.address, PREFILL_2.address]
+    assert r.outcomes("nixl") == {"failed": 1, "ok": 1}
+    [(address, reason, serving)] = r.failures
+    assert (address, reason, serving) == (
+        PREFILL.address,
+        "prefill leg failed: no answer within 0.05s",
+        False,
+    )
+    r.assert_nothing_left()
+
+
 async def test_the_budget_bounds_all_attempts_together() -> None:
     never = asyncio.Event()
-    r = failover_rig(held(never, KV_ANSWER), KV_ANSWER, prefill_budget_s=0.05)
+    r = failover_rig(held(never, KV_ANSWER), held(never, KV_ANSWER), prefill_budget_s=0.1)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
     assert await NixlCoordinator(r.env).hand_off(failover_handoff()) == DecodeLeg()
-    assert [s.address for s in r.transport.sent] == [PREFILL.address]
-    assert r.outcomes("nixl") == {"failed": 1}
+    assert loop.time() - start < 0.5
+    assert r.outcomes("nixl") == {"failed": 2}
     r.assert_nothing_left()
+    assert r.datastore.in_flight(PREFILL_2.address) == 0
 
 
 async def test_concurrent_fails_over_to_the_next_prefill_before_routing_the_decode() -> None:
