@@ -111,7 +111,6 @@ class StepLoop:
         self._sleep = sleep
         self._works: list[Work] = []
         self._task: asyncio.Task[None] | None = None
-        self.steps = 0  # steps run since start (/sim/stats)
 
     async def pace(
         self, prefill_tokens: int, outputs: int, overhead: bool
@@ -141,6 +140,5 @@ class StepLoop:
                 self.config, step.decodes, step.prefill_tokens, step.prefill_starts
             )
             await (self._sleep(delay) if delay > 0 else asyncio.sleep(0))
-            self.steps += 1
             for work, tokens in step.entries:
                 work.advance(tokens)
