@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-kv-events bench-routing \
-	bench-lora clean
+	bench-lora bench-pd clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ test: lint typecheck
 
 # All benchmarks (~50 minutes); results land in bench/results/, and its README.md (the one
 # page that quotes figures) is rewritten from them last.
-bench: bench-overhead bench-decision bench-scrape bench-kv-events bench-routing bench-lora
+bench: bench-overhead bench-decision bench-scrape bench-kv-events bench-routing bench-lora bench-pd
 	$(BIN)/python -m bench.results_index
 
 bench-overhead: $(STAMP)
@@ -81,6 +81,12 @@ bench-routing: $(STAMP)
 	$(BIN)/python -m bench.routing $(MATRIX_SETTING) $(EVENTS_POLICIES) --kv-events \
 		--duration $(MATRIX_DURATION) --workload groups --prefix-copies 1.6 \
 		--name routing-zipf-groups-kv1.6-events
+
+# Issue 21: the same 4 simulators aggregated and split (1P:3D, 2P:2D; nixl and sidecar;
+# the deciders on 1P:3D), prefill-heavy, decode-heavy and mixed workloads, six loads up
+# to past saturation (~1.5 hours; bench/results/pd.*). `--quick` is the short run.
+bench-pd: $(STAMP)
+	$(BIN)/python -m bench.pd
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from bench import pd_report
+
 RESULTS = Path(__file__).resolve().parent / "results"
 INDEX = RESULTS / "README.md"
 
@@ -54,7 +56,7 @@ req/s in a morning run of 2026-11-23 and 713 req/s in the afternoon run the over
 files hold), so compare rows within a file, and read absolute numbers as this machine's.
 
 {benchmarks}
-`make bench` runs them all (about 50 minutes). The simulators' latency and cache flags
+`make bench` runs them all (about 2.5 hours). The simulators' latency and cache flags
 are passed explicitly, so a change of `epp sim` defaults cannot move a baseline.
 """
 
@@ -88,6 +90,13 @@ BENCHMARKS = [
         "scrape budget off and at its default: scrapes/s, CPU, the oldest metrics' age",
     ),
     (
+        "kv-events",
+        "issue 16's costs on one core (`kv-events.md`): KV-event index updates (blocks/s "
+        "applied, and with msgpack decoding), lookups against 1,000 endpoints, "
+        "tokenization per request, and a decision with the precise prefix scorer at "
+        "1,000 endpoints",
+    ),
+    (
         "routing",
         "issue 13's matrix (about 35 minutes; `routing-zipf-WORKLOAD-kvCOPIES.md`, each "
         "with `_ttft.png` and `_load.png`): 4 simulators running 4 sequences each, "
@@ -118,6 +127,18 @@ BENCHMARKS = [
         "simulators with 2 adapter slots each (100 ms swap), Poisson arrivals; adapter "
         "loads per 100 requests (slot swaps + runtime loads) and TTFT of round robin, "
         "the EPP with adapters registered everywhere, and the EPP loading them on demand",
+    ),
+    (
+        "pd",
+        "issue 21's comparison (about 1.5 hours; `pd.md`, `--quick` writes `pd-short.md`, "
+        "each with `_itl.png`, `_ttft.png` and `_goodput.png`): the same 4 simulators "
+        "(step-level batching with chunked prefill, so a long prefill slows the decodes "
+        "beside it) aggregated and split 1P:3D and 2P:2D under the `nixl` and `sidecar` "
+        "coordinators, and the deciders `always`, `never`, `prefix-based` and `benefit` "
+        "on 1P:3D; prefill-heavy, decode-heavy and mixed workloads of unique prompts, "
+        "Poisson arrivals at fractions of the aggregated pool's estimated capacity up to "
+        "past it. Per cell: TTFT, ITL and e2e p50/p90/p99, throughput, the share "
+        "disaggregated, goodput (TTFT and the request's own p90 ITL within their SLOs).",
     ),
 ]
 
@@ -421,6 +442,18 @@ def targets_section() -> list[str]:
     ]
 
 
+def pd_section() -> list[str]:
+    out = ["## Prefill/decode split", ""]
+    for name in names("pd"):
+        data = load(name)
+        meta = data["meta"]
+        kind = "a short run on a shared machine" if meta["quick"] else "the full run"
+        out += [f"### {link(name)}: {kind}, {meta['started']}", ""]
+        out += [line for line in pd_report.reading(meta, data["rows"]) if line.startswith("* ")]
+        out.append("")
+    return out[:-1]
+
+
 def benchmarks_table() -> list[str]:
     rows = [[name, f"`make bench-{name}`", what] for name, what in BENCHMARKS]
     return table(["benchmark", "run it", "what it measures"], rows, right_from=9)
@@ -479,6 +512,7 @@ def render() -> str:
         scrape_section(),
         routing_section(),
         lora_section(),
+        pd_section(),
         ["## Other measurements", "", *[f"- {m}" for m in OTHER_MEASUREMENTS]],
     ]
     return "\n\n".join("\n".join(s) for s in sections) + "\n"

@@ -61,6 +61,9 @@ of the simulator's defaults cannot move a baseline unnoticed; a new such flag be
   decides TTFT at low load and also capacity (slot time) near saturation.
 * ``--decode-ms-per-token 8``, ``--itl-ms-per-running-seq 0.5`` (the simulator's
   defaults): ~12 ms per output token with 8 running sequences.
+* ``--max-num-batched-tokens 0``: per-request timing, no step-level prefill/decode
+  interference (the timing every committed baseline was measured with; ``bench.pd``
+  measures the interference).
 * ``--kv-blocks`` (default: derived): the running working set (max-num-seqs x blocks of
   a mean request) plus ``--prefix-copies`` (1.25) x the prefixes of groups/servers
   groups. With the defaults: 8 x 105 + 1.25 x 4 x 94 = 1310 blocks, fewer than the
@@ -224,6 +227,8 @@ class SimSettings:
     decode_ms_per_token: float
     itl_ms_per_running_seq: float
     time_scale: float = 1.0
+    # 0: per-request timing, as every committed baseline (no chunked-prefill interference)
+    max_num_batched_tokens: int = 0
     # usage.prompt_tokens_details.cached_tokens: the warm-miss count reads it
     enable_prompt_tokens_details: bool = True
 

@@ -191,7 +191,13 @@ class Router:
         prefill = routed.result.prefill
         if prefill is None or self.coordinator is None:
             return None if clean is None else DecodeLeg(doc=clean)
-        handoff = Handoff(request, doc if clean is None else clean, prefill, routed.result.primary)
+        handoff = Handoff(
+            request,
+            doc if clean is None else clean,
+            prefill,
+            routed.result.primary,
+            routed.result.prefill_fallbacks,
+        )
         return self.coordinator.hand_off(handoff)
 
     def rejected(self, error: ClientVisibleError, request: InferenceRequest | None = None) -> None:

@@ -289,6 +289,7 @@ def build(
             pd.bootstrap_port,
             ejector.success,
             lambda address, reason, serving: ejector.failure(address, reason, serving=serving),
+            prefill_budget_s=pd.prefill_timeout_s,
         )
     )
     envoy_sync = EnvoySync()

@@ -169,7 +169,8 @@ class SchedulingResult:
     """The chosen endpoints, primary first; later entries are fallbacks.
 
     ``prefill`` is set when the request is disaggregated: a separate endpoint computes
-    the prompt's KV first and the targets (decode endpoints) continue from it.
+    the prompt's KV first and the targets (decode endpoints) continue from it;
+    ``prefill_fallbacks`` take the prefill leg, in order, when ``prefill`` fails.
     ``decision`` names why (counted per value: ``disaggregated``, ``decode-only``,
     ``no-prefill-endpoint``; empty when no P/D handler ran).
     """
@@ -177,6 +178,7 @@ class SchedulingResult:
     targets: tuple[Endpoint, ...]
     prefill: Endpoint | None = None
     decision: str = ""
+    prefill_fallbacks: tuple[Endpoint, ...] = ()
     # the latency model's expectation on the primary target
     prediction: Prediction | None = None
 

@@ -4,8 +4,10 @@ already chosen both endpoints.
 
 Each one turns a :class:`Handoff` into the :class:`DecodeLeg` Envoy forwards: maybe a
 header, maybe a rewritten body, after running the prefill leg itself or not. A prefill
-server that cannot be reached or fails (status outside 400-451) never fails the request:
-the decode endpoint then prefills on its own. A 400-451 goes back to the client.
+server that cannot be reached, times out or fails (status outside 400-451) never fails
+the request: the next prefill endpoint of the scheduler's ordered list gets the leg, and
+when none is left the decode endpoint prefills on its own. A 400-451 goes back to the
+client.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from epp.types import Endpoint, InferenceRequest
 log = logging.getLogger(__name__)
 
 PREFILLER_HEADER = "x-prefiller-host-port"
+# the sidecar's next prefill endpoints, in order, after the one PREFILLER_HEADER names
+# (llm-d's sidecar reads PREFILLER_HEADER as exactly one host:port, so they go apart)
+PREFILLER_FALLBACKS_HEADER = "x-prefiller-fallbacks"
 BOOTSTRAP_PORT_LABEL = "bootstrap-port"
 
 
@@ -37,6 +42,12 @@ class Handoff:
     doc: Mapping[str, Any]  # the client's JSON body
     prefill: Endpoint
     decode: Endpoint
+    # where the prefill leg goes next when ``prefill`` fails, in order
+    prefill_fallbacks: tuple[Endpoint, ...] = ()
+
+    @property
+    def prefills(self) -> tuple[Endpoint, ...]:
+        return (self.prefill, *self.prefill_fallbacks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +85,9 @@ class CoordinatorEnv:
     # that failed a leg (address, reason, serving: it answered with a 5xx)
     on_success: Callable[[str], None] | None = None
     on_failure: Callable[[str, str, bool], None] | None = None
+    # all of a request's prefill attempts together, shared out equally among its prefill
+    # endpoints; past it the request decodes alone. None: only the transport's timeouts
+    prefill_budget_s: float | None = None
 
 
 class PrefillLegs:
@@ -92,25 +106,53 @@ class PrefillLegs:
         self,
         h: Handoff,
         doc: Mapping[str, Any],
+        *,
+        count_ok: bool = True,
+    ) -> LegResult | None:
+        """The first good prefill answer from ``h.prefills`` in order, or None when the
+        decode endpoint must prefill alone (every one failed). The budget is shared out
+        equally, so that one that hangs leaves time for the next; with one endpoint it
+        gets the whole budget. Each attempt is counted once: ``count_ok=False`` leaves a
+        2xx leg's outcome to the caller, which still has to judge the answer. A 400-451
+        is the client's error: raised at once, no other endpoint tried."""
+        budget = self.env.prefill_budget_s
+        share = None if budget is None else budget / len(h.prefills)
+        for prefill in h.prefills:
+            try:
+                async with asyncio.timeout(share):
+                    result = await self.attempt(h, prefill, doc, count_ok=count_ok)
+            except TimeoutError:
+                self.count("failed")
+                reason = f"prefill leg failed: no answer within {share:g}s"
+                log.warning("request %s: %s from %s", h.request.request_id, reason, prefill.address)
+                if self.env.on_failure is not None:
+                    self.env.on_failure(prefill.address, reason, False)
+                continue
+            if result is not None:
+                return result
+        return None
+
+    async def attempt(
+        self,
+        h: Handoff,
+        prefill: Endpoint,
+        doc: Mapping[str, Any],
         connected: asyncio.Event | None = None,
         *,
         count_ok: bool = True,
     ) -> LegResult | None:
-        """The prefill's answer, or None when the decode endpoint must prefill alone.
-        Each leg is counted once: ``count_ok=False`` leaves a 2xx leg's outcome to the
-        caller, which still has to judge the answer."""
-        ticket = self.env.datastore.acquire(h.prefill.address, h.request.prompt_tokens)
+        """One prefill leg on ``prefill``: its answer, or None when it failed."""
+        rid = h.request.request_id
+        ticket = self.env.datastore.acquire(prefill.address, h.request.prompt_tokens)
         # the id Envoy's client sent, or the one the EPP generated for both legs
-        headers = {**h.request.headers, "x-request-id": h.request.request_id}
+        headers = {**h.request.headers, "x-request-id": rid}
         try:
-            result = await self.env.client.post(h.prefill, h.request.path, doc, headers, connected)
+            result = await self.env.client.post(prefill, h.request.path, doc, headers, connected)
         except LegFailed as exc:
             self.count("failed")
-            log.warning(
-                "request %s: prefill leg failed (%s); decode alone", h.request.request_id, exc
-            )
+            log.warning("request %s: prefill leg failed (%s)", rid, exc)
             if self.env.on_failure is not None:
-                self.env.on_failure(h.prefill.address, f"prefill leg failed: {exc}", False)
+                self.env.on_failure(prefill.address, f"prefill leg failed: {exc}", False)
             return None
         finally:
             ticket.release()
@@ -120,23 +162,19 @@ class PrefillLegs:
             raise PrefillRejectedError(
                 result.status,
                 result.body,
-                f"the prefill server {h.prefill.address} rejected the request "
-                f"(HTTP {result.status})",
+                f"the prefill server {prefill.address} rejected the request (HTTP {result.status})",
             )
         if not 200 <= result.status < 300:
             self.count("failed")
             log.warning(
-                "request %s: prefill leg on %s answered %d; decode alone",
-                h.request.request_id,
-                h.prefill.address,
-                result.status,
+                "request %s: prefill leg on %s answered %d", rid, prefill.address, result.status
             )
             if self.env.on_failure is not None and result.status >= 500:
                 reason = f"prefill leg answered HTTP {result.status}"
-                self.env.on_failure(h.prefill.address, reason, True)
+                self.env.on_failure(prefill.address, reason, True)
             return None
         if self.env.on_success is not None:
-            self.env.on_success(h.prefill.address)
+            self.env.on_success(prefill.address)
         if count_ok:
             self.count("ok")
         return result
@@ -153,9 +191,11 @@ class SidecarCoordinator:
 
     def hand_off(self, handoff: Handoff) -> DecodeLeg:
         ticket = self.env.datastore.acquire(handoff.prefill.address, handoff.request.prompt_tokens)
-        return DecodeLeg(
-            headers=((PREFILLER_HEADER, handoff.prefill.address),), prefill_ticket=ticket
-        )
+        headers = [(PREFILLER_HEADER, handoff.prefill.address)]
+        if handoff.prefill_fallbacks:
+            fallbacks = ",".join(p.address for p in handoff.prefill_fallbacks)
+            headers.append((PREFILLER_FALLBACKS_HEADER, fallbacks))
+        return DecodeLeg(headers=tuple(headers), prefill_ticket=ticket)
 
     async def close(self) -> None:
         pass
@@ -220,12 +260,23 @@ class ConcurrentCoordinator:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def hand_off(self, handoff: Handoff) -> DecodeLeg:
-        p = handoff.prefill
+        """Fire the leg on each prefill endpoint in turn until one is on the wire; the
+        decode leg then names that one's rendezvous. Once a leg is on the wire the
+        decode leg is bound to it: a later failure cannot move to another endpoint."""
+        for prefill in handoff.prefills:
+            doc = await self._fire(handoff, prefill)
+            if doc is not None:
+                return DecodeLeg(doc=doc)
+        return DecodeLeg()
+
+    async def _fire(self, handoff: Handoff, p: Endpoint) -> Mapping[str, Any] | None:
+        """The decode body naming ``p``'s rendezvous once its leg is on the wire, or
+        None when ``p`` cannot be reached."""
         room = bodies.new_bootstrap_room(self.env.rng)
         port = _bootstrap_port(p, self.env.bootstrap_port)
         doc = bodies.with_bootstrap(handoff.doc, p.host, port, room)
         connected = asyncio.Event()
-        task = asyncio.create_task(self._prefill(handoff, doc, connected))
+        task = asyncio.create_task(self._prefill(handoff, p, doc, connected))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         waiter = asyncio.create_task(connected.wait())
@@ -236,11 +287,13 @@ class ConcurrentCoordinator:
             raise
         finally:
             waiter.cancel()
-        return DecodeLeg(doc=doc) if connected.is_set() else DecodeLeg()
+        return doc if connected.is_set() else None
 
-    async def _prefill(self, h: Handoff, doc: Mapping[str, Any], connected: asyncio.Event) -> None:
+    async def _prefill(
+        self, h: Handoff, p: Endpoint, doc: Mapping[str, Any], connected: asyncio.Event
+    ) -> None:
         try:
-            await self.legs.run(h, doc, connected)
+            await self.legs.attempt(h, p, doc, connected)
         except PrefillRejectedError as exc:  # the decode leg, same body, answers the client
             log.info("request %s: %s", h.request.request_id, exc.message)
         except Exception:  # a background task: nobody else would see it

@@ -23,13 +23,15 @@ class DisaggConfig:
     prefill_timeout_s: float = setting(
         25.0,
         "prefillTimeoutSeconds",
-        "the whole prefill leg; past it the request decodes alone",
+        "the prefill leg, failover included (shared out equally among the request's "
+        "prefill endpoints); past it the request decodes alone",
         minimum=0.001,
     )
     connect_timeout_s: float = setting(
         1.0,
         "connectTimeoutSeconds",
-        "reaching the prefill server; past it the request decodes alone",
+        "reaching a prefill server; past it the leg goes to the next prefill endpoint, "
+        "or the request decodes alone",
         minimum=0.001,
     )
     bootstrap_port: int | None = setting(

@@ -2,12 +2,15 @@
 P/D protocol.
 
 The EPP (coordinator ``sidecar``) routes a disaggregated request to this proxy with
-``x-prefiller-host-port: ip:port``. The proxy runs vLLM's NIXL flow: a one-token prefill
-leg on that server, then the client's request, plus the returned ``kv_transfer_params``,
-to its decode server, streamed back. A prefill answer of 400-451 goes back to the
-client; any other prefill failure falls back to plain decode (the decode server
-computes the prefill itself). Requests without the header, and every other path
-(/metrics, /health, /v1/models), pass straight through.
+``x-prefiller-host-port: ip:port``, and its next choices, in order, in
+``x-prefiller-fallbacks: ip:port,ip:port``. The proxy runs vLLM's NIXL flow: a one-token
+prefill leg on that server, then the client's request, plus the returned
+``kv_transfer_params``, to its decode server, streamed back. A prefill answer of 400-451
+goes back to the client; a prefill server that cannot be reached, times out or answers
+5xx passes the leg to the next one named; when none is left, or one answers 2xx
+without ``kv_transfer_params``, the decode server computes the prefill itself. Requests
+without the header, and every other path (/metrics, /health, /v1/models), pass straight
+through.
 
 It calls only prefill servers it can vouch for, since anyone who reaches it can set the
 header: with ``--epp-url``, the prefill members the EPP lists in its ``/status`` (read
@@ -33,7 +36,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from epp import argtypes
 from epp.disagg import bodies
-from epp.disagg.coordinators import PREFILLER_HEADER
+from epp.disagg.coordinators import PREFILLER_FALLBACKS_HEADER, PREFILLER_HEADER
 from epp.disagg.legs import AiohttpLegTransport, LegClient, LegFailed
 from epp.logsetup import add_log_level
 from epp.readyfile import write_ready
@@ -79,10 +82,12 @@ class Sidecar:
         self.session: aiohttp.ClientSession | None = None
         self.stats = {
             "proxied": 0, "prefill_legs": 0, "fallbacks": 0, "rejected": 0, "refused": 0,
+            "failovers": 0,
         }  # fmt: skip
         # prefill_legs: answered 2xx with kv_transfer_params; fallbacks: decoded alone
-        # (prefill unreachable, failed or answered without params); rejected: 400-451;
-        # refused: the named prefill server is neither an EPP member nor allowed
+        # (every prefill unreachable or failed, or one answered without params);
+        # rejected: 400-451; refused: a named prefill server is neither an EPP member
+        # nor allowed; failovers: a failed prefill leg passed on to the next one named
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(
@@ -100,7 +105,9 @@ class Sidecar:
         body = await request.read()
         prefiller = request.headers.get(PREFILLER_HEADER)
         if prefiller and request.method == "POST" and request.path in _P_D_PATHS:
-            rewritten = await self._prefill(request, body, prefiller)
+            more = request.headers.get(PREFILLER_FALLBACKS_HEADER, "")
+            names = [prefiller, *(n.strip() for n in more.split(",") if n.strip())]
+            rewritten = await self._prefill(request, body, names)
             if isinstance(rewritten, web.Response):
                 return rewritten
             body = rewritten
@@ -108,53 +115,70 @@ class Sidecar:
         return await self._to_decode(request, body)
 
     async def _prefill(
-        self, request: web.Request, body: bytes, prefiller: str
+        self, request: web.Request, body: bytes, prefillers: Sequence[str]
     ) -> bytes | web.Response:
         """The decode body after the prefill leg (unchanged on fallback), or the
-        prefill's own client-error answer."""
+        prefill's own client-error answer. ``prefillers``: tried in order."""
         rid = request.headers.get("x-request-id", "-")
         try:
             doc = orjson.loads(body)
-            host, port = parse_host_port(prefiller)
-        except (orjson.JSONDecodeError, ValueError) as exc:
+        except orjson.JSONDecodeError as exc:
             log.warning("request %s: not running a prefill leg: %s", rid, exc)
             return body
         if not isinstance(doc, dict):
             return body
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        for index, prefiller in enumerate(prefillers):
+            if index:
+                self.stats["failovers"] += 1
+            endpoint = await self._endpoint(rid, prefiller)
+            if endpoint is None:
+                continue
+            try:
+                result = await self.legs.post(
+                    endpoint, request.path_qs, bodies.nixl_prefill(doc), headers
+                )
+            except LegFailed as exc:
+                log.warning("request %s: prefill leg failed (%s)", rid, exc)
+                continue
+            if 400 <= result.status <= 451:
+                self.stats["rejected"] += 1
+                return web.Response(
+                    status=result.status, body=result.body, content_type="application/json"
+                )
+            if result.status >= 300:
+                log.warning("request %s: prefill on %s answered %d", rid, prefiller, result.status)
+                continue
+            params = bodies.returned_kv_params(result.json())
+            if params is None:
+                log.warning(
+                    "request %s: prefill on %s answered without kv_transfer_params; "
+                    "decoding alone", rid, prefiller,
+                )  # fmt: skip
+                break
+            self.stats["prefill_legs"] += 1
+            return orjson.dumps(bodies.nixl_decode(doc, params))
+        self.stats["fallbacks"] += 1
+        log.warning("request %s: no prefill leg succeeded; decoding alone", rid)
+        return body
+
+    async def _endpoint(self, rid: str, prefiller: str) -> Endpoint | None:
+        """The prefill server ``prefiller`` names, if it parses and may be called."""
+        try:
+            host, port = parse_host_port(prefiller)
+        except ValueError as exc:
+            log.warning("request %s: not a prefill server: %s", rid, exc)
+            return None
         if not await self._vouched_for(host, port):
             self.stats["refused"] += 1
             log.warning(
-                "request %s: prefiller %s is not %s; decoding alone",
+                "request %s: prefiller %s is not %s",
                 rid,
                 prefiller,
                 "a prefill member of the EPP nor allowed" if self.epp_url else "allowed",
             )
-            return body
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        try:
-            result = await self.legs.post(
-                Endpoint(host, port), request.path_qs, bodies.nixl_prefill(doc), headers
-            )
-        except LegFailed as exc:
-            self.stats["fallbacks"] += 1
-            log.warning("request %s: prefill leg failed (%s); decoding alone", rid, exc)
-            return body
-        if 400 <= result.status <= 451:
-            self.stats["rejected"] += 1
-            return web.Response(
-                status=result.status, body=result.body, content_type="application/json"
-            )
-        params = bodies.returned_kv_params(result.json()) if result.status < 300 else None
-        if params is None:
-            self.stats["fallbacks"] += 1
-            why = "without kv_transfer_params" if result.status < 300 else "an error"
-            log.warning(
-                "request %s: prefill on %s answered %d (%s); decoding alone",
-                rid, prefiller, result.status, why,
-            )  # fmt: skip
-            return body
-        self.stats["prefill_legs"] += 1
-        return orjson.dumps(bodies.nixl_decode(doc, params))
+            return None
+        return Endpoint(host, port)
 
     async def _vouched_for(self, host: str, port: int) -> bool:
         try:
@@ -191,7 +215,11 @@ class Sidecar:
 
     async def _to_decode(self, request: web.Request, body: bytes) -> web.StreamResponse:
         assert self.session is not None
-        drop = _HOP_BY_HOP | {PREFILLER_HEADER} | _connection_tokens(request.headers)
+        drop = (
+            _HOP_BY_HOP
+            | {PREFILLER_HEADER, PREFILLER_FALLBACKS_HEADER}
+            | _connection_tokens(request.headers)
+        )
         headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in drop)
         url = f"http://{self.decode.address}{request.path_qs}"
         try:
@@ -275,13 +303,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefill-timeout-seconds",
         type=argtypes.non_negative_float,
         default=60.0,
-        help="longest a prefill leg may take before decoding alone",
+        help="longest one prefill leg may take before the next prefill server named "
+        "(x-prefiller-fallbacks) gets it, or the request decodes alone",
     )
     parser.add_argument(
         "--connect-timeout-seconds",
         type=argtypes.non_negative_float,
         default=1.0,
-        help="longest to wait to reach the prefill server before decoding alone",
+        help="longest to wait to reach a prefill server before trying the next one named, "
+        "or decoding alone",
     )
     parser.add_argument(
         "--epp-url",

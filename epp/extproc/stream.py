@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 # Client-sent routing headers are never trusted: only the EPP sets them.
 _STRIPPED_PREFIX = "x-gateway-destination-endpoint"
 # the model-name rewrite headers are the EPP's to act on, not the model server's
-_STRIPPED_EXACT = frozenset({"x-prefiller-host-port", messages.STREAM_HEADER, *REWRITE_HEADERS})
+_STRIPPED_EXACT = frozenset(
+    {"x-prefiller-host-port", "x-prefiller-fallbacks", messages.STREAM_HEADER, *REWRITE_HEADERS}
+)
 _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BUFFERED
 _EXT_PROC_FILTER = "envoy.filters.http.ext_proc"

@@ -491,3 +491,25 @@ def _configured_slots(state: EndpointState, priors: LatencyPriors) -> int | None
         if value > 0:
             return value
     return priors.max_num_seqs
+
+
+def interference_s(
+    prefill_s_per_token: float, step_s: float, running: int, uncached_tokens: int, step_tokens: int
+) -> float:
+    """Decode time each of ``running`` decodes loses while a prefill of
+    ``uncached_tokens`` shares their forward steps (the interference term).
+
+    Chunked prefill as vLLM schedules it: every step carries the running decodes plus up
+    to ``step_tokens - running`` prompt tokens. A step lasts the larger of the decodes'
+    own step (``step_s``, the endpoint's time per output token at that batch) and the
+    compute of all its tokens (``prefill_s_per_token`` each), so a chunk costs the
+    decodes only what its compute exceeds their step by; summed over the chunks.
+    """
+    if running <= 0 or uncached_tokens <= 0:
+        return 0.0
+    chunk = max(step_tokens - running, 1)
+    full, rest = divmod(uncached_tokens, chunk)
+    extra = full * max(0.0, prefill_s_per_token * (chunk + running) - step_s)
+    if rest:
+        extra += max(0.0, prefill_s_per_token * (rest + running) - step_s)
+    return extra

@@ -52,6 +52,9 @@ class SimConfig:
     prefill_ms_per_token: float = 0.05
     decode_ms_per_token: float = 8.0
     itl_ms_per_running_seq: float = 0.5
+    # Step-level batching with chunked prefill (epp_harness.sim.steps): the per-step token
+    # budget, as vLLM's --max-num-batched-tokens; 0 = per-request timing, no interference.
+    max_num_batched_tokens: int = 2048
     default_max_tokens: int = 16
     time_scale: float = 1.0
     # ORCA response header on non-streaming responses: none | text | json | bin
@@ -98,6 +101,16 @@ class SimConfig:
             )
         if self.lora_modules and not self.enable_lora:
             raise ValueError("lora_modules (--lora-modules) need enable_lora (--enable-lora)")
+        if self.max_num_batched_tokens < 0:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 0, got {self.max_num_batched_tokens}"
+            )
+        if self.max_num_batched_tokens and self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM refuses this too: every running decode needs a token of the budget.
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be 0 (off) or "
+                f">= max_num_seqs ({self.max_num_seqs})"
+            )
         for name in ("max_num_seqs", "max_loras", "kv_blocks", "block_size", "default_max_tokens"):
             value = getattr(self, name)
             if value < 1:

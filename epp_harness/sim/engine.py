@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,6 +25,7 @@ from epp_harness.sim.prefix_cache import (
     token_block_hashes,
 )
 from epp_harness.sim.protocol import GenerationRequest
+from epp_harness.sim.steps import StepLoop
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -147,6 +149,8 @@ class Engine:
         self._running = 0
         self._blocks_used = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        # Step-level batching (chunked prefill, interference), unless turned off.
+        self.steps = StepLoop(config, sleep) if config.max_num_batched_tokens else None
 
     def now(self) -> float:
         """The engine's clock (arrival times passed to ``generate`` come from it)."""
@@ -239,24 +243,60 @@ class Engine:
             received = min(received_tokens, seq.prompt_tokens)
             if report is not None:
                 report.cached_tokens = max(seq.cached_tokens, received)
-            delay = first_token_seconds(self.config, seq.prompt_tokens, seq.cached_tokens, received)
-            if delay > 0:
-                await self._sleep(delay)
-            self.counters.prompt_tokens_total += seq.prompt_tokens
-            # Cache the prompt only once it is computed, as a real engine would.
-            announce = None if self.kv_events is None else lambda new: self._announce(seq, new)
-            self.prefix_cache.insert(seq.hashes, self._cache_capacity(), announce)
-            for index in range(req.max_tokens):
-                if index:
-                    delay = itl_seconds(self.config, self._running)
-                    if delay > 0:
-                        await self._sleep(delay)
-                self._emit_token(seq)
-                yield index
+            pace = (
+                self._pace_alone(seq, received, req.max_tokens)
+                if self.steps is None
+                else self._pace_in_steps(seq, received, req.max_tokens)
+            )
+            async with aclosing(pace) as due:
+                index = 0
+                async for _ in due:
+                    if index == 0:
+                        self.counters.prompt_tokens_total += seq.prompt_tokens
+                        # Cache the prompt only once it is computed, as a real engine would.
+                        announce = (
+                            None if self.kv_events is None else lambda new: self._announce(seq, new)
+                        )
+                        self.prefix_cache.insert(seq.hashes, self._cache_capacity(), announce)
+                    self._emit_token(seq)
+                    yield index
+                    index += 1
             self.counters.request_success_total += 1
         finally:
             self._blocks_used -= seq.blocks
             self._release_slot()
+
+    async def _pace_alone(
+        self, seq: _Sequence, received: int, outputs: int
+    ) -> AsyncGenerator[None, None]:
+        """Per-request timing (``max_num_batched_tokens`` 0): a prefill time, then an
+        inter-token latency from the running count; requests do not slow each other
+        down beyond that count."""
+        delay = first_token_seconds(self.config, seq.prompt_tokens, seq.cached_tokens, received)
+        if delay > 0:
+            await self._sleep(delay)
+        for index in range(outputs):
+            if index:
+                delay = itl_seconds(self.config, self._running)
+                if delay > 0:
+                    await self._sleep(delay)
+            yield
+
+    async def _pace_in_steps(
+        self, seq: _Sequence, received: int, outputs: int
+    ) -> AsyncGenerator[None, None]:
+        """Step-level timing (epp_harness.sim.steps): received KV arrives first (the
+        sequence holds its slot but no place in the steps meanwhile), then the prompt's
+        uncomputed part is prefilled in chunks beside the running decodes."""
+        assert self.steps is not None
+        transferred = max(0, received - seq.cached_tokens)
+        if transferred:
+            await self._sleep(transfer_seconds(self.config, transferred))
+        computed = max(0, seq.prompt_tokens - max(seq.cached_tokens, received))
+        overhead = received == 0 or computed > 0
+        async with aclosing(self.steps.pace(computed, outputs, overhead)) as due:
+            async for _ in due:
+                yield
 
     def _schedule(self, seq: _Sequence) -> None:
         """A sequence got its slot: look up its prefix and allocate its prompt's blocks."""

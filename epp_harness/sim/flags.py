@@ -65,6 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="inter-token latency added per running sequence",
     )
     add(
+        "--max-num-batched-tokens",
+        type=argtypes.non_negative_int,
+        default=d.max_num_batched_tokens,
+        help="token budget of one forward step shared by decodes and chunked prefills, as "
+        "vLLM's flag (a long prefill then slows the decodes in its steps); 0 = per-request "
+        "timing without interference (docs/simulator.md)",
+    )
+    add(
         "--default-max-tokens",
         type=argtypes.positive_int,
         default=d.default_max_tokens,
@@ -263,6 +271,7 @@ def config_from_args(args: argparse.Namespace, port: int) -> SimConfig:
         prefill_ms_per_token=args.prefill_ms_per_token,
         decode_ms_per_token=args.decode_ms_per_token,
         itl_ms_per_running_seq=args.itl_ms_per_running_seq,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         default_max_tokens=args.default_max_tokens,
         time_scale=args.time_scale,
         orca_format=args.orca_format,

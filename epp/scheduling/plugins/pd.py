@@ -24,8 +24,8 @@ GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 class PDProfileHandler:
     """Runs ``decodeProfile`` (its picks are the targets, fallbacks included), then, if
     the request generates (completions, chat) and the decider wants it,
-    ``prefillProfile`` over the other endpoints. A request still decodes when no other
-    endpoint can prefill."""
+    ``prefillProfile`` over the other endpoints (its picks after the first are the prefill
+    leg's fallbacks). A request still decodes when no other endpoint can prefill."""
 
     def __init__(
         self, where: str, decode: str, prefill: str, decider: Decider, prefix_plugin: str | None
@@ -75,7 +75,12 @@ class PDProfileHandler:
             prefill = []
         if not prefill:
             return SchedulingResult(targets, decision=NO_PREFILL_ENDPOINT)
-        return SchedulingResult(targets, prefill=prefill[0].endpoint, decision=DISAGGREGATED)
+        return SchedulingResult(
+            targets,
+            prefill=prefill[0].endpoint,
+            decision=DISAGGREGATED,
+            prefill_fallbacks=tuple(s.endpoint for s in prefill[1:]),
+        )
 
 
 def pd_profile_handler(p: Params) -> PDProfileHandler:

@@ -8,6 +8,8 @@ import orjson
 import pytest
 
 from bench.routing import SimSettings, cached_tokens, final_usage, parse_policy
+from epp_harness.sim.config import SimConfig
+from epp_harness.sim.engine import Engine
 from epp_harness.sim.flags import add_arguments, config_from_args
 
 # max_num_seqs, kv_blocks, block_size, then the latency model's four numbers
@@ -21,6 +23,17 @@ def test_every_pinned_setting_reaches_the_simulator_config() -> None:
     for name, value in SIM.__dict__.items():
         assert getattr(config, name) == value, name
     assert "--enable-prompt-tokens-details" in SIM.argv() and "--time-scale=1.0" in SIM.argv()
+
+
+def test_the_baselines_keep_per_request_timing() -> None:
+    """The simulator batches steps by default; bench.routing's committed baselines were
+    measured without that interference, and its pinned flags keep it off."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(SIM.argv()), port=1)
+    assert "--max-num-batched-tokens=0" in SIM.argv()
+    assert SimConfig().max_num_batched_tokens > 0
+    assert Engine(config).steps is None
 
 
 def test_cached_tokens_from_the_final_usage_chunk() -> None:

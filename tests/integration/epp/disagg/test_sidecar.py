@@ -198,3 +198,24 @@ async def test_a_client_closing_during_metrics_is_logged_as_such(tmp_path: Path)
         await runner.cleanup()
     log = sidecar.log_tail(1000)
     assert "Traceback" not in log and "ERROR" not in log, log
+
+
+def test_a_dead_prefiller_passes_the_leg_to_the_next_one_named(
+    pair: tuple[SimProc, SimProc, str],
+) -> None:
+    prefill, decode, url = pair
+    before, stats_before = decode.stats(), get_json(f"{url}/sidecar/stats")
+    headers = {
+        "x-request-id": "side-failover",
+        "x-prefiller-host-port": "127.0.0.1:1",
+        "x-prefiller-fallbacks": f"not an address, 127.0.0.1:{prefill.port}",
+    }
+    doc = completion("failover: " + LONG, max_tokens=3)
+    status, _, body = request(f"{url}/v1/completions", orjson.dumps(doc), headers)
+    assert status == 200, body[:200]
+    after, stats = decode.stats(), get_json(f"{url}/sidecar/stats")
+    assert after["kv_transfers"] == before["kv_transfers"] + 1
+    assert stats["failovers"] == stats_before["failovers"] + 2
+    assert stats["prefill_legs"] == stats_before["prefill_legs"] + 1
+    seen = get_json(f"{decode.url}/sim/last-request")
+    assert "x-prefiller-fallbacks" not in {k.lower() for k in seen["headers"]}

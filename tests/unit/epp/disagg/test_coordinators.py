@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -390,3 +390,117 @@ async def test_every_coordinator_leaves_nothing_behind(name: str) -> None:
         await coordinator.close()
         assert len(r.transport.sent) == (0 if name == "sidecar" else 1)
         r.assert_nothing_left()
+
+
+# -- prefill failover: the next prefill endpoint before decoding alone ----------------
+
+PREFILL_2 = Endpoint("10.0.0.3", 8000, Role.PREFILL)
+KV_ANSWER = answer(200, {"choices": [{"text": "x"}], "kv_transfer_params": RETURNED_KV})
+
+
+def failover_rig(first: Handler | None, second: Handler | None, **env: Any) -> Rig:
+    r = rig(first)
+    r.datastore.add(PREFILL_2)
+    if second is not None:
+        r.transport.servers[PREFILL_2.address] = second
+    for key, value in env.items():
+        setattr(r.env, key, value)
+    return r
+
+
+def failover_handoff() -> Handoff:
+    return replace(handoff(), prefill_fallbacks=(PREFILL_2,))
+
+
+@pytest.mark.parametrize(
+    ("server", "reason", "serving"),
+    [f[1:] for f in FAILURES],
+    ids=[f[0] for f in FAILURES],
+)
+@pytest.mark.parametrize("name", ["nixl", "kv-pool"])
+async def test_a_failed_prefill_leg_goes_to_the_next_prefill_endpoint(
+    name: str, server: Handler | None, reason: str | None, serving: bool | None
+) -> None:
+    r = failover_rig(server, KV_ANSWER)
+    coordinator = COORDINATORS[name](r.env)
+    leg = coordinator.hand_off(failover_handoff())
+    assert not isinstance(leg, DecodeLeg)
+    decode = await leg
+    if name == "nixl":  # the second server's params go to the decode endpoint
+        assert decode.doc is not None and decode.doc["kv_transfer_params"] == RETURNED_KV
+    assert [s.address for s in r.transport.sent] == [PREFILL.address, PREFILL_2.address]
+    assert r.outcomes(name) == {"failed": 1, "ok": 1}
+    assert r.successes == [PREFILL_2.address]
+    assert [f[0] for f in r.failures] == ([] if reason is None else [PREFILL.address])
+    r.assert_nothing_left()
+    assert r.datastore.in_flight(PREFILL_2.address) == 0
+
+
+async def test_every_prefill_endpoint_failing_means_decode_alone() -> None:
+    r = failover_rig(answer(503), None)
+    assert await NixlCoordinator(r.env).hand_off(failover_handoff()) == DecodeLeg()
+    assert len(r.transport.sent) == 2
+    assert r.outcomes("nixl") == {"failed": 2}
+    r.assert_nothing_left()
+
+
+async def test_a_prefill_client_error_is_not_retried_elsewhere() -> None:
+    r = failover_rig(answer(400, {"error": {"message": "bad"}}), KV_ANSWER)
+    with pytest.raises(PrefillRejectedError):
+        await NixlCoordinator(r.env).hand_off(failover_handoff())
+    assert [s.address for s in r.transport.sent] == [PREFILL.address]
+    r.assert_nothing_left()
+
+
+async def test_a_hung_prefill_server_leaves_its_share_of_the_budget_to_the_next() -> None:
+    never = asyncio.Event()
+    r = failover_rig(held(never, KV_ANSWER), KV_ANSWER, prefill_budget_s=0.1)
+    leg = await NixlCoordinator(r.env).hand_off(failover_handoff())
+    assert leg.doc is not None and leg.doc["kv_transfer_params"] == RETURNED_KV
+    assert [s.address for s in r.transport.sent] == [PREFILL.address, PREFILL_2.address]
+    assert r.outcomes("nixl") == {"failed": 1, "ok": 1}
+    [(address, reason, serving)] = r.failures
+    assert (address, reason, serving) == (
+        PREFILL.address,
+        "prefill leg failed: no answer within 0.05s",
+        False,
+    )
+    r.assert_nothing_left()
+
+
+async def test_the_budget_bounds_all_attempts_together() -> None:
+    never = asyncio.Event()
+    r = failover_rig(held(never, KV_ANSWER), held(never, KV_ANSWER), prefill_budget_s=0.1)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert await NixlCoordinator(r.env).hand_off(failover_handoff()) == DecodeLeg()
+    assert loop.time() - start < 0.5
+    assert r.outcomes("nixl") == {"failed": 2}
+    r.assert_nothing_left()
+    assert r.datastore.in_flight(PREFILL_2.address) == 0
+
+
+async def test_concurrent_fails_over_to_the_next_prefill_before_routing_the_decode() -> None:
+    release = asyncio.Event()
+    r = failover_rig(None, held(release, answer(200, {"choices": []})))
+    coordinator = ConcurrentCoordinator(r.env)
+    leg = await coordinator.hand_off(failover_handoff())
+    assert leg.doc is not None and leg.doc["bootstrap_host"] == PREFILL_2.host
+    release.set()
+    await coordinator.close()
+    assert r.outcomes("concurrent") == {"failed": 1, "ok": 1}
+    r.assert_nothing_left()
+
+
+async def test_sidecar_names_the_fallbacks_in_a_header_of_their_own() -> None:
+    r = failover_rig(answer(200), None)
+    third = Endpoint("10.0.0.4", 8000, Role.PREFILL)
+    h = replace(handoff(), prefill_fallbacks=(PREFILL_2, third))
+    leg = SidecarCoordinator(r.env).hand_off(h)
+    assert leg.headers == (
+        ("x-prefiller-host-port", "10.0.0.1:8000"),
+        ("x-prefiller-fallbacks", "10.0.0.3:8000,10.0.0.4:8000"),
+    )
+    assert leg.prefill_ticket is not None
+    leg.prefill_ticket.release()
+    r.assert_nothing_left()

@@ -104,6 +104,7 @@ def test_client_routing_headers_are_stripped_and_request_id_generated() -> None:
                 "x-gateway-destination-endpoint": "6.6.6.6:1",
                 "x-gateway-destination-endpoint-subset": "6.6.6.6:1",
                 "x-prefiller-host-port": "6.6.6.6:2",
+                "x-prefiller-fallbacks": "6.6.6.6:3",
                 "x-other": "kept",
             }
         )
@@ -111,6 +112,7 @@ def test_client_routing_headers_are_stripped_and_request_id_generated() -> None:
     [head, *_] = run(stream, m.chunked(BODY))
     assert sorted(m.removed_headers(head)) == [
         "x-gateway-destination-endpoint-subset",
+        "x-prefiller-fallbacks",
         "x-prefiller-host-port",
     ]
     headers = m.set_headers(head)

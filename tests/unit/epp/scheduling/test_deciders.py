@@ -10,6 +10,9 @@ from hypothesis import strategies as st
 
 from epp.config import build_scheduler, default_yaml
 from epp.errors import NoEndpointError
+from epp.scheduling.base import CycleContext
+from epp.scheduling.deciders import BenefitDecider
+from epp.scheduling.latency import LatencyModel, LatencyPriors, interference_s
 from epp.types import Endpoint, EndpointMetrics, EndpointState, InferenceRequest, Role, Snapshot
 
 NOW = 50.0
@@ -42,6 +45,9 @@ def test_long_prompt_is_disaggregated_onto_a_prefill_endpoint() -> None:
     assert result.decision == "disaggregated"
     assert result.primary.role is Role.DECODE
     assert result.prefill is not None and result.prefill.role is Role.PREFILL
+    # the prefill profile's other pick is the prefill leg's fallback
+    [fallback] = result.prefill_fallbacks
+    assert fallback.role is Role.PREFILL and fallback != result.prefill
 
 
 def test_short_prompt_goes_decode_only() -> None:
@@ -165,3 +171,113 @@ def test_prefill_is_never_the_chosen_decode_endpoint_in_a_mixed_pool() -> None:
         result = scheduler().schedule(request(LONG), snap, random.Random(seed))
         assert result.decision == "disaggregated"
         assert result.prefill is not None and result.prefill != result.primary
+
+
+# -- benefit: local prefill (with the decodes it stalls) against a remote one ---------
+
+SIM_LIKE = LatencyPriors(
+    overhead_ms=5.0,
+    prefill_ms_per_token=0.05,
+    decode_ms_per_token=8.0,
+    decode_ms_per_running=0.5,
+    max_num_seqs=16,
+)
+PROMPT_4000 = "y" * 16_000  # 4,000 tokens at 4 characters a token
+
+
+def benefit_context(
+    prompt: str, decode_running: float, prefill_waiting: float = 0.0, prefill_tokens: int = 0
+) -> tuple[CycleContext, EndpointState]:
+    decode = EndpointState(
+        Endpoint("10.0.0.2", 8000, Role.DECODE),
+        EndpointMetrics(updated_at=NOW, waiting=0, running=decode_running, kv_usage=0.1),
+    )
+    prefill = EndpointState(
+        Endpoint("10.0.0.1", 8000, Role.PREFILL),
+        EndpointMetrics(
+            updated_at=NOW, waiting=prefill_waiting, running=min(prefill_waiting, 16), kv_usage=0
+        ),
+    )
+    snap = Snapshot(
+        (prefill, decode),
+        {prefill.address: 0, decode.address: 0},
+        {prefill.address: prefill_tokens},
+    )
+    ctx = CycleContext(request(prompt), snap, NOW, random.Random(0), latency=LatencyModel(SIM_LIKE))
+    return ctx, decode
+
+
+def test_interference_is_what_each_chunk_adds_beyond_the_decodes_own_step() -> None:
+    rate, step = 0.05e-3, 0.016  # 20k prompt tokens/s; 16 decodes: a 16 ms step
+    # 4,000 tokens beside 16 decodes: chunks of 2,032 and 1,968 tokens
+    expected = (rate * 2048 - step) + (rate * (1968 + 16) - step)
+    assert interference_s(rate, step, 16, 4000, 2048) == pytest.approx(expected)
+    assert interference_s(rate, step, 16, 100, 2048) == 0  # rides along free
+    assert interference_s(rate, step, 0, 4000, 2048) == 0  # nothing running: no stall
+    # a smaller step budget: more chunks, each cheaper
+    assert interference_s(rate, step, 16, 4000, 512) < expected
+
+
+def test_benefit_splits_a_long_prompt_off_a_busy_decode_endpoint() -> None:
+    ctx, decode = benefit_context(PROMPT_4000, decode_running=16)
+    decider = BenefitDecider(2048, 0.005, 1.0)
+    local, remote = decider.costs(ctx, decode)
+    stall = 16 * interference_s(0.05e-3, 0.016, 16, 4000, 2048)
+    assert local == pytest.approx(0.005 + 0.2 + stall)
+    assert remote == pytest.approx(0.005 + 0.2 + 4000 * 0.005e-3 + 0.016)
+    assert decider.wants_prefill(ctx, decode)
+
+
+def test_benefit_keeps_the_prefill_local_on_an_idle_decode_endpoint() -> None:
+    ctx, decode = benefit_context(PROMPT_4000, decode_running=0)
+    decider = BenefitDecider(2048, 0.005, 1.0)
+    local, remote = decider.costs(ctx, decode)
+    assert remote is not None and local < remote  # the transfer and the hop cost more
+    assert not decider.wants_prefill(ctx, decode)
+
+
+def test_benefit_keeps_a_short_prompt_local_whatever_the_load() -> None:
+    ctx, decode = benefit_context("z" * 400, decode_running=16)
+    assert not BenefitDecider(2048, 0.005, 1.0).wants_prefill(ctx, decode)
+
+
+def test_benefit_keeps_the_prefill_local_when_the_prefill_queue_costs_more() -> None:
+    ctx, decode = benefit_context(PROMPT_4000, decode_running=16, prefill_waiting=100)
+    decider = BenefitDecider(2048, 0.005, 1.0)
+    local, remote = decider.costs(ctx, decode)
+    assert remote is not None and remote > local
+    assert not decider.wants_prefill(ctx, decode)
+    # weighing the stalled decodes more tips it back
+    assert BenefitDecider(2048, 0.005, 3.0).wants_prefill(ctx, decode)
+
+
+def test_benefit_without_a_prefill_endpoint_stays_local() -> None:
+    ctx, decode = benefit_context(PROMPT_4000, decode_running=16)
+    only = Snapshot((decode,), {decode.address: 0})
+    ctx = CycleContext(ctx.request, only, NOW, random.Random(0), latency=ctx.latency)
+    local, remote = BenefitDecider(2048, 0.005, 1.0).costs(ctx, decode)
+    stall = 16 * interference_s(0.05e-3, 0.016, 16, 4000, 2048)
+    assert remote is None and local == pytest.approx(0.205 + stall)
+    assert not BenefitDecider(2048, 0.005, 1.0).wants_prefill(ctx, decode)
+
+
+def test_benefit_is_configured_by_name() -> None:
+    text = default_yaml().replace(
+        "decider: prefix-based\n    nonCachedTokens: 256\n",
+        "decider: benefit\n    stepTokens: 512\n    transferMsPerToken: 0.01\n",
+    )
+    assert "decider: benefit" in text
+    result = scheduler(text).schedule(
+        request(SHORT), pool(Role.PREFILL, Role.DECODE), random.Random(0)
+    )
+    assert result.decision == "decode-only"
+
+
+def test_benefit_counts_the_prompt_tokens_a_prefill_server_is_already_computing() -> None:
+    decider = BenefitDecider(2048, 0.005, 1.0)
+    ctx, decode = benefit_context(PROMPT_4000, decode_running=16, prefill_tokens=40_000)
+    _, remote = decider.costs(ctx, decode)
+    assert remote == pytest.approx(0.005 + 0.05e-3 * 44_000 + 4000 * 0.005e-3 + 0.016)
+    assert decider.wants_prefill(ctx, decode)  # 2.2 s there still beats 2.9 s here
+    ctx, decode = benefit_context(PROMPT_4000, decode_running=16, prefill_tokens=60_000)
+    assert not decider.wants_prefill(ctx, decode)

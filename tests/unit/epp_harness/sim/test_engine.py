@@ -28,6 +28,7 @@ CONFIG = SimConfig(
     decode_ms_per_token=8,
     itl_ms_per_running_seq=0.5,
     time_scale=1.0,
+    max_num_batched_tokens=0,  # per-request timing (test_steps.py checks the steps)
 )
 
 
