@@ -28,6 +28,7 @@ from epp.datalayer.settings import DataLayerConfig
 from epp.disagg.settings import DisaggConfig
 from epp.scheduling import defaults
 from epp.scheduling.base import ReferencesPlugins, RoutingObserver
+from epp.scheduling.flowqueue import FlowControlConfig
 from epp.scheduling.latency import LatencyModel, LatencyPriors
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.profile import Profile, WeightedScorer
@@ -79,6 +80,9 @@ class EppConfig:
     )
     admission: AdmissionConfig = field(
         default_factory=AdmissionConfig, metadata=section_key("admission")
+    )
+    flow_control: FlowControlConfig = field(
+        default_factory=FlowControlConfig, metadata=section_key("flowControl")
     )
     data_layer: DataLayerConfig = field(
         default_factory=DataLayerConfig, metadata=section_key("dataLayer")

@@ -10,7 +10,9 @@ raises on purpose, and one branch of it is what a client may see.
     │   │   └── BadInput             400 (admin/instances.py)    a bad /instances body
     │   ├── BodyTooLargeError        413 invalid_request_error
     │   ├── ShedError                429 rate_limit_exceeded     admission shed it
+    │   │   └── QueueFullError       429 (queue_full)            flow control's limits
     │   ├── NoEndpointError          503 service_unavailable     no endpoint can serve it
+    │   │   └── QueueTimeoutError    503 (queue_timeout)         waited its time limit
     │   └── PrefillRejectedError     400-451 as the prefill server answered, with its body
     └── InternalError                never shown to a client as it is: logged, counted
         ├── ConfigError              (scheduling/params.py)      config file or parameters
@@ -52,10 +54,13 @@ class ClientVisibleError(EppError):
     status: int = 500  # per class; an error relayed from upstream sets its own
     error_type: str = "internal_error"
 
-    def __init__(self, message: str, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, code: str | None = None, retry_after_s: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.retry_after_s = retry_after_s  # sent as Retry-After when set
 
     def body(self) -> bytes:
         return orjson.dumps(
@@ -83,9 +88,18 @@ class ShedError(ClientVisibleError):
     error_type = "rate_limit_exceeded"
 
 
+class QueueFullError(ShedError):
+    """Flow control cannot hold the request (its band or every band is full), or a
+    request of a higher band displaced it."""
+
+
 class NoEndpointError(ClientVisibleError):
     status = 503
     error_type = "service_unavailable"
+
+
+class QueueTimeoutError(NoEndpointError):
+    """The request waited its time limit in flow control's queue."""
 
 
 class PrefillRejectedError(ClientVisibleError):

@@ -8,12 +8,12 @@ the new config. On any error the previous config keeps running, the error is log
 ``epp_config_reloads_total{result="failure"}`` counts it.
 
 A reload can change ``plugins``, ``schedulingProfiles``, ``saturationDetector``,
-``admission`` and ``latencyModel``. ``dataLayer``, ``disaggregation`` and ``endpoints``
-are wired into running tasks at start: a file that changes any of them is rejected as a
-whole (restart to apply it). Plugins whose spec (type, name, parameters) is unchanged
-are kept with what they learned (a prefix index, a session table); plugins that refer
-to others (the P/D handler) are always rebuilt. A changed ``latencyModel`` restarts the
-latency model from the new priors.
+``admission`` and ``latencyModel``. ``dataLayer``, ``disaggregation``, ``flowControl``
+and ``endpoints`` are wired into running tasks at start: a file that changes any of
+them is rejected as a whole (restart to apply it). Plugins whose spec (type, name,
+parameters) is unchanged are kept with what they learned (a prefix index, a session
+table); plugins that refer to others (the P/D handler) are always rebuilt. A changed
+``latencyModel`` restarts the latency model from the new priors.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ SETTLE_S = 0.2  # after a change is seen, before the file is read for the reload
 RESTART_ONLY = (
     ("data_layer", "dataLayer"),
     ("disaggregation", "disaggregation"),
+    ("flow_control", "flowControl"),
     ("endpoints", "endpoints"),
 )
 

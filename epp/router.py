@@ -20,10 +20,12 @@ from epp.datalayer.orca import (
 from epp.datastore import Datastore, InFlightTicket
 from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
-from epp.errors import ClientVisibleError
+from epp.errors import BadRequestError, ClientVisibleError, ShedError
+from epp.flowcontrol import DISPATCHED, FlowController, Waiting
 from epp.metrics import EppMetrics
 from epp.scheduling.base import Scheduler
-from epp.scheduling.latency import Dispatch
+from epp.scheduling.flowqueue import FlowControlConfig, fairness_id, queue_timeout
+from epp.scheduling.latency import Dispatch, slo_missed
 from epp.types import InferenceRequest, SchedulingResult
 from epp.usage import Usage
 from epp.xds.eds import EnvoySync
@@ -76,6 +78,7 @@ class Router:
         coordinator: Coordinator | None = None,
         outcomes: EndpointOutcomes | None = None,
         envoy_sync: EnvoySync | None = None,
+        flow: FlowController | None = None,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -90,10 +93,78 @@ class Router:
         self.outcomes = outcomes
         # EDS: whether Envoy has this process's endpoints yet (None: never wait)
         self.envoy_sync = envoy_sync
+        # admission: holds requests while no endpoint has room (on by default)
+        self.flow = flow or FlowController(FlowControlConfig(), metrics)
+        datastore.on_release(self.flow.released)
         self._routed = metrics.requests.labels("routed")
         self._forwarded = metrics.requests.labels("forwarded")
         self._orca_ok = metrics.orca_reports.labels("header", "ok")
         self._orca_malformed = metrics.orca_reports.labels("header", "malformed")
+
+    def admit(
+        self, request: InferenceRequest, size: int, max_destinations: int = 1
+    ) -> Routed | Waiting[Routed]:
+        """Admission, then routing: route at once when nothing waits and an endpoint has
+        room; else shed a sheddable request (when configured), or hold the request in
+        flow control until it is its turn and there is room (``Waiting``). Requests
+        without a body (GET /v1/models) are never held. Raises the client's error."""
+        if request.model is None:
+            return self.route(request, max_destinations)
+        scheduler = self.scheduler
+        flow = self.flow
+        band = scheduler.priority(request)
+        flow_id = fairness_id(request.headers)
+        if flow.idle and scheduler.has_room(request, self.datastore.snapshot()):
+            routed = self._dispatch(request, max_destinations, band, 0.0)
+            flow.observe(flow_id, band, DISPATCHED, 0.0)
+            return routed
+        cfg = flow.cfg
+        if band < 0 and (cfg.shed_sheddable or not cfg.enabled):
+            raise ShedError(
+                f"the pool is saturated (no endpoint has room) and this request is "
+                f"sheddable (priority {band}); retry later",
+                code="shed",
+                retry_after_s=cfg.retry_after_s,
+            )
+        if not cfg.enabled:
+            return self._dispatch(request, max_destinations, band, 0.0)
+        try:
+            limit_s = queue_timeout(request.headers, cfg)
+        except ValueError as exc:
+            raise BadRequestError(str(exc), code="invalid_queue_timeout") from None
+        return flow.enqueue(
+            request,
+            size,
+            band,
+            flow_id,
+            limit_s,
+            lambda: self.scheduler.has_room(request, self.datastore.snapshot()),
+            lambda waited: self._dispatch(request, max_destinations, band, waited),
+            Routed.release,
+        )
+
+    def _dispatch(
+        self, request: InferenceRequest, max_destinations: int, band: int, waited_s: float
+    ) -> Routed:
+        """Route now; a sheddable request that cannot meet its SLO headers (by the
+        latency model's prediction plus the time it already waited) is refused instead."""
+        routed = self.route(request, max_destinations)
+        pred = routed.result.prediction
+        if (
+            band < 0
+            and pred is not None
+            and pred.meets_slo is not None
+            and slo_missed(request, pred.ttft_s + waited_s, pred.tpot_s)
+        ):
+            routed.release()
+            raise ShedError(
+                "no endpoint is predicted to meet this sheddable request's latency "
+                f"objectives (predicted time to first token {pred.ttft_s + waited_s:.3f}s "
+                "with its wait); retry later",
+                code="slo_unattainable",
+                retry_after_s=self.flow.cfg.retry_after_s,
+            )
+        return routed
 
     def route(self, request: InferenceRequest, max_destinations: int = 1) -> Routed:
         """Schedule ``request``; the result names at most ``max_destinations`` targets

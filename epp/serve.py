@@ -36,6 +36,7 @@ from epp.discovery.readiness import ReadinessProbe
 from epp.extensions import ExtensionError
 from epp.extproc import tlsflags
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
+from epp.flowcontrol import FlowController
 from epp.health import HealthBoard, ReadinessGate
 from epp.lifecycle import App, Component, Step
 from epp.listeners import Listeners
@@ -249,6 +250,7 @@ def build(
         )
     )
     envoy_sync = EnvoySync()
+    flow = FlowController(cfg.flow_control, metrics)
     router = Router(
         datastore,
         scheduler,
@@ -259,6 +261,7 @@ def build(
         coordinator=coordinator,
         outcomes=ejector,
         envoy_sync=envoy_sync,
+        flow=flow,
     )
     reloader = ConfigReloader(
         config_file or ConfigFile(None),
@@ -318,6 +321,8 @@ def build(
         Step("readiness", readiness.publish),
         *before,
         listeners,
+        # stopped before the ports close: held requests are answered 503 at once
+        Step("flow-control", on_stop=flow.close),
         *after,
         Step("config-reload", reloader.start, reloader.stop),
     ]

@@ -13,7 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from epp.extproc.stream import EndStream, ExtProcStream, StreamEnd
+from epp.extproc.stream import Deferred, EndStream, ExtProcStream, StreamEnd
 from epp.extproc.transport import MAX_MESSAGE_BYTES, max_destinations
 from epp.health import HEALTH_SERVICES
 from epp.router import Router
@@ -41,6 +41,10 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
                     context.set_details(replies.reason)
                     end = "error"
                     return
+                if isinstance(replies, Deferred):  # held by flow control
+                    for reply in replies.now:
+                        yield reply
+                    replies = replies.later
                 if not isinstance(replies, list):  # routing waits (EDS, a prefill leg)
                     replies = await replies
                 for reply in replies:

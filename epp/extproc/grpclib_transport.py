@@ -16,7 +16,7 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.server import Server, Stream
 
 from epp.extproc.h2frames import skip_hex_dumps_of_received_data
-from epp.extproc.stream import EndStream, ExtProcStream, StreamEnd
+from epp.extproc.stream import Deferred, EndStream, ExtProcStream, StreamEnd
 from epp.extproc.transport import max_destinations
 from epp.health import EXT_PROC_SERVICE, HEALTH_SERVICES
 from epp.router import Router
@@ -52,6 +52,10 @@ class _ExtProc:
                 replies = ext.on_message(msg)
                 if isinstance(replies, EndStream):  # the message broke the protocol
                     raise GRPCError(Status.FAILED_PRECONDITION, replies.reason)
+                if isinstance(replies, Deferred):  # held by flow control
+                    for reply in replies.now:
+                        await stream.send_message(reply)
+                    replies = replies.later
                 if not isinstance(replies, list):  # routing waits (EDS, a prefill leg)
                     replies = await replies
                 for reply in replies:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -27,8 +27,10 @@ from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
+from epp.flowcontrol import Waiting
 from epp.requestparse import parse_request
 from epp.router import Routed, Router
+from epp.types import InferenceRequest
 from epp.usage import find_usage, keep_tail
 
 log = logging.getLogger(__name__)
@@ -58,9 +60,18 @@ class EndStream:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """Replies to send now (asking Envoy to wait longer), then the awaited rest: a
+    request held by flow control."""
+
+    now: list[ProcessingResponse]
+    later: Awaitable[list[ProcessingResponse]]
+
+
 # The replies to a message, or an awaitable of them (routing waits for an EDS
-# acknowledgement or a prefill leg first).
-Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]]
+# acknowledgement, a prefill leg or its turn in flow control first).
+Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]] | Deferred
 # The error code of the immediate 500 that answers an illegal message.
 PROTOCOL_ERROR = "extproc_protocol_error"
 
@@ -215,6 +226,8 @@ class ExtProcStream:
         replies = self._complete_request(end_of_stream=False)
         if isinstance(replies, list):
             return [*replies, messages.EMPTY_REQUEST_TRAILERS]
+        if isinstance(replies, Deferred):
+            return Deferred(replies.now, _then(replies.later, messages.EMPTY_REQUEST_TRAILERS))
         return _then(replies, messages.EMPTY_REQUEST_TRAILERS)
 
     def _complete_request(self, end_of_stream: bool) -> Replies:
@@ -236,13 +249,50 @@ class ExtProcStream:
             return self._route_when_synced(sync.wait(), body, end_of_stream)
         req = self._req
         request, doc = parse_request(req.request_id, req.headers, body, req.subset)
-        routed = self._router.route(request, self._max_destinations)
+        admitted = self._router.admit(request, len(body or b""), self._max_destinations)
+        if isinstance(admitted, Waiting):  # held: Envoy is asked to wait that long
+            wait_s = admitted.limit_s + self._router.flow.cfg.message_timeout_margin_s
+            later = self._route_when_dispatched(admitted, request, doc, body, end_of_stream)
+            return Deferred([messages.extend_timeout(wait_s)], later)
+        return self._routed(admitted, request, doc, body, end_of_stream)
+
+    def _routed(
+        self,
+        routed: Routed,
+        request: InferenceRequest,
+        doc: Mapping[str, Any] | None,
+        body: bytes | None,
+        end_of_stream: bool,
+    ) -> Replies:
+        req = self._req
         req.routed = routed
         req.stream = request.stream
         leg = self._router.hand_off(routed, request, doc) if doc is not None else None
         if leg is None or isinstance(leg, DecodeLeg):
             return self._forward(body, end_of_stream, leg)
         return self._forward_after(leg, body, end_of_stream)
+
+    async def _route_when_dispatched(
+        self,
+        waiting: Waiting[Routed],
+        request: InferenceRequest,
+        doc: Mapping[str, Any] | None,
+        body: bytes | None,
+        end_of_stream: bool,
+    ) -> list[ProcessingResponse]:
+        try:
+            routed = await waiting.result
+            if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
+                routed.release()
+                return []
+            replies = self._routed(routed, request, doc, body, end_of_stream)
+            assert not isinstance(replies, Deferred)
+            return replies if isinstance(replies, list) else await replies
+        except ClientVisibleError as error:
+            return [self._reject(error)]
+        except Exception:
+            log.exception("request %s: internal error routing", self._req.request_id)
+            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
 
     async def _route_when_synced(
         self, synced: Awaitable[None], body: bytes | None, end_of_stream: bool
@@ -252,6 +302,8 @@ class ExtProcStream:
             return []
         try:
             replies = self._route(body, end_of_stream)
+            if isinstance(replies, Deferred):  # held: Envoy's own timeout applies
+                replies = replies.later
             return replies if isinstance(replies, list) else await replies
         except ClientVisibleError as error:
             return [self._reject(error)]

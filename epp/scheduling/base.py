@@ -23,9 +23,17 @@ class Scheduler(Protocol):
         """Pick endpoints for ``request`` from ``snapshot``.
 
         Contract: synchronous and free of I/O; every returned target is one of the
-        snapshot's endpoints; raises :class:`epp.errors.NoEndpointError` when none fits
-        (and :class:`epp.errors.ShedError` when admission sheds the request).
+        snapshot's endpoints; raises :class:`epp.errors.NoEndpointError` when none fits.
         """
+        ...
+
+    def priority(self, request: InferenceRequest) -> int:
+        """The request's flow-control band (negative: sheddable)."""
+        ...
+
+    def has_room(self, request: InferenceRequest, snapshot: Snapshot) -> bool:
+        """Whether an endpoint the request may go to can take it now (flow control
+        holds it while not)."""
         ...
 
     def on_routed(
