@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from epp.errors import ClientVisibleError, NoEndpointError, QueueFullError, QueueTimeoutError
 from epp.metrics import EppMetrics
@@ -231,14 +231,14 @@ class FlowController:
             self._timer.cancel()
             self._timer = None
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
         """What /status shows: totals and each (band, flow) queue."""
         return {
             "enabled": self.cfg.enabled,
             "requests": self.queues.count,
             "bytes": self.queues.size,
             "queues": [
-                {"priority": band, "fairnessId": flow, "requests": n, "bytes": b}
+                {"priority": band, "fairness_id": flow, "requests": n, "bytes": b}
                 for (band, flow), (n, b) in sorted(self.queues.sizes().items(), reverse=True)
             ],
         }

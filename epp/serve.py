@@ -283,7 +283,7 @@ def build(
     health = HealthBoard(transport)
     readiness = ReadinessGate(health)
     admin = make_admin_app(datastore, metrics, ready=health.serving)
-    add_status_routes(admin, datastore, ejector.state, scheduler.latency)
+    add_status_routes(admin, datastore, ejector.state, scheduler.latency, flow.status)
     ctx = DiscoveryContext(
         datastore,
         names,

@@ -70,9 +70,12 @@ class EnvoyOptions:
     processing: Processing = "full"
     # Every timeout below is explained, with how they nest, in docs/timeouts.md.
     # How long Envoy waits for each EPP reply; the EPP holds the header reply until the
-    # whole body is in (and a prefill leg has run), so this bounds body upload time +
-    # scheduling + the prefill leg.
-    message_timeout_s: float = 30.0
+    # whole body is in, so this bounds body upload time + scheduling. Kept short (an
+    # EPP that hangs fails requests soon); the EPP extends it for one request when it
+    # holds it in flow control or runs a prefill leg (override_message_timeout), up to
+    # max_message_timeout_s.
+    message_timeout_s: float = 10.0
+    max_message_timeout_s: float = 300.0
     # Fail closed: with ORIGINAL_DST there is no destination without the EPP.
     failure_mode_allow: bool = False
     # what the client gets when the EPP cannot be reached (an OpenAI-style JSON body)
@@ -302,6 +305,8 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
             # a JSON body
             "status_on_error": {"code": opts.status_on_error},
             "message_timeout": _seconds(opts.message_timeout_s),
+            # the most an EPP's override_message_timeout may ask for (flow control)
+            "max_message_timeout": _seconds(opts.max_message_timeout_s),
             "processing_mode": _processing_mode(opts.processing),
             # which endpoint answered: tells the EPP when Envoy failed over
             "response_attributes": [UPSTREAM_ADDRESS],

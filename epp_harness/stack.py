@@ -98,6 +98,7 @@ class StackOptions:
     # per-attempt silence allowed from a model server (docs/timeouts.md)
     first_byte_timeout_s: float = EnvoyOptions.first_byte_timeout_s
     stream_idle_timeout_s: float = EnvoyOptions.stream_idle_timeout_s
+    message_timeout_s: float = EnvoyOptions.message_timeout_s  # ext_proc's (tests)
 
 
 class LocalStack:
@@ -157,6 +158,7 @@ class LocalStack:
             epp_tls=o.epp_tls,
             first_byte_timeout_s=o.first_byte_timeout_s,
             stream_idle_timeout_s=o.stream_idle_timeout_s,
+            message_timeout_s=o.message_timeout_s,
         )
         if not o.epp:
             servers = [(str(i["host"]), int(i["port"])) for i in (p.info for p in self.sims)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -32,6 +32,7 @@ from epp.requestparse import parse_request
 from epp.router import Routed, Router
 from epp.types import InferenceRequest
 from epp.usage import find_usage, keep_tail
+from epp.xds.eds import EDS_SYNC_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,10 @@ class Deferred:
 
     now: list[ProcessingResponse]
     later: Awaitable[list[ProcessingResponse]]
+
+    def __await__(self) -> Generator[Any, None, list[ProcessingResponse]]:
+        """Awaited as a whole: the later replies (``now`` is for a transport to send)."""
+        return self.later.__await__()
 
 
 # The replies to a message, or an awaitable of them (routing waits for an EDS
@@ -246,7 +251,11 @@ class ExtProcStream:
         does not know to one of those."""
         sync = self._router.envoy_sync
         if self._max_destinations > 1 and sync is not None and not sync.synced:
-            return self._route_when_synced(sync.wait(), body, end_of_stream)
+            # Envoy may get one timeout extension here: the longest that may follow
+            cfg = self._router.flow.cfg
+            wait_s = EDS_SYNC_WAIT_S + cfg.max_queue_timeout_s + cfg.message_timeout_margin_s
+            later = self._route_when_synced(sync.wait(), body, end_of_stream)
+            return Deferred([messages.extend_timeout(wait_s)], later)
         req = self._req
         request, doc = parse_request(req.request_id, req.headers, body, req.subset)
         admitted = self._router.admit(request, len(body or b""), self._max_destinations)
@@ -254,7 +263,13 @@ class ExtProcStream:
             wait_s = admitted.limit_s + self._router.flow.cfg.message_timeout_margin_s
             later = self._route_when_dispatched(admitted, request, doc, body, end_of_stream)
             return Deferred([messages.extend_timeout(wait_s)], later)
-        return self._routed(admitted, request, doc, body, end_of_stream)
+        replies = self._routed(admitted, request, doc, body, end_of_stream)
+        if isinstance(replies, list):
+            return replies
+        # a prefill leg runs first: Envoy is asked to wait for it
+        return Deferred(
+            [messages.extend_timeout(self._router.flow.cfg.message_timeout_margin_s)], replies
+        )
 
     def _routed(
         self,
@@ -263,7 +278,7 @@ class ExtProcStream:
         doc: Mapping[str, Any] | None,
         body: bytes | None,
         end_of_stream: bool,
-    ) -> Replies:
+    ) -> list[ProcessingResponse] | Awaitable[list[ProcessingResponse]]:
         req = self._req
         req.routed = routed
         req.stream = request.stream
@@ -286,7 +301,6 @@ class ExtProcStream:
                 routed.release()
                 return []
             replies = self._routed(routed, request, doc, body, end_of_stream)
-            assert not isinstance(replies, Deferred)
             return replies if isinstance(replies, list) else await replies
         except ClientVisibleError as error:
             return [self._reject(error)]

@@ -129,7 +129,8 @@ class FlowControlConfig:
     message_timeout_margin_s: float = setting(
         30.0,
         "messageTimeoutMarginSeconds",
-        "added to a held request's time limit in the ext_proc timeout it asks Envoy for",
+        "what a request may need after its dispatch (a prefill leg): added to a held "
+        "request's time limit in the ext_proc timeout asked of Envoy",
         minimum=0.0,
     )
 

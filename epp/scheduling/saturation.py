@@ -63,8 +63,9 @@ def has_room(
     stale_after_s: float,
 ) -> bool:
     """Whether one of ``candidates`` (prefill-only endpoints aside) can take a request
-    now: its in-flight count under its limit, and its fresh report (if any) under the
-    queue and KV thresholds. An endpoint with neither a limit nor a fresh report has
+    now: its in-flight count under its limit (until its slots are known, the running
+    count it reports while requests wait in its queue), and its fresh report (if any)
+    under the queue and KV thresholds. An endpoint with neither a limit nor a fresh report has
     room: nothing says it is full. With no such endpoint at all, True: nothing to wait
     for (scheduling answers the error)."""
     in_flight = snapshot.in_flight
@@ -75,10 +76,14 @@ def has_room(
             continue
         seen = True
         limit = fixed or latency.endpoint(s).slots
+        m = s.metrics
+        if m is not None and now - m.updated_at > stale_after_s:
+            m = None
+        if limit is None and m is not None and m.running and m.waiting:
+            limit = int(m.running)  # slots not learned yet: it queues beyond these
         if limit is not None and in_flight.get(s.address, 0) >= limit:
             continue
-        m = s.metrics
-        if m is not None and now - m.updated_at <= stale_after_s and _full(m, cfg):
+        if m is not None and _full(m, cfg):
             continue
         return True
     return not seen  # no endpoint to wait for: scheduling answers at once
