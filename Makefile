@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-routing clean
+.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-routing bench-fairness clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ test: lint typecheck
 
 # All benchmarks (~50 minutes); results land in bench/results/, and its README.md (the one
 # page that quotes figures) is rewritten from them last.
-bench: bench-overhead bench-decision bench-scrape bench-routing
+bench: bench-overhead bench-decision bench-scrape bench-fairness bench-routing
 	$(BIN)/python -m bench.results_index
 
 bench-overhead: $(STAMP)
@@ -40,6 +40,10 @@ bench-decision: $(STAMP)
 
 bench-scrape: $(STAMP)
 	$(BIN)/python -m bench.scrape
+
+# Two tenants, with and without flow control (about 2 minutes)
+bench-fairness: $(STAMP)
+	$(BIN)/python -m bench.fairness
 
 # Issue 13's matrix (~8 minutes per workload and KV size with five policies at 20 s per
 # rate): 16 groups of 1,500-token system prompts, 75-225-token questions, 16-48 output

@@ -8,7 +8,8 @@ Order, from the top:
   mapping, else the default) is its band; a higher band always goes first.
 * **Flows** inside a band, keyed by the fairness id (``x-llm-d-inference-fairness-id``);
   a fairness policy picks the flow (default ``round-robin``: one request per flow in
-  turn, so a flooding flow cannot starve a light one).
+  turn, a flow that had nothing waiting first, so a flooding flow cannot starve a light
+  one).
 * **Inside a flow**, earliest deadline first: a request with a TTFT objective is due at
   arrival + that objective, any other at arrival + the default queue time limit, so
   requests without objectives keep their arrival order (FCFS).
@@ -44,14 +45,21 @@ class FairnessPolicy(Protocol):
 
     def pick(self, flows: OrderedDict[str, FlowQueue]) -> FlowQueue: ...
 
+    def activated(self, flows: OrderedDict[str, FlowQueue], flow: FlowQueue) -> None:
+        """``flow`` just became non-empty (it is the last of ``flows``)."""
+
     def dispatched(self, flows: OrderedDict[str, FlowQueue], flow: FlowQueue) -> None: ...
 
 
 class RoundRobin:
-    """One request per flow in turn."""
+    """One request per flow in turn; a flow that had nothing waiting goes first (so a
+    light tenant's request waits for the next free slot, not for a whole round)."""
 
     def pick(self, flows: OrderedDict[str, FlowQueue]) -> FlowQueue:
         return next(iter(flows.values()))
+
+    def activated(self, flows: OrderedDict[str, FlowQueue], flow: FlowQueue) -> None:
+        flows.move_to_end(flow.id, last=False)
 
     def dispatched(self, flows: OrderedDict[str, FlowQueue], flow: FlowQueue) -> None:
         if flow.id in flows:
@@ -64,6 +72,9 @@ class GlobalEdf:
 
     def pick(self, flows: OrderedDict[str, FlowQueue]) -> FlowQueue:
         return min(flows.values(), key=lambda f: f.head_key())
+
+    def activated(self, flows: OrderedDict[str, FlowQueue], flow: FlowQueue) -> None:
+        pass
 
     def dispatched(self, flows: OrderedDict[str, FlowQueue], flow: FlowQueue) -> None:
         pass
@@ -261,6 +272,7 @@ class FlowQueues:
         flow = band.flows.get(item.flow)
         if flow is None:
             flow = band.flows[item.flow] = FlowQueue(item.flow)
+            self.policy.activated(band.flows, flow)
         flow.push(item)
         band.count += 1
         band.size += item.size

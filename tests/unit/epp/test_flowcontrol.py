@@ -126,7 +126,7 @@ async def test_priority_band_goes_ahead_and_fairness_ids_alternate() -> None:
     await asyncio.sleep(0)
     first.release()
     await asyncio.wait_for(asyncio.gather(*tasks), 2)
-    assert order == ["crit", "A0", "B0", "A1", "A2"]
+    assert order == ["crit", "B0", "A0", "A1", "A2"]  # B had nothing waiting: first
 
 
 async def test_sheddable_and_disabled_and_shutdown() -> None:

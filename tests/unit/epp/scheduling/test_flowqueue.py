@@ -47,7 +47,14 @@ def test_round_robin_across_flows_fcfs_inside_each() -> None:
     q.offer(held("B0", flow="B", at=10))
     q.offer(held("B1", flow="B", at=11))
     q.offer(held("C0", flow="C", at=12))
-    assert drain_order(q) == ["A0", "B0", "C0", "A1", "B1", "A2", "A3", "A4", "A5"]
+    # a flow that had nothing waiting goes first, then one request per flow in turn
+    assert drain_order(q) == ["C0", "B0", "A0", "B1", "A1", "A2", "A3", "A4", "A5"]
+    # a light flow arriving while a flood waits is next, not a round later
+    for i in range(4):
+        q.offer(held(f"A{i}", flow="A", at=20 + i))
+    q.pop(q.peek())  # type: ignore[arg-type]
+    q.offer(held("B2", flow="B", at=30))
+    assert drain_order(q) == ["B2", "A1", "A2", "A3"]
 
 
 def test_global_edf_policy_ignores_flows() -> None:
