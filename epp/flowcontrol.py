@@ -22,6 +22,7 @@ from typing import Any, Generic, TypeVar
 from epp.errors import ClientVisibleError, NoEndpointError, QueueFullError, QueueTimeoutError
 from epp.metrics import EppMetrics
 from epp.scheduling.flowqueue import FlowControlConfig, FlowQueues, Held
+from epp.scheduling.saturation import Room
 from epp.types import InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,8 @@ EVICTED_OTHER = "EvictedOther"
 @dataclass(slots=True)
 class _Waiter(Generic[T]):
     future: asyncio.Future[T]
-    has_room: Callable[[], bool]
-    dispatch: Callable[[float], T]  # called with the seconds waited
+    room: Callable[[], Room]
+    dispatch: Callable[[float, Room], T]  # called with the seconds waited and the room
     fairness_id: str
 
 
@@ -87,11 +88,12 @@ class FlowController:
         band: int,
         fairness_id: str,
         limit_s: float,
-        has_room: Callable[[], bool],
-        dispatch: Callable[[float], T],
+        room: Callable[[], Room],
+        dispatch: Callable[[float, Room], T],
         release: Callable[[T], None],
     ) -> T | Waiting[T]:
-        """Hold the request until ``has_room()``, then ``dispatch(waited)`` it. Its
+        """Hold the request until ``room()`` (which endpoints have room: none is falsy),
+        then ``dispatch(waited, room)`` it. Its
         result comes back at once if it could go at once (nothing ahead of it and room),
         else as :class:`Waiting`. ``release`` undoes a dispatch whose client left
         before it saw it. Raises QueueFullError when the request cannot be held."""
@@ -105,7 +107,7 @@ class FlowController:
         slo = request.slo_ttft_ms
         due = now + (slo / 1000.0 if slo is not None else self.cfg.queue_timeout_s)
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(future, has_room, dispatch, fairness_id)
+        waiter = _Waiter(future, room, dispatch, fairness_id)
         item = Held(band, fairness_id, size, now, now + limit_s, due, waiter)
         try:
             displaced = self.queues.offer(item)
@@ -170,12 +172,13 @@ class FlowController:
             if waiter.future.done():  # its client left; its coroutine removes it
                 queues.remove(item)
                 continue
-            if not waiter.has_room():
+            room = waiter.room()
+            if not room:
                 break
             queues.pop(item)
             waited = now - item.enqueued_at
             try:
-                result = waiter.dispatch(waited)
+                result = waiter.dispatch(waited, room)
             except ClientVisibleError as error:
                 self.observe(waiter.fairness_id, item.band, REJECTED_OTHER, waited)
                 waiter.future.set_exception(error)

@@ -26,6 +26,7 @@ from epp.metrics import EppMetrics
 from epp.scheduling.base import Scheduler
 from epp.scheduling.flowqueue import FlowControlConfig, fairness_id, queue_timeout
 from epp.scheduling.latency import Dispatch, slo_missed
+from epp.scheduling.saturation import Room
 from epp.types import InferenceRequest, SchedulingResult
 from epp.usage import Usage
 from epp.xds.eds import EnvoySync
@@ -114,10 +115,12 @@ class Router:
         flow = self.flow
         band = scheduler.priority(request)
         flow_id = fairness_id(request.headers)
-        if flow.idle and scheduler.has_room(request, self.datastore.snapshot()):
-            routed = self._dispatch(request, max_destinations, band, 0.0)
-            flow.observe(flow_id, band, DISPATCHED, 0.0)
-            return routed
+        if flow.idle:
+            room = scheduler.room(request, self.datastore.snapshot())
+            if room:
+                routed = self._dispatch(request, max_destinations, band, 0.0, room)
+                flow.observe(flow_id, band, DISPATCHED, 0.0)
+                return routed
         cfg = flow.cfg
         if band < 0 and (cfg.shed_sheddable or not cfg.enabled):
             raise ShedError(
@@ -127,7 +130,7 @@ class Router:
                 retry_after_s=cfg.retry_after_s,
             )
         if not cfg.enabled:
-            return self._dispatch(request, max_destinations, band, 0.0)
+            return self._dispatch(request, max_destinations, band, 0.0, True)
         try:
             limit_s = queue_timeout(request.headers, cfg)
         except ValueError as exc:
@@ -138,16 +141,26 @@ class Router:
             band,
             flow_id,
             limit_s,
-            lambda: self.scheduler.has_room(request, self.datastore.snapshot()),
-            lambda waited: self._dispatch(request, max_destinations, band, waited),
+            lambda: self.scheduler.room(request, self.datastore.snapshot()),
+            lambda waited, room: self._dispatch(request, max_destinations, band, waited, room),
             Routed.release,
         )
 
     def _dispatch(
-        self, request: InferenceRequest, max_destinations: int, band: int, waited_s: float
+        self,
+        request: InferenceRequest,
+        max_destinations: int,
+        band: int,
+        waited_s: float,
+        room: Room,
     ) -> Routed:
-        """Route now; a sheddable request that cannot meet its SLO headers (by the
-        latency model's prediction plus the time it already waited) is refused instead."""
+        """Route now, among the endpoints with room (``room``: all when True); a
+        sheddable request that cannot meet its SLO headers (by the latency model's
+        prediction plus the time it already waited) is refused instead."""
+        if room is not True:  # late binding: only where it can run now
+            assert room  # a frozenset of addresses
+            subset = room if request.subset is None else room & request.subset
+            request = replace(request, subset=subset)
         routed = self.route(request, max_destinations)
         pred = routed.result.prediction
         if (

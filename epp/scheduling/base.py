@@ -31,9 +31,10 @@ class Scheduler(Protocol):
         """The request's flow-control band (negative: sheddable)."""
         ...
 
-    def has_room(self, request: InferenceRequest, snapshot: Snapshot) -> bool:
-        """Whether an endpoint the request may go to can take it now (flow control
-        holds it while not)."""
+    def room(self, request: InferenceRequest, snapshot: Snapshot) -> bool | frozenset[str]:
+        """Which endpoints the request may go to can take it now: True (all of them),
+        False (none: flow control holds it), or their addresses (it is scheduled among
+        them)."""
         ...
 
     def on_routed(

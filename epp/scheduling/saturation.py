@@ -54,39 +54,50 @@ def endpoint_saturation(ctx: CycleContext, state: EndpointState, cfg: Saturation
     return max((m.waiting or 0.0) / cfg.queue_threshold, (m.kv_usage or 0.0) / cfg.kv_threshold)
 
 
-def has_room(
+# Room for a request: True (every endpoint it may go to has room), False (none has), or
+# the addresses of those that have (the pick is made among them)
+Room = bool | frozenset[str]
+
+
+def room(
     snapshot: Snapshot,
     candidates: Iterable[EndpointState],
     cfg: SaturationConfig,
     latency: LatencyModel,
     now: float,
     stale_after_s: float,
-) -> bool:
-    """Whether one of ``candidates`` (prefill-only endpoints aside) can take a request
-    now: its in-flight count under its limit (until its slots are known, the running
-    count it reports while requests wait in its queue), and its fresh report (if any)
-    under the queue and KV thresholds. An endpoint with neither a limit nor a fresh report has
+) -> Room:
+    """Which of ``candidates`` (prefill-only endpoints aside) can take a request now:
+    its in-flight count under its limit (until its slots are known, the running count
+    it reports while requests wait in its queue), and its fresh report (if any) under
+    the queue and KV thresholds. An endpoint with neither a limit nor a fresh report has
     room: nothing says it is full. With no such endpoint at all, True: nothing to wait
-    for (scheduling answers the error)."""
+    for (scheduling answers the error). A set of addresses includes the prefill-only
+    candidates (not judged here: a disaggregated request needs them)."""
     in_flight = snapshot.in_flight
     fixed = cfg.max_concurrency
-    seen = False
+    roomy: list[str] = []
+    prefill: list[str] = []  # not judged, kept: a disaggregated pick needs them
+    full = 0
     for s in candidates:
         if s.endpoint.role is Role.PREFILL:
+            prefill.append(s.address)
             continue
-        seen = True
         limit = fixed or latency.endpoint(s).slots
         m = s.metrics
         if m is not None and now - m.updated_at > stale_after_s:
             m = None
         if limit is None and m is not None and m.running and m.waiting:
             limit = int(m.running)  # slots not learned yet: it queues beyond these
-        if limit is not None and in_flight.get(s.address, 0) >= limit:
-            continue
-        if m is not None and _full(m, cfg):
-            continue
+        if (limit is not None and in_flight.get(s.address, 0) >= limit) or (
+            m is not None and _full(m, cfg)
+        ):
+            full += 1
+        else:
+            roomy.append(s.address)
+    if not full:
         return True
-    return not seen  # no endpoint to wait for: scheduling answers at once
+    return frozenset(roomy + prefill) if roomy else False
 
 
 def _full(m: EndpointMetrics, cfg: SaturationConfig) -> bool:

@@ -19,9 +19,10 @@ from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
 from epp.scheduling.profile import Profile
 from epp.scheduling.saturation import (
     AdmissionConfig,
+    Room,
     SaturationConfig,
-    has_room,
     request_priority,
+    room,
 )
 from epp.types import EndpointState, InferenceRequest, Prediction, SchedulingResult, Snapshot
 
@@ -94,13 +95,13 @@ class ProfileScheduler:
         """The request's band (negative: sheddable)."""
         return request_priority(request.headers, self.admission)
 
-    def has_room(self, request: InferenceRequest, snapshot: Snapshot) -> bool:
-        """Whether an endpoint the request may go to can take it now (saturation.py)."""
+    def room(self, request: InferenceRequest, snapshot: Snapshot) -> Room:
+        """Which endpoints the request may go to can take it now (saturation.py)."""
         try:
             candidates = _candidates(request, snapshot)
         except NoEndpointError:
             return True  # scheduling answers the precise error at once
-        return has_room(
+        return room(
             snapshot, candidates, self.saturation, self.latency, self.clock(), self.stale_after_s
         )
 

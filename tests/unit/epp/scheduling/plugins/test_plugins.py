@@ -340,18 +340,19 @@ def test_subset_hint_and_room() -> None:
     assert "subset" in info.value.message
     sheddable = InferenceRequest("r", "m", "/", headers={"x-gateway-inference-priority": "-1"})
     assert sched.priority(sheddable) == -1
-    assert not sched.has_room(sheddable, snap)  # full by their reports
+    assert sched.room(sheddable, snap) is False  # full by their reports
     # scheduling itself never sheds: admission (the router's flow control) does
     assert sched.schedule(sheddable, snap, rng).primary.port in (1, 2)
     calm = Snapshot(tuple(state(p, waiting=0, kv_usage=0.1) for p in (1, 2)), {})
-    assert sched.has_room(sheddable, calm)
+    assert sched.room(sheddable, calm) is True
     addresses = [s.address for s in calm.endpoints]
     at_limit = build_scheduler("saturationDetector: {maxConcurrency: 2}", clock=lambda: NOW)
-    assert at_limit.has_room(sheddable, Snapshot(calm.endpoints, {addresses[0]: 2}))
-    assert not at_limit.has_room(sheddable, Snapshot(calm.endpoints, dict.fromkeys(addresses, 2)))
+    one_full = Snapshot(calm.endpoints, {addresses[0]: 2})
+    assert at_limit.room(sheddable, one_full) == frozenset({addresses[1]})
+    assert at_limit.room(sheddable, Snapshot(calm.endpoints, dict.fromkeys(addresses, 2))) is False
     # a stale report says nothing: only the limit counts
     stale = build_scheduler("dataLayer: {staleAfterSeconds: 0.001}", clock=lambda: NOW + 10)
-    assert stale.has_room(sheddable, snap)
+    assert stale.room(sheddable, snap) is True
     # an objective maps to a priority, by the llm-d name or its alias
     mapped = build_scheduler("admission: {objectives: {batch: -2, chat: 3}}")
     for name in ("x-llm-d-inference-objective", "x-gateway-inference-objective"):
