@@ -169,6 +169,17 @@ def scenario(args: argparse.Namespace, name: str, config: str, with_a: bool,
     return row
 
 
+def _command_line(argv: list[str]) -> str:
+    """The arguments as typed, but the label (printed on its own)."""
+    out, skip = [], False
+    for a in argv:
+        if skip or a == "--label" or a.startswith("--label="):
+            skip = a == "--label"
+            continue
+        out.append(f" {a}")
+    return "".join(out)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--servers", type=int, default=4)
@@ -240,7 +251,7 @@ def main() -> int:
         "",
         (f"**{args.label}.** " if args.label else "")
         + f"Measured {meta['date']} on {meta['machine']} (code at {meta['git']}) with "
-        f"`python -m bench.fairness{''.join(f' {a}' for a in sys.argv[1:])}`: "
+        f"`python -m bench.fairness{_command_line(sys.argv[1:])}`: "
         f"{args.servers} simulated servers of {args.slots} slots (~{service_s * 1000:.0f} ms "
         f"per request of {args.tokens} streamed tokens, capacity ~{capacity:.0f} rps); "
         f"tenant A floods with {args.flood} closed-loop streams, tenant B sends "
