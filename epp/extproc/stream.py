@@ -295,18 +295,15 @@ class ExtProcStream:
         body: bytes | None,
         end_of_stream: bool,
     ) -> list[ProcessingResponse]:
-        try:
+        async def dispatched() -> list[ProcessingResponse]:
             routed = await waiting.result
             if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
                 routed.release()
                 return []
             replies = self._routed(routed, request, doc, body, end_of_stream)
             return replies if isinstance(replies, list) else await replies
-        except ClientVisibleError as error:
-            return [self._reject(error)]
-        except Exception:
-            log.exception("request %s: internal error routing", self._req.request_id)
-            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
+
+        return await self._answering_errors(dispatched())
 
     async def _route_when_synced(
         self, synced: Awaitable[None], body: bytes | None, end_of_stream: bool
@@ -314,11 +311,21 @@ class ExtProcStream:
         await synced
         if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
             return []
-        try:
+
+        async def routed() -> list[ProcessingResponse]:
             replies = self._route(body, end_of_stream)
-            if isinstance(replies, Deferred):  # held: Envoy's own timeout applies
+            if isinstance(replies, Deferred):  # held: the extension was asked already
                 replies = replies.later
             return replies if isinstance(replies, list) else await replies
+
+        return await self._answering_errors(routed())
+
+    async def _answering_errors(
+        self, work: Awaitable[list[ProcessingResponse]]
+    ) -> list[ProcessingResponse]:
+        """``work``'s replies; an error it raises is answered to the client instead."""
+        try:
+            return await work
         except ClientVisibleError as error:
             return [self._reject(error)]
         except Exception:
