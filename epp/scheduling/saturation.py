@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from epp.scheduling.base import CycleContext
 from epp.scheduling.latency import LatencyModel
 from epp.scheduling.sections import setting, setting_factory
-from epp.types import EndpointMetrics, EndpointState, Role, Snapshot
+from epp.types import EndpointState, Role, Snapshot
 
 PRIORITY_HEADER = "x-gateway-inference-priority"
 # the llm-d Router's name first, then the Inference Extension's older alias
@@ -74,34 +74,38 @@ def room(
     room: nothing says it is full. With no such endpoint at all, True: nothing to wait
     for (scheduling answers the error). A set of addresses includes the prefill-only
     candidates (not judged here: a disaggregated request needs them)."""
-    in_flight = snapshot.in_flight
+    in_flight = snapshot.in_flight.get
     fixed = cfg.max_concurrency
+    model = latency.endpoint
+    queue, kv = cfg.queue_threshold, cfg.kv_threshold
+    oldest = now - stale_after_s
+    prefill_role = Role.PREFILL
     roomy: list[str] = []
     prefill: list[str] = []  # not judged, kept: a disaggregated pick needs them
     full = 0
-    for s in candidates:
-        if s.endpoint.role is Role.PREFILL:
-            prefill.append(s.address)
+    for s in candidates:  # (a hot loop: one pass per request; locals bound above)
+        address = s.address
+        if s.endpoint.role is prefill_role:
+            prefill.append(address)
             continue
-        limit = fixed or latency.endpoint(s).slots
+        limit = fixed or model(s).slots
         m = s.metrics
-        if m is not None and now - m.updated_at > stale_after_s:
+        if m is not None and m.updated_at < oldest:
             m = None
-        if limit is None and m is not None and m.running and m.waiting:
-            limit = int(m.running)  # slots not learned yet: it queues beyond these
-        if (limit is not None and in_flight.get(s.address, 0) >= limit) or (
-            m is not None and _full(m, cfg)
-        ):
+        if m is not None:
+            waiting = m.waiting or 0.0
+            if waiting >= queue or (m.kv_usage or 0.0) >= kv:
+                full += 1
+                continue
+            if limit is None and waiting and m.running:
+                limit = int(m.running)  # slots not learned yet: it queues beyond these
+        if limit is not None and in_flight(address, 0) >= limit:
             full += 1
         else:
-            roomy.append(s.address)
+            roomy.append(address)
     if not full:
         return True
     return frozenset(roomy + prefill) if roomy else False
-
-
-def _full(m: EndpointMetrics, cfg: SaturationConfig) -> bool:
-    return (m.waiting or 0.0) >= cfg.queue_threshold or (m.kv_usage or 0.0) >= cfg.kv_threshold
 
 
 @dataclass(frozen=True)
