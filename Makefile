@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-kv-events bench-routing \
-	bench-lora bench-pd clean
+	bench-lora bench-pd bench-fairness clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,7 +29,8 @@ test: lint typecheck
 
 # All benchmarks (~50 minutes); results land in bench/results/, and its README.md (the one
 # page that quotes figures) is rewritten from them last.
-bench: bench-overhead bench-decision bench-scrape bench-kv-events bench-routing bench-lora bench-pd
+bench: bench-overhead bench-decision bench-scrape bench-kv-events bench-fairness bench-routing \
+	bench-lora bench-pd
 	$(BIN)/python -m bench.results_index
 
 bench-overhead: $(STAMP)
@@ -49,6 +50,10 @@ bench-kv-events: $(STAMP)
 # LoRA adapter churn, round robin vs the EPP (on-demand loading off and on), ~3 minutes
 bench-lora: $(STAMP)
 	$(BIN)/python -m bench.lora
+
+# Two tenants, with and without flow control (about 2 minutes)
+bench-fairness: $(STAMP)
+	$(BIN)/python -m bench.fairness
 
 # Issue 13's matrix (~8 minutes per workload and KV size with five policies at 20 s per
 # rate): 16 groups of 1,500-token system prompts, 75-225-token questions, 16-48 output

@@ -97,6 +97,13 @@ BENCHMARKS = [
         "1,000 endpoints",
     ),
     (
+        "fairness",
+        "two tenants against 4 simulated servers of 2 slots: A floods with closed-loop "
+        "streams (3 x the slots), B sends Poisson at 20 % of capacity; B's TTFT p50/p90 "
+        "alone, under the flood with flow control and without it, A's and the total "
+        "throughput, side by side in one run (`bench/fairness.py`)",
+    ),
+    (
         "routing",
         "issue 13's matrix (about 35 minutes; `routing-zipf-WORKLOAD-kvCOPIES.md`, each "
         "with `_ttft.png` and `_load.png`): 4 simulators running 4 sequences each, "
@@ -267,6 +274,36 @@ def decision_section() -> list[str]:
         header = ["endpoints", "prompt", "new snapshot", "p50", "p99", "list p50", "list p99"]
         lines += ["", f"### {link(name)}: {title(name)}", "", f"{when(data['meta'])}.", ""]
         lines += table(header, rows, right_from=0)
+    return lines
+
+
+# -- fairness -------------------------------------------------------------------------
+
+
+def fairness_section() -> list[str]:
+    lines = ["## Fairness under a flood (flow control)"]
+    for name in names("fairness"):
+        data = load(name)
+        meta = data["meta"]
+        rows = [
+            [
+                r["scenario"],
+                f"{r['b_ttft_p50_ms']:.0f}",
+                f"{r['b_ttft_p90_ms']:.0f}",
+                f"{r['a_rps']:.1f}",
+                f"{r['total_rps']:.1f}",
+            ]
+            for r in data["rows"]
+        ]
+        note = f" {meta['label']}." if meta.get("label") else ""
+        verdict_line = (
+            f"B's p90 bound {meta['b_p90_bound_ms']:.0f} ms: "
+            f"{'met' if meta['b_p90_within_bound'] else 'missed'}; total throughput "
+            f"{'not lower' if meta['total_not_lower'] else 'lower'} than without flow control."
+        )
+        header = ["scenario", "B TTFT p50 ms", "B TTFT p90 ms", "A rps", "total rps"]
+        lines += ["", f"### {link(name)}: {title(name)}", "", f"{when(meta)}.{note}", ""]
+        lines += [*table(header, rows), "", verdict_line]
     return lines
 
 
@@ -510,6 +547,7 @@ def render() -> str:
         overhead_section(),
         decision_section(),
         scrape_section(),
+        fairness_section(),
         routing_section(),
         lora_section(),
         pd_section(),

@@ -31,6 +31,7 @@ from epp.modelnames import ModelsConfig
 from epp.placement import PlacementConfig
 from epp.scheduling import defaults
 from epp.scheduling.base import ReferencesPlugins, RoutingObserver
+from epp.scheduling.flowqueue import FlowControlConfig
 from epp.scheduling.latency import LatencyModel, LatencyPriors
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.profile import Profile, WeightedScorer
@@ -82,6 +83,9 @@ class EppConfig:
     )
     admission: AdmissionConfig = field(
         default_factory=AdmissionConfig, metadata=section_key("admission")
+    )
+    flow_control: FlowControlConfig = field(
+        default_factory=FlowControlConfig, metadata=section_key("flowControl")
     )
     data_layer: DataLayerConfig = field(
         default_factory=DataLayerConfig, metadata=section_key("dataLayer")

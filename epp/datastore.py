@@ -103,6 +103,7 @@ class Datastore:
         self._version = 0
         self._snapshot: Snapshot | None = None
         self._listeners: list[Callable[[], None]] = []
+        self._on_release: Callable[[], None] | None = None
 
     # -- membership ---------------------------------------------------------------
     def add(self, endpoint: Endpoint, *, waiting: bool = False) -> bool:
@@ -210,6 +211,11 @@ class Datastore:
         """Call ``listener`` after every membership or status change."""
         self._listeners.append(listener)
 
+    def on_release(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every in-flight release (flow control: room may have
+        freed); one listener, the last set."""
+        self._on_release = listener
+
     # -- load accounting ------------------------------------------------------------
     def acquire(self, address: str, tokens: int = 0) -> InFlightTicket:
         """Count one request (estimated at ``tokens`` prompt + output tokens) as in
@@ -233,6 +239,8 @@ class Datastore:
         self._in_flight_tokens[address] = max(self._in_flight_tokens.get(address, 0) - tokens, 0)
         if count == 0 and member is not None and member.status is Status.DRAINING:
             self._drop(address, "drained; removed")
+        if self._on_release is not None:
+            self._on_release()
 
     def in_flight(self, address: str) -> int:
         return self._in_flight.get(address, 0)

@@ -11,7 +11,9 @@ raises on purpose, and one branch of it is what a client may see.
     │   ├── BodyTooLargeError        413 invalid_request_error
     │   ├── ModelNotFoundError       404 invalid_request_error   a model nobody serves
     │   ├── ShedError                429 rate_limit_exceeded     admission shed it
+    │   │   └── QueueFullError       429 (queue_full)            flow control's limits
     │   ├── NoEndpointError          503 service_unavailable     no endpoint can serve it
+    │   │   └── QueueTimeoutError    503 (queue_timeout)         waited its time limit
     │   ├── PrefillRejectedError     400-451 as the prefill server answered, with its body
     │   └── PlacementError           (placement.py)              a server refused a LoRA
     │                                                            load or unload: its status
@@ -57,10 +59,13 @@ class ClientVisibleError(EppError):
     status: int = 500  # per class; an error relayed from upstream sets its own
     error_type: str = "internal_error"
 
-    def __init__(self, message: str, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, code: str | None = None, retry_after_s: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.retry_after_s = retry_after_s  # sent as Retry-After when set
 
     def body(self) -> bytes:
         return orjson.dumps(
@@ -96,9 +101,18 @@ class ShedError(ClientVisibleError):
     error_type = "rate_limit_exceeded"
 
 
+class QueueFullError(ShedError):
+    """Flow control cannot hold the request (its band or every band is full), or a
+    request of a higher band displaced it."""
+
+
 class NoEndpointError(ClientVisibleError):
     status = 503
     error_type = "service_unavailable"
+
+
+class QueueTimeoutError(NoEndpointError):
+    """The request waited its time limit in flow control's queue."""
 
 
 class PrefillRejectedError(ClientVisibleError):

@@ -31,6 +31,25 @@ from epp.llmdmetrics import RouterNames
 # How long an endpoint's own series (epp_responses_total, epp_scrape_failures_total)
 # outlive its removal from the pool, so the scrapes after it still see the final counts.
 SERIES_GRACE_S = 600.0
+# the llm-d Router's buckets for the time requests spend in flow control
+FLOW_QUEUE_BUCKETS = (
+    1e-4,
+    5e-4,
+    1e-3,
+    5e-3,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
 
 
 class SizedIndex(Protocol):
@@ -187,6 +206,17 @@ class EppMetrics:
             ["result"],
             registry=self.registry,
         )
+        # flow control, under the llm-d Router's names and labels (docs/flow-control.md)
+        self.flow_queue_seconds = Histogram(
+            "llm_d_epp_flow_control_request_queue_duration_seconds",
+            "Time requests spent in flow control, from arrival to their outcome "
+            "(Dispatched, RejectedCapacity, RejectedOther, EvictedTTL, "
+            "EvictedContextCancelled, EvictedCapacity, EvictedOther), by fairness id and "
+            "priority. A request dispatched at once counts as Dispatched after 0 s.",
+            ["fairness_id", "priority", "outcome"],
+            buckets=FLOW_QUEUE_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_DatastoreCollector(datastore))
         # per-endpoint series stay while their endpoint is a member, whatever its status
         # (an ejected endpoint's failures are the interesting ones), and go
@@ -240,6 +270,13 @@ class EppMetrics:
     def report_latency_model(self, model: LearnedLatency) -> None:
         """Export what the latency model has learned per endpoint, read at scrape time."""
         self.registry.register(_LatencyCollector(model))
+
+    def report_flow_queues(
+        self, sizes: Callable[[], Mapping[tuple[int, str], tuple[int, int]]]
+    ) -> None:
+        """Export flow control's queues ((band, flow) -> (requests, bytes)), read at
+        scrape time."""
+        self.registry.register(_FlowQueueCollector(sizes))
 
     def expire_series(self) -> None:
         """Note removed endpoints and drop the series of those gone longer than the
@@ -366,3 +403,26 @@ class _LatencyCollector(Collector):
                 if value is not None and name not in ("ttft_samples", "completions"):
                     learned.add_metric([address, name], float(value))
         yield learned
+
+
+class _FlowQueueCollector(Collector):
+    def __init__(self, sizes: Callable[[], Mapping[tuple[int, str], tuple[int, int]]]) -> None:
+        self._sizes = sizes
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["fairness_id", "priority"]
+        size = GaugeMetricFamily(
+            "llm_d_epp_flow_control_queue_size",
+            "Requests held by flow control, by fairness id and priority.",
+            labels=labels,
+        )
+        held = GaugeMetricFamily(
+            "llm_d_epp_flow_control_queue_bytes",
+            "Request body bytes held by flow control, by fairness id and priority.",
+            labels=labels,
+        )
+        for (band, flow), (count, nbytes) in sorted(self._sizes().items()):
+            size.add_metric([flow, str(band)], count)
+            held.add_metric([flow, str(band)], nbytes)
+        yield size
+        yield held

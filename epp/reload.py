@@ -9,13 +9,14 @@ the new config. On any error the previous config keeps running, the error is log
 
 A reload can change ``plugins``, ``schedulingProfiles``, ``saturationDetector``,
 ``admission``, ``latencyModel`` and ``models``. ``dataLayer``, ``disaggregation``,
-``endpoints`` and ``loraPlacement`` are wired into running tasks at start: a file that
-changes any of them is rejected as a whole (restart to apply it). Plugins whose spec
-(type, name, parameters) is unchanged are kept with what they learned (a prefix index,
-a session table); plugins that refer to others (the P/D handler) are bound again to the
-new config's plugins. A changed ``latencyModel`` restarts the latency model from the
-new priors. Plugins that read KV events (a precise prefix scorer) have subscribers
-started with them, so adding, removing or changing one is also a restart.
+``flowControl``, ``endpoints`` and ``loraPlacement`` are wired into running tasks at
+start: a file that changes any of them is rejected as a whole (restart to apply it).
+Plugins whose spec (type, name, parameters) is unchanged are kept with what they
+learned (a prefix index, a session table); plugins that refer to others (the P/D
+handler) are bound again to the new config's plugins. A changed ``latencyModel``
+restarts the latency model from the new priors. Plugins that read KV events (a precise
+prefix scorer) have subscribers started with them, so adding, removing or changing one
+is also a restart.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ SETTLE_S = 0.2  # after a change is seen, before the file is read for the reload
 RESTART_ONLY = (
     ("data_layer", "dataLayer"),
     ("disaggregation", "disaggregation"),
+    ("flow_control", "flowControl"),
     ("endpoints", "endpoints"),
     ("lora_placement", "loraPlacement"),
 )

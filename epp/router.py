@@ -20,12 +20,15 @@ from epp.datalayer.orca import (
 from epp.datastore import Datastore, InFlightTicket
 from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
-from epp.errors import ClientVisibleError
+from epp.errors import BadRequestError, ClientVisibleError, ShedError
+from epp.flowcontrol import DISPATCHED, FlowController, Waiting
 from epp.metrics import EppMetrics
 from epp.modelnames import ModelsConfig, Resolved, resolve
 from epp.placement import AdapterPlacement
 from epp.scheduling.base import Scheduler
-from epp.scheduling.latency import Dispatch
+from epp.scheduling.flowqueue import FlowControlConfig, fairness_id, queue_timeout
+from epp.scheduling.latency import Dispatch, slo_missed
+from epp.scheduling.saturation import Room
 from epp.types import InferenceRequest, SchedulingResult
 from epp.usage import Usage
 from epp.xds.eds import EnvoySync
@@ -89,6 +92,7 @@ class Router:
         envoy_sync: EnvoySync | None = None,
         models: ModelsConfig | None = None,
         placement: AdapterPlacement | None = None,
+        flow: FlowController | None = None,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -107,6 +111,9 @@ class Router:
         self.models = models or ModelsConfig()
         # loads adapters where none is (None: placement off)
         self.placement = placement
+        # admission: holds requests while no endpoint has room (on by default)
+        self.flow = flow or FlowController(FlowControlConfig(), metrics)
+        datastore.on_release(self.flow.released)
         self._routed = metrics.requests.labels("routed")
         self._forwarded = metrics.requests.labels("forwarded")
         self._orca_ok = metrics.orca_reports.labels("header", "ok")
@@ -132,6 +139,83 @@ class Router:
         self, placement: AdapterPlacement, request: InferenceRequest, adapter: str
     ) -> InferenceRequest:
         return _within(request, await placement.ensure(adapter))
+
+    def admit(
+        self, request: InferenceRequest, size: int, max_destinations: int = 1
+    ) -> Routed | Waiting[Routed]:
+        """Admission, then routing: route at once when nothing waits and an endpoint has
+        room; else shed a sheddable request (when configured), or hold the request in
+        flow control until it is its turn and there is room (``Waiting``). Requests
+        without a body (GET /v1/models) are never held. Raises the client's error."""
+        if request.model is None:
+            return self.route(request, max_destinations)
+        scheduler = self.scheduler
+        flow = self.flow
+        band = scheduler.priority(request)
+        flow_id = fairness_id(request.headers)
+        if flow.idle:
+            room = scheduler.room(request, self.datastore.snapshot())
+            if room:
+                routed = self._dispatch(request, max_destinations, band, 0.0, room)
+                flow.observe(flow_id, band, DISPATCHED, 0.0)
+                return routed
+        cfg = flow.cfg
+        if band < 0 and (cfg.shed_sheddable or not cfg.enabled):
+            raise ShedError(
+                f"the pool is saturated (no endpoint has room) and this request is "
+                f"sheddable (priority {band}); retry later",
+                code="shed",
+                retry_after_s=cfg.retry_after_s,
+            )
+        if not cfg.enabled:
+            return self._dispatch(request, max_destinations, band, 0.0, True)
+        try:
+            limit_s = queue_timeout(request.headers, cfg)
+        except ValueError as exc:
+            raise BadRequestError(str(exc), code="invalid_queue_timeout") from None
+        return flow.enqueue(
+            request,
+            size,
+            band,
+            flow_id,
+            limit_s,
+            lambda: self.scheduler.room(request, self.datastore.snapshot()),
+            lambda waited, room: self._dispatch(request, max_destinations, band, waited, room),
+            Routed.release,
+        )
+
+    def _dispatch(
+        self,
+        request: InferenceRequest,
+        max_destinations: int,
+        band: int,
+        waited_s: float,
+        room: Room,
+    ) -> Routed:
+        """Route now, among the endpoints with room (``room``: all when True); a
+        sheddable request that cannot meet its SLO headers (by the latency model's
+        prediction plus the time it already waited) is refused instead."""
+        if room is not True:  # late binding: only where it can run now
+            assert room  # a frozenset of addresses
+            subset = room if request.subset is None else room & request.subset
+            request = replace(request, subset=subset)
+        routed = self.route(request, max_destinations)
+        pred = routed.result.prediction
+        if (
+            band < 0
+            and pred is not None
+            and pred.meets_slo is not None
+            and slo_missed(request, pred.ttft_s + waited_s, pred.tpot_s)
+        ):
+            routed.release()
+            raise ShedError(
+                "no endpoint is predicted to meet this sheddable request's latency "
+                f"objectives (predicted time to first token {pred.ttft_s + waited_s:.3f}s "
+                "with its wait); retry later",
+                code="slo_unattainable",
+                retry_after_s=self.flow.cfg.retry_after_s,
+            )
+        return routed
 
     def route(self, request: InferenceRequest, max_destinations: int = 1) -> Routed:
         """Schedule ``request``; the result names at most ``max_destinations`` targets

@@ -40,6 +40,7 @@ from epp.discovery.readiness import ReadinessProbe
 from epp.extensions import ExtensionError
 from epp.extproc import tlsflags
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
+from epp.flowcontrol import FlowController
 from epp.health import HealthBoard, ReadinessGate
 from epp.lifecycle import App, Component, Step
 from epp.listeners import Listeners
@@ -296,6 +297,7 @@ def build(
     placement = AdapterPlacement(
         cfg.lora_placement, lambda: router.models.adapters, datastore, metrics
     )
+    flow = FlowController(cfg.flow_control, metrics)
     router = Router(
         datastore,
         scheduler,
@@ -308,6 +310,7 @@ def build(
         envoy_sync=envoy_sync,
         models=cfg.models,
         placement=placement if cfg.lora_placement.enabled else None,
+        flow=flow,
     )
     reloader = ConfigReloader(
         config_file or ConfigFile(None),
@@ -331,7 +334,7 @@ def build(
     reviewer = KubeReviewer(opts.kubeconfig) if opts.metrics_auth else None
     metrics_auth = MetricsAuth(reviewer) if reviewer is not None else None
     admin = make_admin_app(datastore, metrics, ready=health.serving, metrics_auth=metrics_auth)
-    add_status_routes(admin, datastore, ejector.state, scheduler.latency)
+    add_status_routes(admin, datastore, ejector.state, scheduler.latency, flow.status)
     add_lora_routes(
         admin,
         placement,
@@ -381,6 +384,8 @@ def build(
         Step("readiness", readiness.publish),
         *before,
         listeners,
+        # stopped before the ports close: held requests are answered 503 at once
+        Step("flow-control", on_stop=flow.close),
         *after,
         Step("config-reload", reloader.start, reloader.stop),
     ]

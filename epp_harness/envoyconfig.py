@@ -72,8 +72,11 @@ class EnvoyOptions:
     # Every timeout below is explained, with how they nest, in docs/timeouts.md.
     # How long Envoy waits for each EPP reply; the EPP holds the header reply until the
     # whole body is in (and a prefill leg has run), so this bounds body upload time +
-    # scheduling + the prefill leg.
-    message_timeout_s: float = 30.0
+    # scheduling. Kept short (an EPP that hangs fails requests soon); the EPP extends it
+    # for one request when it holds it in flow control, loads its LoRA adapter or runs a
+    # prefill leg (override_message_timeout), up to max_message_timeout_s.
+    message_timeout_s: float = 10.0
+    max_message_timeout_s: float = 300.0
     # Fail closed by default. Fail open (True): when the EPP cannot be reached, requests
     # go on without its pick, by the fallback route (docs/operations.md, "Fail-open").
     failure_mode_allow: bool = False
@@ -335,6 +338,8 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
             # a JSON body
             "status_on_error": {"code": opts.status_on_error},
             "message_timeout": _seconds(opts.message_timeout_s),
+            # the most an EPP's override_message_timeout may ask for (flow control)
+            "max_message_timeout": _seconds(opts.max_message_timeout_s),
             "processing_mode": _processing_mode(opts.processing),
             # which endpoint answered: tells the EPP when Envoy failed over
             "response_attributes": [UPSTREAM_ADDRESS],

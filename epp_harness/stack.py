@@ -107,6 +107,7 @@ class StackOptions:
     # endpoints labelled with their publishers, and its precise scorers the simulators'
     # tokenizer (see kv_events_config)
     kv_events: bool = False
+    message_timeout_s: float = EnvoyOptions.message_timeout_s  # ext_proc's (tests)
 
 
 class LocalStack:
@@ -174,6 +175,7 @@ class LocalStack:
             else (),
             first_byte_timeout_s=o.first_byte_timeout_s,
             stream_idle_timeout_s=o.stream_idle_timeout_s,
+            message_timeout_s=o.message_timeout_s,
         )
         if not o.epp:
             servers = [(str(i["host"]), int(i["port"])) for i in (p.info for p in self.sims)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -268,11 +268,16 @@ def add_status_routes(
     datastore: Datastore,
     failures: Failures,
     latency: LatencyModel | None = None,
+    flow_control: Callable[[], Mapping[str, Any]] | None = None,
 ) -> None:
-    """``GET`` and ``POST /status``: every member, its state, load and failures."""
+    """``GET`` and ``POST /status``: every member, its state, load and failures; and
+    flow control's queues when given."""
 
     async def status(_: web.Request) -> web.Response:
-        return ok(status_doc(datastore, failures, latency))
+        doc = status_doc(datastore, failures, latency)
+        if flow_control is not None:
+            doc["flow_control"] = flow_control()
+        return ok(doc)
 
     app.router.add_get("/status", status)
     app.router.add_post("/status", status)

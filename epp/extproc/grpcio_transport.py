@@ -3,6 +3,7 @@ releases its claims however the stream ends."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +14,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from epp.extproc.stream import EndStream, ExtProcStream, StreamEnd
-from epp.extproc.transport import MAX_MESSAGE_BYTES, max_destinations
+from epp.extproc.stream import Deferred, EndStream, ExtProcStream, StreamEnd
+from epp.extproc.transport import MAX_MESSAGE_BYTES, max_destinations, unless_closed
 from epp.health import HEALTH_SERVICES
 from epp.router import Router
 from epp.xds.eds import EdsServer
@@ -33,15 +34,29 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
         metadata = context.invocation_metadata() or ()
         stream = ExtProcStream(self._router, max_destinations=max_destinations(metadata))
         end: StreamEnd = "cancelled"  # unless the loop ends or fails (CancelledError and
-        try:  # GeneratorExit are BaseExceptions)
-            async for msg in request_iterator:
+        receive: asyncio.Future[Any] | None = None  # GeneratorExit are BaseExceptions)
+        messages = aiter(request_iterator)
+        try:
+            while True:
+                msg = await (receive or anext(messages, None))
+                receive = None
+                if msg is None:
+                    break
                 replies = stream.on_message(msg)
                 if isinstance(replies, EndStream):  # the message broke the protocol
                     context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
                     context.set_details(replies.reason)
                     end = "error"
                     return
-                if not isinstance(replies, list):  # routing waits (EDS, a prefill leg)
+                if isinstance(replies, Deferred):  # held (flow control, a prefill leg)
+                    for reply in replies.now:
+                        yield reply
+                    receive = asyncio.ensure_future(anext(messages, None))
+                    answer = await unless_closed(replies.later, receive)
+                    if answer is None:  # Envoy closed the stream meanwhile
+                        break
+                    replies = answer
+                if not isinstance(replies, list):  # routing waits (EDS)
                     replies = await replies
                 for reply in replies:
                     yield reply
@@ -50,6 +65,8 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
             end = "error"
             raise
         finally:
+            if receive is not None:
+                receive.cancel()
             stream.close(end)
 
 

@@ -16,8 +16,8 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.server import Server, Stream
 
 from epp.extproc.h2frames import skip_hex_dumps_of_received_data
-from epp.extproc.stream import EndStream, ExtProcStream, StreamEnd
-from epp.extproc.transport import max_destinations
+from epp.extproc.stream import Deferred, EndStream, ExtProcStream, StreamEnd
+from epp.extproc.transport import max_destinations, unless_closed
 from epp.health import EXT_PROC_SERVICE, HEALTH_SERVICES
 from epp.router import Router
 from epp.xds.eds import EDS_SERVICE, EdsServer
@@ -47,12 +47,25 @@ class _ExtProc:
         self.active += 1
         self.idle.clear()
         end: StreamEnd = "cancelled"  # unless the loop ends or fails (a reset cancels us)
+        receive: asyncio.Future[Any] | None = None  # the next message, read ahead
         try:
-            async for msg in stream:
+            while True:
+                msg = await (receive or stream.recv_message())
+                receive = None
+                if msg is None:
+                    break
                 replies = ext.on_message(msg)
                 if isinstance(replies, EndStream):  # the message broke the protocol
                     raise GRPCError(Status.FAILED_PRECONDITION, replies.reason)
-                if not isinstance(replies, list):  # routing waits (EDS, a prefill leg)
+                if isinstance(replies, Deferred):  # held (flow control, a prefill leg)
+                    for reply in replies.now:
+                        await stream.send_message(reply)
+                    receive = asyncio.ensure_future(stream.recv_message())
+                    answer = await unless_closed(replies.later, receive)
+                    if answer is None:  # Envoy closed the stream meanwhile
+                        break
+                    replies = answer
+                if not isinstance(replies, list):  # routing waits (EDS)
                     replies = await replies
                 for reply in replies:
                     await stream.send_message(reply)
@@ -61,6 +74,8 @@ class _ExtProc:
             end = "error"
             raise
         finally:
+            if receive is not None:
+                receive.cancel()
             self.active -= 1
             if not self.active:
                 self.idle.set()

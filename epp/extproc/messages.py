@@ -109,14 +109,26 @@ def response_body_echo(data: bytes, end_of_stream: bool) -> ProcessingResponse:
 
 def immediate(error: ClientVisibleError) -> ProcessingResponse:
     """An error answered by Envoy on our behalf, OpenAI-shaped JSON body."""
+    headers = [("content-type", "application/json")]
+    if error.retry_after_s is not None:
+        headers.append(("retry-after", str(error.retry_after_s)))
     return ProcessingResponse(
         immediate_response=ImmediateResponse(
             status=HttpStatus(code=error.status),
-            headers=header_mutation([("content-type", "application/json")]),
+            headers=header_mutation(headers),
             body=error.body(),
             details=f"epp_{error.code or error.error_type}",
         )
     )
+
+
+def extend_timeout(seconds: float) -> ProcessingResponse:
+    """Ask Envoy to wait up to ``seconds`` for our answer to the message it sent last
+    (``override_message_timeout``; honoured up to the filter's ``max_message_timeout``,
+    once per processing state): sent when a request starts to wait in a queue."""
+    reply = ProcessingResponse()
+    reply.override_message_timeout.FromMilliseconds(max(1, round(seconds * 1000)))
+    return reply
 
 
 # Replies that change nothing; built once, they are immutable in practice.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,12 +27,14 @@ from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
+from epp.flowcontrol import Waiting
 from epp.logsetup import REQUEST_ID
 from epp.modelnames import REWRITE_HEADERS
 from epp.requestparse import parse_request
 from epp.router import Routed, Router
 from epp.types import InferenceRequest
 from epp.usage import find_usage, keep_tail
+from epp.xds.eds import EDS_SYNC_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +69,22 @@ class EndStream:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """Replies to send now (asking Envoy to wait longer), then the awaited rest: a
+    request held by flow control."""
+
+    now: list[ProcessingResponse]
+    later: Awaitable[list[ProcessingResponse]]
+
+    def __await__(self) -> Generator[Any, None, list[ProcessingResponse]]:
+        """Awaited as a whole: the later replies (``now`` is for a transport to send)."""
+        return self.later.__await__()
+
+
 # The replies to a message, or an awaitable of them (routing waits for an EDS
-# acknowledgement or a prefill leg first).
-Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]]
+# acknowledgement, a prefill leg or its turn in flow control first).
+Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]] | Deferred
 # The error code of the immediate 500 that answers an illegal message.
 PROTOCOL_ERROR = "extproc_protocol_error"
 
@@ -229,6 +244,8 @@ class ExtProcStream:
         replies = self._complete_request(end_of_stream=False)
         if isinstance(replies, list):
             return [*replies, messages.EMPTY_REQUEST_TRAILERS]
+        if isinstance(replies, Deferred):
+            return Deferred(replies.now, _then(replies.later, messages.EMPTY_REQUEST_TRAILERS))
         return _then(replies, messages.EMPTY_REQUEST_TRAILERS)
 
     def _complete_request(self, end_of_stream: bool) -> Replies:
@@ -247,16 +264,24 @@ class ExtProcStream:
         does not know to one of those."""
         sync = self._router.envoy_sync
         if self._max_destinations > 1 and sync is not None and not sync.synced:
-            return self._route_when_synced(sync.wait(), body, end_of_stream)
+            # Envoy may get one timeout extension here: the longest that may follow
+            cfg = self._router.flow.cfg
+            wait_s = EDS_SYNC_WAIT_S + cfg.max_queue_timeout_s + cfg.message_timeout_margin_s
+            later = self._route_when_synced(sync.wait(), body, end_of_stream)
+            return Deferred([messages.extend_timeout(wait_s)], later)
         req = self._req
         request, doc = parse_request(req.request_id, req.headers, body, req.subset)
         resolved = self._router.resolve(request, doc)  # model rewrites, adapter catalogue
         if resolved.doc is not None:
             doc = resolved.doc
+        rewritten = resolved.doc is not None
         placed = self._router.place(resolved.request)  # an adapter loaded first?
         if not isinstance(placed, InferenceRequest):
-            return self._schedule_after(placed, doc, resolved.doc is not None, body, end_of_stream)
-        return self._schedule(placed, doc, resolved.doc is not None, body, end_of_stream)
+            cfg = self._router.flow.cfg  # Envoy may get one extension: the longest wait
+            wait_s = cfg.max_queue_timeout_s + cfg.message_timeout_margin_s
+            later = self._schedule_after(placed, doc, rewritten, body, end_of_stream)
+            return Deferred([messages.extend_timeout(wait_s)], later)
+        return self._schedule(placed, doc, rewritten, body, end_of_stream)
 
     def _schedule(
         self,
@@ -266,8 +291,32 @@ class ExtProcStream:
         body: bytes | None,
         end_of_stream: bool,
     ) -> Replies:
+        """Admission (flow control), then the routed reply."""
+        admitted = self._router.admit(request, len(body or b""), self._max_destinations)
+        if isinstance(admitted, Waiting):  # held: Envoy is asked to wait that long
+            wait_s = admitted.limit_s + self._router.flow.cfg.message_timeout_margin_s
+            later = self._route_when_dispatched(
+                admitted, request, doc, rewritten, body, end_of_stream
+            )
+            return Deferred([messages.extend_timeout(wait_s)], later)
+        replies = self._routed(admitted, request, doc, rewritten, body, end_of_stream)
+        if isinstance(replies, list):
+            return replies
+        # a prefill leg runs first: Envoy is asked to wait for it
+        return Deferred(
+            [messages.extend_timeout(self._router.flow.cfg.message_timeout_margin_s)], replies
+        )
+
+    def _routed(
+        self,
+        routed: Routed,
+        request: InferenceRequest,
+        doc: dict[str, Any] | None,
+        rewritten: bool,
+        body: bytes | None,
+        end_of_stream: bool,
+    ) -> list[ProcessingResponse] | Awaitable[list[ProcessingResponse]]:
         req = self._req
-        routed = self._router.route(request, self._max_destinations)
         req.routed = routed
         req.stream = request.stream
         leg = None
@@ -286,17 +335,36 @@ class ExtProcStream:
         end_of_stream: bool,
     ) -> list[ProcessingResponse]:
         """Schedule once the request's adapter is loaded (epp.placement)."""
-        try:
+
+        async def scheduled() -> list[ProcessingResponse]:
             request = await placed
             if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
                 return []
             replies = self._schedule(request, doc, rewritten, body, end_of_stream)
+            if isinstance(replies, Deferred):  # held: the extension was asked already
+                replies = replies.later
             return replies if isinstance(replies, list) else await replies
-        except ClientVisibleError as error:
-            return [self._reject(error)]
-        except Exception:
-            log.exception("request %s: internal error placing its adapter", self._req.request_id)
-            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
+
+        return await self._answering_errors(scheduled())
+
+    async def _route_when_dispatched(
+        self,
+        waiting: Waiting[Routed],
+        request: InferenceRequest,
+        doc: dict[str, Any] | None,
+        rewritten: bool,
+        body: bytes | None,
+        end_of_stream: bool,
+    ) -> list[ProcessingResponse]:
+        async def dispatched() -> list[ProcessingResponse]:
+            routed = await waiting.result
+            if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
+                routed.release()
+                return []
+            replies = self._routed(routed, request, doc, rewritten, body, end_of_stream)
+            return replies if isinstance(replies, list) else await replies
+
+        return await self._answering_errors(dispatched())
 
     async def _route_when_synced(
         self, synced: Awaitable[None], body: bytes | None, end_of_stream: bool
@@ -304,9 +372,21 @@ class ExtProcStream:
         await synced
         if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
             return []
-        try:
+
+        async def routed() -> list[ProcessingResponse]:
             replies = self._route(body, end_of_stream)
+            if isinstance(replies, Deferred):  # held: the extension was asked already
+                replies = replies.later
             return replies if isinstance(replies, list) else await replies
+
+        return await self._answering_errors(routed())
+
+    async def _answering_errors(
+        self, work: Awaitable[list[ProcessingResponse]]
+    ) -> list[ProcessingResponse]:
+        """``work``'s replies; an error it raises is answered to the client instead."""
+        try:
+            return await work
         except ClientVisibleError as error:
             return [self._reject(error)]
         except Exception:

@@ -23,9 +23,18 @@ class Scheduler(Protocol):
         """Pick endpoints for ``request`` from ``snapshot``.
 
         Contract: synchronous and free of I/O; every returned target is one of the
-        snapshot's endpoints; raises :class:`epp.errors.NoEndpointError` when none fits
-        (and :class:`epp.errors.ShedError` when admission sheds the request).
+        snapshot's endpoints; raises :class:`epp.errors.NoEndpointError` when none fits.
         """
+        ...
+
+    def priority(self, request: InferenceRequest) -> int:
+        """The request's flow-control band (negative: sheddable)."""
+        ...
+
+    def room(self, request: InferenceRequest, snapshot: Snapshot) -> bool | frozenset[str]:
+        """Which endpoints the request may go to can take it now: True (all of them),
+        False (none: flow control holds it), or their addresses (it is scheduled among
+        them)."""
         ...
 
     def on_routed(

@@ -1,4 +1,14 @@
-"""Saturation: how full an endpoint is, whether the pool is, and who gets shed."""
+"""Saturation: how full an endpoint is, whether the pool has room for one more request,
+and a request's priority (its flow-control band; negative: sheddable).
+
+"Room" is the one admission signal: flow control holds requests while no endpoint has
+it, and sheds sheddable ones when asked to (``flowControl.shedSheddable``, or flow
+control disabled). An endpoint has room while the EPP's in-flight requests there stay
+under its concurrency limit (``maxConcurrency``, else its slots as the latency model
+knows them: the ``epp.dev/max-num-seqs`` label, ``latencyModel.maxNumSeqs``, else
+learned) and its reported load is under the thresholds below (queue depth, KV cache).
+Judged before the servers' own queues build up: with a known limit, a request waits in
+the EPP instead of in an engine queue."""
 
 from __future__ import annotations
 
@@ -6,22 +16,32 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from epp.scheduling.base import CycleContext
+from epp.scheduling.latency import LatencyModel
 from epp.scheduling.sections import setting, setting_factory
-from epp.types import EndpointState, Role
+from epp.types import EndpointState, Role, Snapshot
 
 PRIORITY_HEADER = "x-gateway-inference-priority"
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
+# the llm-d Router's name first, then the Inference Extension's older alias
+OBJECTIVE_HEADERS = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
 
 
 @dataclass(frozen=True)
 class SaturationConfig:
-    """When an endpoint counts as saturated (sheddable requests get 429 while the pool is)."""
+    """When an endpoint has room for one more request (docs/flow-control.md).
+
+    Flow control holds requests while no endpoint has room."""
 
     queue_threshold: float = setting(
         5.0, "queueDepthThreshold", "requests waiting at which an endpoint is full", minimum=1e-9
     )
     kv_threshold: float = setting(
         0.8, "kvCacheUtilThreshold", "KV-cache use (0-1) at which an endpoint is full", minimum=1e-9
+    )
+    max_concurrency: int | None = setting(
+        None,
+        "maxConcurrency",
+        "requests the EPP keeps on one endpoint; null: its slots (label, maxNumSeqs, learned)",
+        minimum=1,
     )
 
 
@@ -34,26 +54,73 @@ def endpoint_saturation(ctx: CycleContext, state: EndpointState, cfg: Saturation
     return max((m.waiting or 0.0) / cfg.queue_threshold, (m.kv_usage or 0.0) / cfg.kv_threshold)
 
 
-def pool_saturated(
-    ctx: CycleContext, states: Iterable[EndpointState], cfg: SaturationConfig
-) -> bool:
-    """The pool is saturated when the mean endpoint saturation is >= 1."""
-    values = [
-        endpoint_saturation(ctx, s, cfg) for s in states if s.endpoint.role is not Role.PREFILL
-    ]
-    return bool(values) and sum(values) / len(values) >= 1.0
+# Room for a request: True (every endpoint it may go to has room), False (none has), or
+# the addresses of those that have (the pick is made among them)
+Room = bool | frozenset[str]
+
+
+def room(
+    snapshot: Snapshot,
+    candidates: Iterable[EndpointState],
+    cfg: SaturationConfig,
+    latency: LatencyModel,
+    now: float,
+    stale_after_s: float,
+) -> Room:
+    """Which of ``candidates`` (prefill-only endpoints aside) can take a request now:
+    its in-flight count under its limit (until its slots are known, the running count
+    it reports while requests wait in its queue), and its fresh report (if any) under
+    the queue and KV thresholds. An endpoint with neither a limit nor a fresh report has
+    room: nothing says it is full. With no such endpoint at all, True: nothing to wait
+    for (scheduling answers the error). A set of addresses includes the prefill-only
+    candidates (not judged here: a disaggregated request needs them)."""
+    in_flight = snapshot.in_flight.get
+    fixed = cfg.max_concurrency
+    model = latency.endpoint
+    queue, kv = cfg.queue_threshold, cfg.kv_threshold
+    oldest = now - stale_after_s
+    prefill_role = Role.PREFILL
+    roomy: list[str] = []
+    prefill: list[str] = []  # not judged, kept: a disaggregated pick needs them
+    full = 0
+    for s in candidates:  # (a hot loop: one pass per request; locals bound above)
+        address = s.address
+        if s.endpoint.role is prefill_role:
+            prefill.append(address)
+            continue
+        limit = fixed or model(s).slots
+        m = s.metrics
+        if m is not None and m.updated_at < oldest:
+            m = None
+        if m is not None:
+            waiting = m.waiting or 0.0
+            if waiting >= queue or (m.kv_usage or 0.0) >= kv:
+                full += 1
+                continue
+            if limit is None and waiting and m.running:
+                limit = int(m.running)  # slots not learned yet: it queues beyond these
+        if limit is not None and in_flight(address, 0) >= limit:
+            full += 1
+        else:
+            roomy.append(address)
+    if not full:
+        return True
+    return frozenset(roomy + prefill) if roomy else False
 
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    """A request's priority; a negative one is sheddable (429 while the pool is saturated).
+    """A request's priority: its flow-control band; a negative one is sheddable.
+
+    A higher band is dispatched first; sheddable ones are the first displaced when the
+    queues are full.
 
     Priority comes from ``x-gateway-inference-priority`` (an integer), else from the
-    objective named in ``x-gateway-inference-objective`` via ``objectives``, else
-    ``defaultPriority``."""
+    objective named in ``x-llm-d-inference-objective`` (alias
+    ``x-gateway-inference-objective``) via ``objectives``, else ``defaultPriority``."""
 
     objectives: Mapping[str, int] = setting_factory(
-        dict, "objectives", f"{OBJECTIVE_HEADER} value -> priority"
+        dict, "objectives", f"{OBJECTIVE_HEADERS[0]} value -> priority"
     )
     default_priority: int = setting(
         0, "defaultPriority", f"priority without {PRIORITY_HEADER} or a known objective"
@@ -67,7 +134,8 @@ def request_priority(headers: Mapping[str, str], cfg: AdmissionConfig) -> int:
             return int(raw.strip())
         except ValueError:
             pass  # a malformed header falls back to the objective / default
-    objective = headers.get(OBJECTIVE_HEADER)
-    if objective is not None and objective in cfg.objectives:
-        return cfg.objectives[objective]
+    for name in OBJECTIVE_HEADERS:
+        objective = headers.get(name)
+        if objective is not None and objective in cfg.objectives:
+            return cfg.objectives[objective]
     return cfg.default_priority

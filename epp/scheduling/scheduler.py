@@ -1,4 +1,5 @@
-"""The configured scheduler: subset hint -> admission -> profile -> targets."""
+"""The configured scheduler: subset hint -> profile -> targets; and the admission
+questions flow control asks it (a request's priority, whether the pool has room)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from epp.errors import NoEndpointError, ShedError
+from epp.errors import NoEndpointError
 from epp.scheduling.base import (
     VECTORIZE_FROM,
     CycleContext,
@@ -18,11 +19,26 @@ from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
 from epp.scheduling.profile import Profile
 from epp.scheduling.saturation import (
     AdmissionConfig,
+    Room,
     SaturationConfig,
-    pool_saturated,
     request_priority,
+    room,
 )
 from epp.types import EndpointState, InferenceRequest, Prediction, SchedulingResult, Snapshot
+
+
+def _candidates(request: InferenceRequest, snapshot: Snapshot) -> tuple[EndpointState, ...]:
+    """The pool, narrowed to the proxy's subset hint (none of it in the pool: 503)."""
+    candidates = snapshot.endpoints
+    if request.subset is not None:
+        candidates = tuple(s for s in candidates if s.address in request.subset)
+        if not candidates:
+            raise NoEndpointError(
+                "no endpoint of the proxy's subset hint "
+                f"({', '.join(sorted(request.subset)) or 'empty'}) is in the pool",
+                code="no_endpoint_in_subset",
+            )
+    return candidates
 
 
 class SingleProfileHandler:
@@ -40,8 +56,8 @@ class SingleProfileHandler:
 
 @dataclass
 class ProfileScheduler:
-    """Subset hint -> admission -> the profile handler. Pure except for plugins' routing
-    observers, which the router calls after a request is routed."""
+    """Subset hint -> the profile handler. Pure except for plugins' routing observers,
+    which the router calls after a request is routed."""
 
     profiles: Sequence[Profile]
     handler: ProfileHandler
@@ -71,24 +87,23 @@ class ProfileScheduler:
             self.vectorize_from,
             self.latency,
         )
-        candidates = snapshot.endpoints
-        if request.subset is not None:
-            candidates = tuple(s for s in candidates if s.address in request.subset)
-            if not candidates:
-                raise NoEndpointError(
-                    "no endpoint of the proxy's subset hint "
-                    f"({', '.join(sorted(request.subset)) or 'empty'}) is in the pool",
-                    code="no_endpoint_in_subset",
-                )
-        priority = request_priority(request.headers, self.admission)
-        if priority < 0 and pool_saturated(ctx, snapshot.endpoints, self.saturation):
-            raise ShedError(
-                f"the pool is saturated and this request is sheddable (priority {priority}); "
-                "retry later",
-                code="shed",
-            )
+        candidates = _candidates(request, snapshot)
         result = self.handler.run(ctx, self.profiles, candidates)
         return replace(result, prediction=self._predict(ctx, result))
+
+    def priority(self, request: InferenceRequest) -> int:
+        """The request's band (negative: sheddable)."""
+        return request_priority(request.headers, self.admission)
+
+    def room(self, request: InferenceRequest, snapshot: Snapshot) -> Room:
+        """Which endpoints the request may go to can take it now (saturation.py)."""
+        try:
+            candidates = _candidates(request, snapshot)
+        except NoEndpointError:
+            return True  # scheduling answers the precise error at once
+        return room(
+            snapshot, candidates, self.saturation, self.latency, self.clock(), self.stale_after_s
+        )
 
     def _predict(self, ctx: CycleContext, result: SchedulingResult) -> Prediction | None:
         """The latency model's expectation on the primary target, with the uncached

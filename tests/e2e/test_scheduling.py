@@ -83,8 +83,11 @@ def test_server_whose_metrics_stop_is_no_longer_preferred(tmp_path: Path) -> Non
         wait_for(broken_used_again, timeout=10, what="recovered server to be used again")
 
 
-def test_saturated_pool_sheds_only_sheddable_requests() -> None:
-    opts = ephemeral(servers=2, sim_args=["--time-scale", "0.5", "--max-num-seqs", "1"])
+def test_saturated_pool_sheds_only_sheddable_requests(tmp_path: Path) -> None:
+    config = tmp_path / "epp.yaml"  # without flow control: nothing held, sheddable shed
+    config.write_text("flowControl: {enabled: false}\n")
+    opts = ephemeral(servers=2, sim_args=["--time-scale", "0.5", "--max-num-seqs", "1"],
+                     epp_args=["--config", str(config)])  # fmt: skip
     with LocalStack(opts) as stack, ThreadPoolExecutor(32) as pool:
         calm = complete(stack, "calm", {"x-gateway-inference-priority": "-1"})
         assert calm[0] == 200  # not saturated: sheddable requests are served

@@ -11,6 +11,7 @@ from epp.cli import build_parser
 from epp.datalayer.settings import DataLayerConfig
 from epp.disagg.settings import DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
+from epp.scheduling.flowqueue import FlowControlConfig
 from epp.xds import eds
 from epp_harness import stack
 from epp_harness.envoyconfig import EnvoyOptions, epp_config
@@ -37,6 +38,8 @@ def test_every_value_in_the_table_is_the_codes() -> None:
     e = EnvoyOptions()
     expected = {
         "ext_proc message timeout": seconds(e.message_timeout_s),
+        "ext_proc max message timeout": seconds(e.max_message_timeout_s),
+        "after dispatch margin": seconds(FlowControlConfig().message_timeout_margin_s),
         "EPP unreachable or too slow": str(e.status_on_error),
         "prefill leg": seconds(DisaggConfig().prefill_timeout_s),
         "prefill connect": seconds(DisaggConfig().connect_timeout_s),
@@ -58,14 +61,20 @@ def test_every_value_in_the_table_is_the_codes() -> None:
         "`epp stack` restart backoff": (
             f"{stack.RESTART_BACKOFF_S:g} s → {stack.MAX_RESTART_BACKOFF_S:g} s"
         ),
-        "flow-control queue wait": "to come",
+        "flow-control queue wait": seconds(FlowControlConfig().queue_timeout_s),
     }
     assert doc_values() == expected
 
 
 def test_the_nesting_holds_for_the_defaults() -> None:
     e = EnvoyOptions()
-    assert DisaggConfig().prefill_timeout_s < e.message_timeout_s
+    flow = FlowControlConfig()
+    # the EPP extends Envoy's wait by the margin for a prefill leg, and by the queue
+    # limit + the margin for a held request, within what Envoy honours
+    assert DisaggConfig().prefill_timeout_s < flow.message_timeout_margin_s
+    assert flow.queue_timeout_s <= flow.max_queue_timeout_s
+    longest = eds.EDS_SYNC_WAIT_S + flow.max_queue_timeout_s + flow.message_timeout_margin_s
+    assert longest <= e.max_message_timeout_s
     # the first EDS acknowledgement comes after one reconnect, well within the wait
     assert e.eds_retry_max_s < eds.EDS_SYNC_WAIT_S < e.message_timeout_s
     assert e.stream_idle_timeout_s <= e.first_byte_timeout_s < e.route_timeout_s

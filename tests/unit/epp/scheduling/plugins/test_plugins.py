@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from epp.config import build_scheduler
-from epp.errors import NoEndpointError, ShedError
+from epp.errors import NoEndpointError
 from epp.scheduling.base import CycleContext
 from epp.scheduling.params import Params
 from epp.scheduling.plugins import affinity, filters, load, pickers, prefix
@@ -311,7 +311,7 @@ def test_default_scheduler_prefers_cached_prefix_and_spreads_others() -> None:
     assert len(others) == 4  # no prefix: ties broken at random
 
 
-def test_subset_hint_and_shedding() -> None:
+def test_subset_hint_and_room() -> None:
     sched = build_scheduler("{}", clock=lambda: NOW)
     saturated = tuple(state(p, waiting=10, kv_usage=0.9) for p in (1, 2))
     snap = Snapshot(saturated, {})
@@ -322,23 +322,34 @@ def test_subset_hint_and_shedding() -> None:
         sched.schedule(InferenceRequest("r", "m", "/", subset=frozenset({"9.9.9.9:1"})), snap, rng)
     assert "subset" in info.value.message
     sheddable = InferenceRequest("r", "m", "/", headers={"x-gateway-inference-priority": "-1"})
-    with pytest.raises(ShedError) as shed:
-        sched.schedule(sheddable, snap, rng)
-    assert shed.value.status == 429
-    critical = InferenceRequest("r", "m", "/", headers={"x-gateway-inference-priority": "5"})
-    assert sched.schedule(critical, snap, rng).primary.port in (1, 2)  # never shed
+    assert sched.priority(sheddable) == -1
+    assert sched.room(sheddable, snap) is False  # full by their reports
+    # scheduling itself never sheds: admission (the router's flow control) does
+    assert sched.schedule(sheddable, snap, rng).primary.port in (1, 2)
     calm = Snapshot(tuple(state(p, waiting=0, kv_usage=0.1) for p in (1, 2)), {})
-    assert sched.schedule(sheddable, calm, rng).primary.port in (1, 2)
+    assert sched.room(sheddable, calm) is True
+    addresses = [s.address for s in calm.endpoints]
+    at_limit = build_scheduler("saturationDetector: {maxConcurrency: 2}", clock=lambda: NOW)
+    one_full = Snapshot(calm.endpoints, {addresses[0]: 2})
+    assert at_limit.room(sheddable, one_full) == frozenset({addresses[1]})
+    assert at_limit.room(sheddable, Snapshot(calm.endpoints, dict.fromkeys(addresses, 2))) is False
+    # a stale report says nothing: only the limit counts
+    stale = build_scheduler("dataLayer: {staleAfterSeconds: 0.001}", clock=lambda: NOW + 10)
+    assert stale.room(sheddable, snap) is True
+    # an objective maps to a priority, by the llm-d name or its alias
+    mapped = build_scheduler("admission: {objectives: {batch: -2, chat: 3}}")
+    for name in ("x-llm-d-inference-objective", "x-gateway-inference-objective"):
+        assert mapped.priority(InferenceRequest("r", "m", "/", headers={name: "batch"})) == -2
+    both = {"x-gateway-inference-priority": "7", "x-llm-d-inference-objective": "chat"}
+    assert mapped.priority(InferenceRequest("r", "m", "/", headers=both)) == 7
 
 
 def test_objective_maps_to_priority() -> None:
     sched = build_scheduler("admission: {objectives: {batch: -1}}", clock=lambda: NOW)
-    snap = Snapshot(tuple(state(p) for p in (1, 2)), {})  # unknown load counts saturated
     batch = InferenceRequest("r", "m", "/", headers={"x-gateway-inference-objective": "batch"})
-    with pytest.raises(ShedError):
-        sched.schedule(batch, snap, random.Random())
+    assert sched.priority(batch) == -1
     chat = InferenceRequest("r", "m", "/", headers={"x-gateway-inference-objective": "chat"})
-    assert sched.schedule(chat, snap, random.Random()).targets
+    assert sched.priority(chat) == 0  # unknown objective: the default
 
 
 @given(

@@ -1,0 +1,247 @@
+"""Flow control at the edge: a request with no room waits here (its ext_proc stream
+stays open, nothing goes upstream) and is dispatched, that is scheduled with the state
+of that moment, when room frees. The order and the limits are
+:mod:`epp.scheduling.flowqueue`'s; this module does the waiting (asyncio), the timers
+and the counting.
+
+Room is looked at again when an in-flight request ends (the datastore says so), on a
+short poll while anything waits (load reports change room too), and at each arrival.
+When nothing waits and the pool has room, a request never comes here: the router
+routes it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from epp.errors import ClientVisibleError, NoEndpointError, QueueFullError, QueueTimeoutError
+from epp.metrics import EppMetrics
+from epp.scheduling.flowqueue import FlowControlConfig, FlowQueues, Held
+from epp.scheduling.saturation import Room
+from epp.types import InferenceRequest
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# while requests wait, room is checked at least this often (load reports free it too)
+POLL_S = 0.05
+# the llm-d Router's outcome names (the queue duration histogram's label)
+DISPATCHED = "Dispatched"
+REJECTED_CAPACITY = "RejectedCapacity"
+REJECTED_OTHER = "RejectedOther"
+EVICTED_TTL = "EvictedTTL"
+EVICTED_CANCELLED = "EvictedContextCancelled"
+EVICTED_CAPACITY = "EvictedCapacity"
+EVICTED_OTHER = "EvictedOther"
+
+
+@dataclass(slots=True)
+class _Waiter(Generic[T]):
+    future: asyncio.Future[T]
+    room: Callable[[], Room]
+    dispatch: Callable[[float, Room], T]  # called with the seconds waited and the room
+    fairness_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting(Generic[T]):
+    """A held request: ``result`` resolves when it is dispatched (or raises the error
+    the client gets); ``limit_s`` is its time limit in the queue."""
+
+    result: Awaitable[T]
+    limit_s: float
+
+
+class FlowController:
+    def __init__(
+        self,
+        cfg: FlowControlConfig,
+        metrics: EppMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.queues = FlowQueues(cfg)
+        self._metrics = metrics
+        self._clock = clock
+        self._closed = False
+        self._pump_soon: asyncio.Handle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        metrics.report_flow_queues(self.queues.sizes)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits: a request with room goes at once."""
+        return not self.queues.count
+
+    def observe(self, fairness_id: str, band: int, outcome: str, waited_s: float) -> None:
+        self._metrics.flow_queue_seconds.labels(fairness_id, str(band), outcome).observe(waited_s)
+
+    def enqueue(
+        self,
+        request: InferenceRequest,
+        size: int,
+        band: int,
+        fairness_id: str,
+        limit_s: float,
+        room: Callable[[], Room],
+        dispatch: Callable[[float, Room], T],
+        release: Callable[[T], None],
+    ) -> T | Waiting[T]:
+        """Hold the request until ``room()`` (which endpoints have room: none is falsy),
+        then ``dispatch(waited, room)`` it. Its
+        result comes back at once if it could go at once (nothing ahead of it and room),
+        else as :class:`Waiting`. ``release`` undoes a dispatch whose client left
+        before it saw it. Raises QueueFullError when the request cannot be held."""
+        if self._closed:
+            raise NoEndpointError(
+                "the endpoint picker is shutting down; retry",
+                code="shutting_down",
+                retry_after_s=self.cfg.retry_after_s,
+            )
+        now = self._clock()
+        slo = request.slo_ttft_ms
+        due = now + (slo / 1000.0 if slo is not None else self.cfg.queue_timeout_s)
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(future, room, dispatch, fairness_id)
+        item = Held(band, fairness_id, size, now, now + limit_s, due, waiter)
+        try:
+            displaced = self.queues.offer(item)
+        except QueueFullError:
+            self.observe(fairness_id, band, REJECTED_CAPACITY, 0.0)
+            raise
+        for other in displaced:
+            self._fail(
+                other,
+                EVICTED_CAPACITY,
+                QueueFullError(
+                    "the flow-control queue is full and a request of a higher priority "
+                    "took this one's place; retry later",
+                    code="queue_full",
+                    retry_after_s=self.cfg.retry_after_s,
+                ),
+                now,
+            )
+        self.pump()
+        if future.done():
+            return future.result()  # dispatched at once (or raises its error)
+        return Waiting(self._wait(item, future, release), limit_s)
+
+    async def _wait(self, item: Held, future: asyncio.Future[T], release: Callable[[T], None]) -> T:
+        try:
+            return await future
+        except asyncio.CancelledError:  # the client left (Envoy closed the stream)
+            if future.done() and not future.cancelled() and future.exception() is None:
+                release(future.result())  # dispatched just before: undo its claim
+            elif self.queues.remove(item):
+                waiter: _Waiter[T] = item.payload
+                waited = self._clock() - item.enqueued_at
+                self.observe(waiter.fairness_id, item.band, EVICTED_CANCELLED, waited)
+            raise
+
+    def released(self) -> None:
+        """An in-flight request ended somewhere: room may have freed (called by the
+        datastore; dispatching waits for the next loop turn, once per turn)."""
+        if self.queues.count and self._pump_soon is None:
+            self._pump_soon = asyncio.get_running_loop().call_soon(self.pump)
+
+    def pump(self) -> None:
+        """Time out what waited too long, then dispatch in order while there is room."""
+        self._pump_soon = None
+        queues = self.queues
+        now = self._clock()
+        for item in queues.expired(now):
+            self._fail(
+                item,
+                EVICTED_TTL,
+                QueueTimeoutError(
+                    f"the request waited {now - item.enqueued_at:.1f}s in the flow-control "
+                    "queue, its limit, without room on any endpoint; retry later",
+                    code="queue_timeout",
+                    retry_after_s=self.cfg.retry_after_s,
+                ),
+                now,
+            )
+        while (head := queues.peek()) is not None:
+            item = head
+            waiter: _Waiter[object] = item.payload
+            if waiter.future.done():  # its client left; its coroutine removes it
+                queues.remove(item)
+                continue
+            room = waiter.room()
+            if not room:
+                break
+            queues.pop(item)
+            waited = now - item.enqueued_at
+            try:
+                result = waiter.dispatch(waited, room)
+            except ClientVisibleError as error:
+                self.observe(waiter.fairness_id, item.band, REJECTED_OTHER, waited)
+                waiter.future.set_exception(error)
+                continue
+            except Exception:
+                log.exception("flow control: dispatching a held request failed")
+                self.observe(waiter.fairness_id, item.band, EVICTED_OTHER, waited)
+                waiter.future.set_exception(
+                    ClientVisibleError("internal error in the endpoint picker")
+                )
+                continue
+            self.observe(waiter.fairness_id, item.band, DISPATCHED, waited)
+            waiter.future.set_result(result)
+        self._arm()
+
+    def _arm(self) -> None:
+        """While anything waits, look again at the next time limit or after POLL_S."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.queues.count:
+            return
+        delay = POLL_S
+        expiry = self.queues.next_expiry()
+        if expiry is not None:
+            delay = max(0.0, min(delay, expiry - self._clock()))
+        self._timer = asyncio.get_running_loop().call_later(delay, self.pump)
+
+    def _fail(self, item: Held, outcome: str, error: ClientVisibleError, now: float) -> None:
+        """Answer a request that left the queue (already taken out) with ``error``."""
+        waiter: _Waiter[object] = item.payload
+        self.observe(waiter.fairness_id, item.band, outcome, now - item.enqueued_at)
+        if not waiter.future.done():
+            waiter.future.set_exception(error)
+
+    def close(self) -> None:
+        """Shutdown: answer every held request 503 ``shutting_down`` (with Retry-After,
+        so clients retry on another replica) and hold no new one."""
+        self._closed = True
+        now = self._clock()
+        for item in self.queues.drain():
+            self._fail(
+                item,
+                EVICTED_OTHER,
+                NoEndpointError(
+                    "the endpoint picker is shutting down; retry",
+                    code="shutting_down",
+                    retry_after_s=self.cfg.retry_after_s,
+                ),
+                now,
+            )
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def status(self) -> dict[str, Any]:
+        """What /status shows: totals and each (band, flow) queue."""
+        return {
+            "enabled": self.cfg.enabled,
+            "requests": self.queues.count,
+            "bytes": self.queues.size,
+            "queues": [
+                {"priority": band, "fairness_id": flow, "requests": n, "bytes": b}
+                for (band, flow), (n, b) in sorted(self.queues.sizes().items(), reverse=True)
+            ],
+        }

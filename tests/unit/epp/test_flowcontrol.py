@@ -1,0 +1,159 @@
+"""Flow control's waiting through the real router, datastore and scheduler, with a fake
+clock: held while no endpoint has room, dispatched when a request ends, removed when
+its client leaves, timed out, answered at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from epp.config import build_scheduler
+from epp.datastore import Datastore
+from epp.errors import NoEndpointError, QueueTimeoutError, ShedError
+from epp.flowcontrol import FlowController, Waiting
+from epp.metrics import EppMetrics
+from epp.router import Routed, Router
+from epp.scheduling.flowqueue import FlowControlConfig
+from epp.types import Endpoint, InferenceRequest
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_router(clock: Clock, cfg: FlowControlConfig | None = None, limit: int = 1) -> Router:
+    datastore = Datastore(clock=clock)
+    datastore.add(Endpoint("10.0.0.1", 8000))
+    metrics = EppMetrics(datastore)
+    scheduler = build_scheduler(f"saturationDetector: {{maxConcurrency: {limit}}}", clock)
+    flow = FlowController(cfg or FlowControlConfig(), metrics, clock=clock)
+    return Router(datastore, scheduler, metrics, max_body_bytes=1 << 20, clock=clock, flow=flow)
+
+
+def req(name: str, **headers: str) -> InferenceRequest:
+    return InferenceRequest(name, "m", "/v1/completions", prompt=name, headers=headers)
+
+
+def count(router: Router, outcome: str) -> float:
+    value = router.metrics.registry.get_sample_value(
+        "llm_d_epp_flow_control_request_queue_duration_seconds_count",
+        {"fairness_id": "", "priority": "0", "outcome": outcome},
+    )
+    return value or 0.0
+
+
+async def test_held_until_a_request_ends_then_dispatched_with_fresh_state() -> None:
+    clock = Clock()
+    router = make_router(clock)
+    first = router.admit(req("a"), 10)
+    assert isinstance(first, Routed)  # room: routed at once, nothing held
+    second = router.admit(req("b"), 20)
+    assert isinstance(second, Waiting) and second.limit_s == 30.0
+    assert router.flow.status()["requests"] == 1 and router.flow.queues.size == 20
+    task = asyncio.ensure_future(second.result)
+    await asyncio.sleep(0)
+    assert not task.done()
+    clock.now += 2.5
+    first.release()  # room frees: dispatched on the next loop turn
+    routed = await asyncio.wait_for(task, 1)
+    assert routed.ticket.address == "10.0.0.1:8000"
+    assert router.datastore.in_flight("10.0.0.1:8000") == 1
+    assert router.flow.idle and count(router, "Dispatched") == 2
+    routed.release()
+    assert router.datastore.in_flight("10.0.0.1:8000") == 0
+
+
+async def test_a_client_that_leaves_is_removed_at_once() -> None:
+    clock = Clock()
+    router = make_router(clock)
+    first = router.admit(req("a"), 1)
+    assert isinstance(first, Routed)
+    waiting = router.admit(req("b"), 1)
+    assert isinstance(waiting, Waiting)
+    task = asyncio.ensure_future(waiting.result)
+    await asyncio.sleep(0)
+    task.cancel()  # Envoy closed the stream
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert router.flow.idle and count(router, "EvictedContextCancelled") == 1
+    first.release()
+    await asyncio.sleep(0.01)
+    assert router.datastore.in_flight("10.0.0.1:8000") == 0
+
+
+async def test_time_limit_gives_queue_timeout_with_retry_after() -> None:
+    clock = Clock()
+    router = make_router(clock)
+    first = router.admit(req("a"), 1)
+    waiting = router.admit(req("b", **{"x-epp-queue-timeout-ms": "50"}), 1)
+    assert isinstance(first, Routed) and isinstance(waiting, Waiting)
+    assert waiting.limit_s == 0.05
+    task = asyncio.ensure_future(waiting.result)
+    clock.now += 0.06
+    with pytest.raises(QueueTimeoutError) as timeout:
+        await asyncio.wait_for(task, 1)  # the controller's own timer fires
+    error = timeout.value
+    assert (error.status, error.code, error.retry_after_s) == (503, "queue_timeout", 1)
+    assert router.flow.idle and count(router, "EvictedTTL") == 1
+    first.release()
+
+
+async def test_priority_band_goes_ahead_and_fairness_ids_alternate() -> None:
+    clock = Clock()
+    router = make_router(clock)
+    first = router.admit(req("running"), 1)
+    assert isinstance(first, Routed)
+    order: list[str] = []
+
+    async def wait(name: str, **headers: str) -> None:
+        held = router.admit(req(name, **headers), 1)
+        assert isinstance(held, Waiting)
+        routed = await held.result
+        order.append(name)
+        await asyncio.sleep(0)
+        routed.release()
+
+    tasks = [asyncio.ensure_future(wait(f"A{i}", **{"x-llm-d-inference-fairness-id": "A"}))
+             for i in range(3)]  # fmt: skip
+    tasks.append(asyncio.ensure_future(wait("B0", **{"x-llm-d-inference-fairness-id": "B"})))
+    tasks.append(asyncio.ensure_future(wait("crit", **{"x-gateway-inference-priority": "9"})))
+    await asyncio.sleep(0)
+    first.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 2)
+    assert order == ["crit", "B0", "A0", "A1", "A2"]  # B had nothing waiting: first
+
+
+async def test_sheddable_and_disabled_and_shutdown() -> None:
+    clock = Clock()
+    shed = make_router(clock, replace(FlowControlConfig(), shed_sheddable=True))
+    assert isinstance(shed.admit(req("a"), 1), Routed)
+    with pytest.raises(ShedError) as error:
+        shed.admit(req("b", **{"x-gateway-inference-priority": "-1"}), 1)
+    assert error.value.code == "shed" and error.value.retry_after_s == 1
+    off = make_router(clock, replace(FlowControlConfig(), enabled=False))
+    assert isinstance(off.admit(req("a"), 1), Routed)
+    assert isinstance(off.admit(req("b"), 1), Routed)  # over the limit: sent anyway
+    router = make_router(clock)
+    assert isinstance(router.admit(req("a"), 1), Routed)
+    waiting = router.admit(req("b"), 1)
+    assert isinstance(waiting, Waiting)
+    router.flow.close()
+    with pytest.raises(NoEndpointError) as closed:
+        await waiting.result
+    assert closed.value.code == "shutting_down" and closed.value.status == 503
+    with pytest.raises(NoEndpointError):
+        router.admit(req("c"), 1)
+
+
+def test_requests_without_a_body_are_never_held() -> None:
+    clock = Clock()
+    router = make_router(clock, limit=1)
+    router.datastore.acquire("10.0.0.1:8000")  # full
+    models = InferenceRequest("r", None, "/v1/models")
+    assert isinstance(router.admit(models, 0), Routed)
