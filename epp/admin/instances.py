@@ -144,6 +144,8 @@ def _member_doc(
             "kv_cache_usage": metrics.kv_usage,
             "age_s": round(max(time.monotonic() - metrics.updated_at, 0.0), 3),
         }
+        if metrics.block_size is not None:  # the KV-cache geometry (cache_config_info)
+            doc["load"].update(block_size=metrics.block_size, num_blocks=metrics.num_blocks)
     learned = latency.status(m.address) if latency is not None else None
     if learned is not None:
         doc["latency_model"] = learned

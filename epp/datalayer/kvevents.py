@@ -309,12 +309,14 @@ class KvEventSubscribers:
             await sock.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
                 frames = await asyncio.wait_for(sock.recv_multipart(), self._replay_timeout_s)
-                if len(frames) != 3:
+                # vLLM 0.32 answers (empty delimiter, topic, sequence, payload); the
+                # end marker has an empty topic and payload
+                if len(frames) != 4:
                     return None
-                seq = sequence_number(frames[1])
+                seq = sequence_number(frames[2])
                 if seq == END_OF_REPLAY:
                     return found
-                found.append((seq, frames[2]))
+                found.append((seq, frames[3]))
         except (TimeoutError, KvEventDecodeError, zmq.ZMQError) as exc:
             log.debug("replay from %s failed: %r", url, exc)
             return None

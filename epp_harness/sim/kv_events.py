@@ -177,8 +177,9 @@ class KvEventPublisher:
             first = int.from_bytes(start, "big")
             for seq, payload in list(self._buffer):
                 if seq >= first:
-                    await router.send_multipart((identity, b"", seq.to_bytes(8, "big"), payload))
-            await router.send_multipart((identity, b"", END_SEQ, b""))
+                    reply = (identity, b"", self.topic, seq.to_bytes(8, "big"), payload)
+                    await router.send_multipart(reply)
+            await router.send_multipart((identity, b"", b"", END_SEQ, b""))  # as vLLM ends
 
 
 def _bind(sock: zmq.asyncio.Socket, host: str, port: int) -> int:

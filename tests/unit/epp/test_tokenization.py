@@ -208,3 +208,19 @@ def test_the_simulators_chat_template_renders_as_the_simulator_does(
     body = chat(*messages, add_generation_prompt=generation_prompt)
     ids = prompt_token_ids(CHAT, body, sim_files)
     assert ids == sim_tokenizer.request_token_ids(ApiKind.CHAT, body)
+
+
+TINY_LLAMA = Path(__file__).resolve().parents[2] / "fixtures" / "tiny-llama"
+
+
+def test_reproduces_the_token_ids_a_real_vllm_returned() -> None:
+    """The real-engine tier's tokenizer files and the ids vLLM 0.32's /tokenize gave for
+    them (tests/fixtures/tiny-llama/README.md), offline."""
+    fixture = json.loads((TINY_LLAMA / "tokenize.json").read_text())
+    hf = HfTokenizer(TINY_LLAMA)
+    for case in fixture["completions"]:
+        got = prompt_token_ids(COMPLETIONS, {"prompt": case["prompt"]}, hf)
+        assert got == case["tokens"], case["prompt"]
+    for case in fixture["chat"]:
+        got = prompt_token_ids(CHAT, {"messages": case["messages"]}, hf)
+        assert got == case["tokens"], case["messages"]

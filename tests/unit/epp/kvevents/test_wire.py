@@ -2,17 +2,21 @@
 
 The frames here are built with msgspec as a real vLLM 0.32 (CPU build, observed)
 sends them (an array batch, events as maps tagged by "type", default fields left
-out), plus the older all-array form. A fixture captured from a real vLLM comes with the
-real-engine tier (`make test-vllm`, issue 16 item 6), which also checks it live.
+out), plus the older all-array form; and messages captured from a real vLLM by the
+real-engine tier (`tests/fixtures/vllm-kv-events.json`, docs/test-vllm.md).
 """
 
 from __future__ import annotations
 
+import base64
+import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
+from epp.kvevents.index import PreciseIndex
 from epp.kvevents.wire import (
     AllBlocksCleared,
     BlockRemoved,
@@ -194,3 +198,40 @@ def test_frames_and_sequence_numbers() -> None:
         decode_message([b"kv", b"\x00" * 4, msgspec.msgpack.encode([0.0, []])])
     with pytest.raises(KvEventDecodeError, match="negative"):
         decode_message([b"kv", b"\xff" * 8, msgspec.msgpack.encode([0.0, []])])
+
+
+CAPTURED = Path(__file__).resolve().parents[3] / "fixtures" / "vllm-kv-events.json"
+
+
+def test_messages_captured_from_a_real_vllm_decode_and_rebuild_its_cache() -> None:
+    """Every message one vLLM 0.32 server (CPU build, 64 blocks of 128 tokens)
+    published in `make test-vllm`'s precise-index test, from its AllBlocksCleared on
+    (docs/test-vllm.md): chains, continuations of cached parents, evictions."""
+    frames = [[base64.b64decode(f) for f in m] for m in json.loads(CAPTURED.read_text())]
+    messages = [decode_message(m) for m in frames]
+    first = messages[0].seq
+    assert [m.seq for m in messages] == list(range(first, first + len(messages)))
+    assert {m.topic for m in messages} == {b"kv"}
+    events = [e for m in messages for e in m.batch.events]
+    assert all(m.batch.unknown_events == m.batch.unknown_fields == 0 for m in messages)
+    assert isinstance(events[0], AllBlocksCleared)
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    assert {e.block_size for e in stored} == {128} and {e.medium for e in stored} == {"GPU"}
+    assert all(len(e.token_ids) == 128 * len(e.block_hashes) for e in stored)
+    assert any(e.parent_block_hash is None for e in stored)
+    assert any(e.parent_block_hash is not None for e in stored)
+    # what the server holds, from the engine's hashes alone, equals what the index holds
+    held: set[object] = set()
+    index = PreciseIndex()
+    for m in messages:
+        for e in m.batch.events:
+            if isinstance(e, AllBlocksCleared):
+                held.clear()
+            elif isinstance(e, BlockStored):
+                held.update(e.block_hashes)
+            elif isinstance(e, BlockRemoved):
+                held.difference_update(e.block_hashes)
+        index.apply("vllm", m.batch.events, now=0.0)
+    assert any(isinstance(e, BlockRemoved) for e in events)
+    assert 0 < len(held) <= 64
+    assert index.blocks("vllm") == (len(held), 0)
