@@ -179,9 +179,7 @@ class IndexSink:
         self._apply(AllBlocksCleared())
 
 
-def load_scheduler(
-    policy: ModelPolicy, clock: Any, tokenizer_dir: Path | None
-) -> ProfileScheduler:
+def load_scheduler(policy: ModelPolicy, clock: Any, tokenizer_dir: Path | None) -> ProfileScheduler:
     """The policy's scheduler, as ``epp serve --config`` builds it (precise scorers get
     the simulators' tokenizer when none is configured, as ``epp stack --kv-events``)."""
     text = "" if policy.config is None else policy.config.read_text()
@@ -368,7 +366,9 @@ def summarize(policy: str, cell: Cell, records: list[Record], hits: float) -> di
     done = sum(
         1
         for p, r in zip(cell.requests, records, strict=True)
-        if r.error is None and r.e2e_s is not None and cell.duration / 4 <= p.offset_s + r.e2e_s
+        if r.error is None
+        and r.e2e_s is not None
+        and cell.duration / 4 <= p.offset_s + r.e2e_s
         and p.offset_s + r.e2e_s < cell.duration
     )
     per_server: dict[str, int] = {}

@@ -31,9 +31,7 @@ class _VirtualSelector(selectors.SelectSelector):
         super().__init__()
         self.now = START
 
-    def select(
-        self, timeout: float | None = None
-    ) -> list[tuple[selectors.SelectorKey, int]]:
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is None:
             raise Deadlock("every task waits and no timer is due")
         if timeout > 0:
