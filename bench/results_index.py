@@ -27,6 +27,7 @@ TARGET_P90_VS_RR = 1 / 3  # p90 TTFT vs round robin at 0.7 load, Zipf groups, 1.
 TARGET_WARM_MISS = 0.10  # warm-miss rate at every load
 NONE = "\N{EN DASH}"  # an empty table cell
 MATRIX = "routing-zipf-"  # issue 13's matrix and its companions
+MODEL = "routing-model"  # bench.routing_model: a design tool's numbers, not the benchmark
 
 # What a file's policy names meant when it ran, where that differs from today.
 POLICY_NOTES = {
@@ -331,9 +332,20 @@ def routing_section() -> list[str]:
         "they backed (the files say what each policy was).",
         "",
     ]
-    earlier = [n for n in names("routing") if not n.startswith(MATRIX)]
+    earlier = [n for n in names("routing") if not n.startswith((MATRIX, MODEL))]
     rows = [[link(n), str(load(n)["meta"]["date"]), ", ".join(policies(load(n)))] for n in earlier]
     lines += table(["file", "measured", "policies"], rows, right_from=9)
+    models = ", ".join(link(n) for n in names(MODEL))
+    if models:
+        lines += [
+            "",
+            "### Routing model (a design tool, not the benchmark)",
+            "",
+            f"{models}: `python -m bench.routing_model`, the real scheduler and simulator "
+            "engine on a virtual clock, several seeds per cell (docs/routing-model.md). "
+            "Its numbers compare designs with each other; the tables above are the "
+            "measurements.",
+        ]
     return lines
 
 

@@ -76,6 +76,7 @@ from epp.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, KvEve
 from epp.metrics import EppMetrics
 from epp.requestparse import parse_request
 from epp.router import Router
+from epp.scheduling.groups import kv_homes
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, EndpointMetrics
@@ -93,6 +94,10 @@ RESULTS = REPO / "bench" / "results"
 PATH_HEADERS = {":path": "/v1/chat/completions", ":method": "POST"}
 HOST = "10.0.0.1"
 BASE_PORT = 8000
+
+# oracles that also see the servers' queues: each request goes to the least busy of its
+# group's homes (running + waiting), homes as ideal-split's or shared out by the pool's KV
+JSQ_ORACLES = ("ideal-split-jsq", "ideal-kv-jsq")
 
 # issue 13's policies: the yardsticks and the three shipped schedulers
 DEFAULT_POLICIES = (
@@ -120,6 +125,8 @@ class ModelPolicy:
             return f"the EPP's scheduler with {self.config or 'the built-in default config'}"
         if self.kind == "oracle":
             return f"{self.name} oracle (bench/oracle.py)"
+        if self.kind == "jsq":
+            return f"{self.name}: the least busy of the group's homes (oracle)"
         return "round robin by request"
 
 
@@ -132,8 +139,11 @@ def parse_model_policy(text: str) -> ModelPolicy:
             return ModelPolicy(name, "round-robin")
         if name in ORACLES:
             return ModelPolicy(name, "oracle")
+        if name in JSQ_ORACLES:
+            return ModelPolicy(name, "jsq")
         raise argparse.ArgumentTypeError(
-            f"unknown policy {name!r}: round-robin, ideal, ideal-split or NAME=CONFIG"
+            f"unknown policy {name!r}: round-robin, ideal, ideal-split, ideal-split-jsq, "
+            "ideal-kv-jsq or NAME=CONFIG"
         )
     config = Path(rest) if rest else None
     if config is not None and not config.exists():
@@ -211,6 +221,7 @@ class Setting:
     hop_s: float = 0.001
     drain_s: float = 30.0
     tokenizer_dir: Path | None = None
+    slow_ms: float = 59.0
 
 
 @dataclass
@@ -309,6 +320,11 @@ async def one_request(
         server = pool.addresses.index(routed.result.primary.address)
     elif policy.kind == "oracle":
         server = p.targets[policy.name]
+    elif policy.kind == "jsq":
+        assignment = setting.workload.assignments[policy.name]
+        homes = range(len(pool.engines)) if assignment is None else assignment[p.group]
+        busy = [pool.engines[s].running + pool.engines[s].waiting for s in homes]
+        server = list(homes)[busy.index(min(busy))]
     else:
         server = pool.counter % len(pool.engines)
         pool.counter += 1
@@ -360,9 +376,12 @@ async def run_cell(pool: Pool, setting: Setting, policy: ModelPolicy, cell: Cell
     return records
 
 
-def summarize(policy: str, cell: Cell, records: list[Record], hits: float) -> dict[str, Any]:
+def summarize(
+    policy: str, cell: Cell, records: list[Record], hits: float, slow_ms: float
+) -> dict[str, Any]:
     ok = [r for r in records if r.error is None]
     ttft = sorted(r.ttft_s * 1000 for r in ok if r.ttft_s is not None)
+    slow = sum(1 for t in ttft if t > slow_ms) / len(ttft) if ttft else math.nan
     done = sum(
         1
         for p, r in zip(cell.requests, records, strict=True)
@@ -384,6 +403,7 @@ def summarize(policy: str, cell: Cell, records: list[Record], hits: float) -> di
         "ttft_p50_ms": pct(ttft, 0.5),
         "ttft_p90_ms": pct(ttft, 0.9),
         "ttft_p99_ms": pct(ttft, 0.99),
+        "slow_share": slow,
         "prefix_hit_rate": hits,
         "load_max_mean": max(per_server.values()) / mean if mean else math.nan,
     }
@@ -405,7 +425,8 @@ async def run_policy(
             records = await run_cell(pool, setting, policy, cell)
             q1 = sum(e.counters.prefix_cache_queries_tokens for e in pool.engines)
             h1 = sum(e.counters.prefix_cache_hits_tokens for e in pool.engines)
-            row = summarize(policy.name, cell, records, (h1 - h0) / (q1 - q0) if q1 > q0 else 0)
+            hits = (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0
+            row = summarize(policy.name, cell, records, hits, setting.slow_ms)
             count = warm.account(visits(cell, records))
             row["warm_miss_rate"] = count.miss_rate
             rows.append(row)
@@ -459,12 +480,19 @@ def make_setting(args: argparse.Namespace) -> Setting:
     free = kv_blocks - running_blocks(spec, args.max_num_seqs, args.block_size)
     per_server = groups_per_server(free, prefix_blocks)
     weights = group_weights(spec.groups, spec.skew)
-    assignments = {
-        name: None
-        if args.workload == "control"
-        else assign_groups(weights, args.servers, per_server, split=name == "ideal-split")
-        for name in ORACLES
+    copies = args.servers * per_server
+    built = {
+        "ideal": assign_groups(weights, args.servers, per_server),
+        "ideal-split": assign_groups(weights, args.servers, per_server, split=True),
+        "ideal-kv-jsq": assign_groups(
+            weights,
+            args.servers,
+            per_server,
+            counts=[kv_homes(w, args.servers, copies) for w in weights],
+        ),
     }
+    built["ideal-split-jsq"] = built["ideal-split"]
+    assignments = {n: None if args.workload == "control" else a for n, a in built.items()}
     workload = Workload(args.workload, spec, system_prompts(spec), assignments, args.servers)
     tokenizer_dir = None
     if args.kv_events:
@@ -482,6 +510,7 @@ def make_setting(args: argparse.Namespace) -> Setting:
         scrape_s=args.scrape_ms / 1000,
         hop_s=args.hop_ms / 1000,
         tokenizer_dir=tokenizer_dir,
+        slow_ms=args.slow_ms,
     )
 
 
@@ -543,6 +572,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-events", action="store_true", help="engines feed precise scorers' indexes")
     add("--scrape-ms", type=float, default=50.0, help="scrape interval per server")
     add("--hop-ms", type=float, default=1.0, help="fixed delay from routing to the engine")
+    add(
+        "--slow-ms",
+        type=float,
+        default=59.0,
+        help="report the share of requests slower than this (default: 1/3 of round "
+        "robin's ~177 ms p90 at 40-70 %% load, issue 13's target)",
+    )
     add("--name", default="routing-model")
     add("--out", type=Path, default=RESULTS)
     return p
@@ -585,6 +621,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         ("ttft_p90_ms", "TTFT p90 ms", 1.0, 0),
         ("ttft_p50_ms", "TTFT p50 ms", 1.0, 0),
         ("ttft_p99_ms", "TTFT p99 ms", 1.0, 0),
+        ("slow_share", f"TTFT above {meta['slow_ms']:g} ms, % of requests", 100.0, 1),
         ("warm_miss_rate", "warm misses %", 100.0, 0),
         ("throughput_rps", "achieved req/s", 1.0, 1),
     ):
@@ -628,7 +665,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"seed {seed} {r['policy']:>14} load {r['load']:4} rate {r['rate']:5.1f}: "
                 f"p50 {r['ttft_p50_ms']:6.0f} p90 {r['ttft_p90_ms']:6.0f} "
-                f"p99 {r['ttft_p99_ms']:6.0f} ms, warm miss {r['warm_miss_rate']:.0%}, "
+                f"p99 {r['ttft_p99_ms']:6.0f} ms, slow {r['slow_share']:.1%}, "
+                f"warm miss {r['warm_miss_rate']:.0%}, "
                 f"{r['throughput_rps']:.1f} req/s",
                 flush=True,
             )
@@ -641,6 +679,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "workload": args.workload,
         "prefix_copies": args.prefix_copies,
         "kv_blocks": setting.sim.kv_blocks,
+        "slow_ms": args.slow_ms,
         "policies": {p.name: p.describe() for p in policies},
         "elapsed_s": round(time.monotonic() - began, 1),
     }

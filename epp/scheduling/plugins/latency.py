@@ -28,11 +28,13 @@ import numpy as np
 
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import FloatArray
+from epp.scheduling.groups import GroupShares, homes_needed, kv_homes
 from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
-from epp.types import EndpointState
+from epp.scheduling.prefixindex import block_hashes
+from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 DEFAULT_PREFIX_PLUGIN = "prefix-cache-scorer"
 # preferred when configured: what the servers report holding, not what was routed
@@ -68,11 +70,16 @@ class PredictedLatencyScorer:
         prefix_plugin: str | None,
         eviction_weight: float,
         wait_weight: float = 1.0,
+        home_share: float = 0.0,
+        kv_homes: bool = False,
     ) -> None:
         self.where = where
         self.prefix_plugin = prefix_plugin
         self.eviction_weight = eviction_weight
         self.wait_weight = wait_weight
+        self.home_share = home_share
+        self.kv_homes = kv_homes
+        self.groups = GroupShares()
         self.prefix: PrefixCacheScorer | None = None
         self.precise: PrecisePrefixCacheScorer | None = None
 
@@ -93,6 +100,33 @@ class PredictedLatencyScorer:
                 "or precise-prefix-cache-scorer"
             )
         # else: no index; every prompt token counts as uncached everywhere
+
+    def _index(self) -> PrefixCacheScorer | None:
+        """The approximate index (the precise scorer's fallback): its blocks key groups."""
+        return self.precise.fallback if self.precise is not None else self.prefix
+
+    def on_routed(
+        self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
+    ) -> None:
+        prefix = self._index()
+        if (self.home_share > 0 or self.kv_homes) and prefix is not None and request.prompt:
+            first = block_hashes(request.model or "", request.prompt, prefix.block_chars, 1)
+            if first:
+                self.groups.routed(first[0])
+
+    def _homes(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> int:
+        """Homes this request's group should have (``len(candidates)``: unlimited)."""
+        prefix = self._index()
+        if (self.home_share <= 0 and not self.kv_homes) or prefix is None:
+            return len(candidates)
+        hashes = prefix.hashes(ctx)
+        if not hashes:
+            return len(candidates)
+        share = self.groups.share(hashes[0])
+        if self.kv_homes:  # the pool's KV in copies of this prompt, shared by popularity
+            copies = sum(prefix.capacity(s) for s in candidates) / len(hashes)
+            return kv_homes(share, len(candidates), copies)
+        return homes_needed(share, len(candidates), self.home_share)
 
     def _cached(self, ctx: CycleContext) -> tuple[int, Mapping[str, int], PrefixCacheScorer | None]:
         """(prompt tokens, address -> prompt tokens it caches, the approximate scorer
@@ -140,6 +174,8 @@ class PredictedLatencyScorer:
         evict = self.eviction_weight if prefix is not None else 0.0
         out = ctx.request.max_tokens or model.priors.output_tokens
         costs, ttfts, tpots, uncached_all = [], [], [], []
+        homes = self._homes(ctx, candidates)
+        enough = sum(1 for s in candidates if cached.get(s.address, 0) > 0) >= homes
         for state, metrics in zip(candidates, ctx.fresh_metrics(candidates), strict=True):
             address = state.address
             uncached = max(tokens - cached.get(address, 0), 0)
@@ -156,6 +192,8 @@ class PredictedLatencyScorer:
                 pushed = math.ceil(uncached / block) - prefix.free_blocks(state)
                 if pushed > 0:
                     cost += evict * pushed * block * rate
+            if enough and not cached.get(address, 0):  # a copy beyond the group's homes
+                cost += uncached * rate
             costs.append(max(cost, FLOOR_S))
             ttfts.append(pred.ttft_s)
             tpots.append(pred.tpot_s)
@@ -182,6 +220,11 @@ class PredictedLatencyScorer:
             free = prefix.free_blocks_view(view)
             pushed = np.maximum(np.ceil(uncached / block) - free, 0.0)
             costs = costs + self.eviction_weight * pushed * block * rate
+        homes = self._homes(ctx, candidates)
+        if homes < len(candidates):
+            holders = view.by_address(cached) > 0
+            if int(holders.sum()) >= homes:  # copies beyond the group's homes: a miss more
+                costs = costs + np.where(holders, 0.0, uncached * rate)
         ctx.cache[UNCACHED_KEY] = UncachedEstimates(view.addresses, uncached)
         if ctx.request.slo_tpot_ms is not None:  # rare: one at a time
             in_flight = ctx.snapshot.in_flight
@@ -206,4 +249,6 @@ def predicted_latency_scorer(p: Params) -> PredictedLatencyScorer:
         prefix_plugin=prefix,
         eviction_weight=p.number("evictionWeight", 0.5, minimum=0.0),
         wait_weight=p.number("waitWeight", 1.0, minimum=0.0),
+        home_share=p.number("homeShare", 0.0, minimum=0.0),
+        kv_homes=p.boolean("kvHomes", False),
     )

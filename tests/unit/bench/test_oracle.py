@@ -81,3 +81,9 @@ def test_destination_takes_turns_keeps_sessions_and_round_robins_without_groups(
     sessions = {destination(0, 0, assignment, 3, session=f"1-{n}") for n in range(50)}
     assert sessions == {0, 2}  # and sessions spread over the homes
     assert [destination(i, 99, None, 3) for i in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_counts_set_each_groups_homes() -> None:
+    homes = assign_groups([0.5, 0.3, 0.2], servers=3, per_server=2, counts=[3, 2, 1])
+    assert [len(h) for h in homes] == [3, 2, 1]
+    assert all(len(set(h)) == len(h) for h in homes)

@@ -18,6 +18,7 @@ from epp.scheduling.latency import (
     LatencyPriors,
     RobustLine,
 )
+from epp.scheduling.groups import GroupShares, homes_needed, kv_homes
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.latency import PredictedLatencyScorer, predicted_latency_scorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
@@ -408,3 +409,55 @@ def test_tracked_requests_expire_when_their_end_was_never_seen() -> None:
     model.dispatched(dispatch(s, NOW, out=11))  # a hang-up nobody reported
     model.dispatched(dispatch(s, NOW + TRACKED_EXPIRY_S + 1, out=11))
     assert len(model.endpoint(s).open) == 1
+
+
+# -- homeShare: a group gets as many homes as its share of the traffic needs --
+def test_group_shares_and_homes_needed() -> None:
+    shares = GroupShares(window=10)
+    for key in [1] * 4 + [2] * 6:
+        shares.routed(key)
+    assert shares.share(1) == pytest.approx(0.4)
+    for _ in range(5):  # the oldest fall out of the window
+        shares.routed(2)
+    assert shares.share(1) == pytest.approx(0.0)
+    assert shares.share(2) == pytest.approx(1.0)
+    assert homes_needed(0.33, 4, 0.8) == 2  # the hot Zipf group: two homes
+    assert homes_needed(0.15, 4, 0.8) == 1
+    assert homes_needed(0.0, 4, 0.8) == 1  # every group gets one
+    assert homes_needed(0.5, 4, 0.0) == 4  # off: no limit
+
+
+def test_a_copy_beyond_the_groups_homes_costs_a_miss_more() -> None:
+    model, prefix, _ = scheduler_parts()
+    home_on_port_1(prefix, model)
+    loads = {"10.0.0.1:1": 5, "10.0.0.1:2": 0}  # home: 0.2 s wait > a 0.165 s miss
+    myopic = PredictedLatencyScorer("test", None, eviction_weight=0.0)
+    homed = PredictedLatencyScorer("test", None, eviction_weight=0.0, home_share=0.8)
+    for scorer in (myopic, homed):
+        scorer.bind({"prefix-cache-scorer": prefix}, [])
+    rare = InferenceRequest("r1", "m", "/v1/completions", prompt=PROMPT, max_tokens=16)
+    snap = Snapshot((state(1), state(2)), {})
+    for i in range(9):  # this group is 1 request in 10: one home is enough
+        other = InferenceRequest(f"o{i}", "m", "/v1/completions", prompt=f"other {i}" * 200)
+        homed.on_routed(other, SchedulingResult((state(2).endpoint,)), snap)
+    homed.on_routed(rare, SchedulingResult((state(1).endpoint,)), snap)
+    a = myopic.score(cycle(model, loads), [state(1), state(2)])
+    b = homed.score(cycle(model, loads), [state(1), state(2)])
+    assert a[1] > a[0]  # myopic: spill to a second copy
+    assert b[0] > b[1]  # one home is enough: wait there
+    # the same group as most of the traffic needs a second home: it spills
+    hot = PredictedLatencyScorer("test", None, eviction_weight=0.0, home_share=0.8)
+    hot.bind({"prefix-cache-scorer": prefix}, [])
+    for i in range(10):
+        hot.on_routed(rare, SchedulingResult((state(1).endpoint,)), snap)
+    c = hot.score(cycle(model, loads), [state(1), state(2)])
+    assert c[1] > c[0]
+
+
+def test_kv_homes_share_the_pools_copies_by_popularity() -> None:
+    # 24 copies of a prompt fit the pool: every group one, the hot ones more, at most
+    # one per endpoint
+    assert kv_homes(0.33, 4, 24) == 4
+    assert kv_homes(0.08, 4, 24) == 2
+    assert kv_homes(0.01, 4, 24) == 1
+    assert kv_homes(0.0, 4, 0.5) == 1
