@@ -46,12 +46,8 @@ class Routed:
     # what the latency model learns from when the response comes back (None: nothing,
     # e.g. a disaggregated request, whose decode leg starts after the prefill leg)
     dispatch: Dispatch | None = None
-    # told when the request ends however it ends (the latency model's open requests)
-    on_release: Callable[[], None] | None = None
 
     def release(self) -> None:
-        if self.on_release is not None and not self.ticket.released:
-            self.on_release()
         self.ticket.release()
         if self.prefill_ticket is not None:
             self.prefill_ticket.release()
@@ -126,16 +122,8 @@ class Router:
             self.metrics.slo_predictions.labels("met" if pred.meets_slo else "missed").inc()
         if result.prefill is not None or request.model is None:
             return Routed(result, ticket)  # nothing for the latency model to learn from
-        out = request.max_tokens or DEFAULT_OUTPUT_TOKENS
-        dispatch = Dispatch(result.primary.address, self.clock(), pred, request.stream, None, out)
-        latency = self.scheduler.latency
-        latency.dispatched(dispatch)
-        return Routed(
-            result,
-            ticket,
-            dispatch=dispatch,
-            on_release=lambda: latency.released(dispatch, self.clock()),
-        )
+        dispatch = Dispatch(result.primary.address, self.clock(), pred, request.stream)
+        return Routed(result, ticket, dispatch=dispatch)
 
     def hand_off(
         self, routed: Routed, request: InferenceRequest, doc: Mapping[str, Any]
@@ -196,7 +184,6 @@ class Router:
         dispatch = routed.dispatch
         if dispatch is not None and dispatch.first_byte_at is None:
             dispatch.first_byte_at = self.clock()
-            self.scheduler.latency.first_token(dispatch, dispatch.first_byte_at)
 
     def completed(self, routed: Routed, status: int, served: str, usage: Usage | None) -> None:
         """The whole response passed: count its tokens, and let the latency model learn

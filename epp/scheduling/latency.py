@@ -28,11 +28,10 @@ Outliers (a request stuck behind a GC pause, a retried request) are trimmed from
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -51,10 +50,6 @@ QUEUED_MIN_S = 0.03
 # CycleContext.cache key where a scorer leaves address -> uncached prompt tokens, so the
 # scheduler's prediction for the chosen endpoint uses the same estimate
 UNCACHED_KEY = "latency/uncached"
-QUEUE_WAITS = ("mean", "tracked")
-# a tracked request open this long is taken to have ended unseen (a hang-up, a mode
-# that hides its response body): the longest per-try idle timeout of the Envoy configs
-TRACKED_EXPIRY_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +80,6 @@ class LatencyPriors:
         "maxNumSeqs",
         f"slots of every endpoint; null: the {MAX_NUM_SEQS_LABEL} label, else learned",
         minimum=1,
-    )
-    queue_wait: str = setting(
-        "mean",
-        "queueWait",
-        "how a full endpoint's wait is predicted: mean (requests ahead x slot time / "
-        "slots) or tracked (when the slots free, from the EPP's own requests there: their "
-        "first tokens and remaining max_tokens)",
-        choices=QUEUE_WAITS,
     )
 
 
@@ -181,10 +168,6 @@ class EndpointLatency:
     ttft_samples: int = 0
     completions: int = 0
     abs_error_s: float = 0.0  # moving average of |observed - predicted| TTFT
-    # queueWait tracked: the EPP's requests open there, in dispatch order, and when a
-    # newcomer would get a slot (-inf: fewer open than slots, or slots unknown)
-    open: dict[int, Dispatch] = field(default_factory=dict)
-    free_at: float = -math.inf
 
     @property
     def slots(self) -> int | None:
@@ -223,7 +206,6 @@ class Dispatch:
     prediction: Prediction
     streaming: bool
     first_byte_at: float | None = None
-    output_tokens: int = 0  # max_tokens (queueWait tracked: how long it holds its slot)
 
 
 class LatencyModel:
@@ -234,16 +216,7 @@ class LatencyModel:
     rewritten whenever its endpoint learns something."""
 
     # slots: 0 = unknown; decode_slope: seconds per output token per running request
-    _COLUMNS = (
-        "overhead",
-        "rate",
-        "slot_s",
-        "slots",
-        "last_done",
-        "decode_slope",
-        "free_at",
-        "tracked",
-    )
+    _COLUMNS = ("overhead", "rate", "slot_s", "slots", "last_done", "decode_slope")
 
     def __init__(self, priors: LatencyPriors | None = None) -> None:
         self._epoch = 0  # bumped when rows are handed out or freed
@@ -310,8 +283,6 @@ class LatencyModel:
         cols["slots"][row] = model.slots or 0
         cols["last_done"][row] = model.last_done
         cols["decode_slope"][row] = model.decode.b
-        cols["free_at"][row] = model.free_at
-        cols["tracked"][row] = len(model.open)
 
     def retain(self, addresses: set[str]) -> None:
         """Forget endpoints that left the pool."""
@@ -329,11 +300,9 @@ class LatencyModel:
         metrics: EndpointMetrics | None,
         in_flight: int,
         uncached_tokens: int,
-        now: float | None = None,
     ) -> Prediction:
-        """TTFT of a request with ``uncached_tokens`` to prefill on this endpoint at
-        ``now`` (``metrics``: its fresh report or None; ``in_flight``: the EPP's count
-        there; ``now`` None: the tracked queue, if any, is not used)."""
+        """TTFT of a request with ``uncached_tokens`` to prefill on this endpoint now
+        (``metrics``: its fresh report or None; ``in_flight``: the EPP's count there)."""
         model = self.endpoint(state)
         waiting = running = 0.0
         if metrics is not None and metrics.updated_at > model.last_done:
@@ -341,9 +310,6 @@ class LatencyModel:
         load = max(in_flight, math.ceil(running + waiting))
         wait = model.wait_s(load, waiting, running)
         slots = model.slots
-        if now is not None and slots and math.isfinite(model.free_at):
-            extra = max(load - len(model.open), 0)  # there, but not sent by this EPP
-            wait = max(model.free_at - now, 0.0) + extra * model.slot_s / slots
         batch = min(load + 1, slots) if slots else load + 1
         return Prediction(
             ttft_s=wait + model.prefill(uncached_tokens),
@@ -354,15 +320,11 @@ class LatencyModel:
         )
 
     def predict_view(
-        self,
-        view: CandidateView,
-        in_flight: Mapping[str, int],
-        uncached: FloatArray,
-        now: float | None = None,
-    ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
+        self, view: CandidateView, in_flight: Mapping[str, int], uncached: FloatArray
+    ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
         """:meth:`predict` for every candidate of ``view`` at once: (TTFT, load, prefill
-        rate per token, decode slowdown per output token and running request, slot
-        time, queue wait) arrays, the same numbers as the scalar path."""
+        rate per token, decode slowdown per output token and running request, slot time)
+        arrays, the same numbers as the scalar path."""
         rows = self._rows(view)
         cols = self._columns
         # a report older than the last request the EPP saw end there still counts it:
@@ -377,14 +339,9 @@ class LatencyModel:
         wait_known = np.maximum(load - slots + 1, 0.0) * per_slot
         wait_queue = np.where(waiting > 0, (waiting + 1) * slot_s / np.maximum(running, 1.0), 0.0)
         wait = np.where(known, wait_known, wait_queue)
-        if now is not None:
-            free_at = cols["free_at"][rows]
-            untracked = np.maximum(load - cols["tracked"][rows], 0.0)
-            tracked = np.maximum(free_at - now, 0.0) + untracked * per_slot
-            wait = np.where(known & np.isfinite(free_at), tracked, wait)
         rate = cols["rate"][rows]
         ttft: FloatArray = wait + cols["overhead"][rows] + rate * uncached
-        return ttft, load, rate, cols["decode_slope"][rows], slot_s, wait
+        return ttft, load, rate, cols["decode_slope"][rows], slot_s
 
     def _rows(self, view: CandidateView) -> IndexArray:
         """The model rows of ``view``'s candidates (creating missing endpoints), found
@@ -427,36 +384,6 @@ class LatencyModel:
         if model is not None and at > model.last_done:
             model.last_done = at
             self._columns["last_done"][self._row[address]] = at
-
-    # -- queueWait tracked: the EPP's own requests on each endpoint ------------------------
-    def dispatched(self, dispatch: Dispatch) -> None:
-        """A request left for ``dispatch.address`` (queueWait tracked: it holds or waits
-        for a slot there until :meth:`released`)."""
-        if self.priors.queue_wait != "tracked":
-            return
-        model = self._endpoints.get(dispatch.address)
-        if model is not None:
-            model.open[id(dispatch)] = dispatch
-            self._track(dispatch.address, model, dispatch.sent_at)
-
-    def first_token(self, dispatch: Dispatch, at: float) -> None:
-        """``dispatch``'s first token came at ``at``: its slot frees after its output."""
-        model = self._endpoints.get(dispatch.address)
-        if model is not None and id(dispatch) in model.open:
-            self._track(dispatch.address, model, at)
-
-    def released(self, dispatch: Dispatch, at: float) -> None:
-        """``dispatch`` ended at ``at``, however it ended: its slot is free."""
-        model = self._endpoints.get(dispatch.address)
-        if model is not None and model.open.pop(id(dispatch), None) is not None:
-            self._track(dispatch.address, model, at)
-
-    def _track(self, address: str, model: EndpointLatency, now: float) -> None:
-        for key, d in list(model.open.items()):
-            if now - d.sent_at > TRACKED_EXPIRY_S:
-                del model.open[key]
-        model.free_at = slot_free_at(model, now)
-        self._sync(address, model)
 
     def observe(
         self,
@@ -528,33 +455,6 @@ class LatencyModel:
 
     def addresses(self) -> Mapping[str, EndpointLatency]:
         return self._endpoints
-
-
-def slot_free_at(model: EndpointLatency, now: float) -> float:
-    """When a request arriving at ``now`` would get one of the endpoint's slots, from
-    the requests the EPP has open there (-inf: fewer than its slots, or slots unknown).
-
-    The engine admits in arrival order, so the first ``slots`` open requests hold the
-    slots: one that has its first token frees its slot after its remaining output
-    (``max_tokens`` - 1 tokens at the full batch's decode time), one still in prefill
-    after its predicted TTFT and output. Each waiting request then takes the earliest
-    slot to free and holds it for its predicted prefill and output."""
-    slots = model.slots
-    requests = list(model.open.values())
-    if not slots or len(requests) < slots:
-        return -math.inf
-    per_token = model.decode(slots)
-    ends = []
-    for d in requests[:slots]:
-        first = d.first_byte_at
-        if first is None:
-            first = max(d.sent_at + d.prediction.ttft_s, now)
-        ends.append(max(first + max(d.output_tokens - 1, 0) * per_token, now))
-    heapq.heapify(ends)
-    for d in requests[slots:]:
-        held = model.prefill(d.prediction.uncached_tokens) + max(d.output_tokens - 1, 0) * per_token
-        heapq.heappush(ends, heapq.heappop(ends) + held)
-    return ends[0]
 
 
 def slo_missed(

@@ -100,7 +100,7 @@ class ProfileScheduler:
         request = ctx.request
         uncached = ctx.cache.get(UNCACHED_KEY, {}).get(primary.address, request.prompt_tokens)
         in_flight = ctx.snapshot.in_flight.get(primary.address, 0)
-        pred = self.latency.predict(primary, ctx.metrics(primary), in_flight, uncached, ctx.now)
+        pred = self.latency.predict(primary, ctx.metrics(primary), in_flight, uncached)
         if request.slo_ttft_ms is None and request.slo_tpot_ms is None:
             return pred
         return replace(pred, meets_slo=not slo_missed(request, pred.ttft_s, pred.tpot_s))

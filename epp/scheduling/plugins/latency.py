@@ -69,14 +69,12 @@ class PredictedLatencyScorer:
         where: str,
         prefix_plugin: str | None,
         eviction_weight: float,
-        wait_weight: float = 1.0,
         home_share: float = 0.0,
         kv_homes: bool = False,
     ) -> None:
         self.where = where
         self.prefix_plugin = prefix_plugin
         self.eviction_weight = eviction_weight
-        self.wait_weight = wait_weight
         self.home_share = home_share
         self.kv_homes = kv_homes
         self.groups = GroupShares()
@@ -180,12 +178,11 @@ class PredictedLatencyScorer:
             address = state.address
             uncached = max(tokens - cached.get(address, 0), 0)
             uncached_all.append(uncached)
-            pred = model.predict(state, metrics, in_flight.get(address, 0), uncached, ctx.now)
+            pred = model.predict(state, metrics, in_flight.get(address, 0), uncached)
             learned = model.endpoint(state)
             rate = learned.prefill.b
             # its own decode, slowed by each request already running there
-            cost = pred.ttft_s + (self.wait_weight - 1.0) * pred.wait_s
-            cost += (out * learned.decode.b + TIE_BREAK_S) * pred.load
+            cost = pred.ttft_s + (out * learned.decode.b + TIE_BREAK_S) * pred.load
             if metrics is None:  # load unknown: it may be full, as if one slot time away
                 cost += learned.slot_s
             if evict and uncached and prefix is not None:
@@ -211,10 +208,10 @@ class PredictedLatencyScorer:
         tokens, cached, prefix = self._cached(ctx)
         block = prefix.block_tokens if prefix is not None else 1
         uncached = np.maximum(tokens - view.by_address(cached), 0.0)
-        predicted = model.predict_view(view, ctx.snapshot.in_flight, uncached, ctx.now)
-        ttft, load, rate, slope, slot_s, wait = predicted
+        predicted = model.predict_view(view, ctx.snapshot.in_flight, uncached)
+        ttft, load, rate, slope, slot_s = predicted
         out = ctx.request.max_tokens or model.priors.output_tokens
-        costs = ttft + (self.wait_weight - 1.0) * wait + (out * slope + TIE_BREAK_S) * load
+        costs = ttft + (out * slope + TIE_BREAK_S) * load
         costs = costs + np.where(view.fresh(), 0.0, slot_s)  # load unknown: maybe full
         if self.eviction_weight and prefix is not None:
             free = prefix.free_blocks_view(view)
@@ -248,7 +245,6 @@ def predicted_latency_scorer(p: Params) -> PredictedLatencyScorer:
         where=p.where,
         prefix_plugin=prefix,
         eviction_weight=p.number("evictionWeight", 0.5, minimum=0.0),
-        wait_weight=p.number("waitWeight", 1.0, minimum=0.0),
         home_share=p.number("homeShare", 0.0, minimum=0.0),
         kv_homes=p.boolean("kvHomes", False),
     )

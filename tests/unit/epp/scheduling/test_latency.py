@@ -12,7 +12,6 @@ from epp.requestparse import parse_request
 from epp.scheduling.base import CycleContext
 from epp.scheduling.latency import (
     MAX_NUM_SEQS_LABEL,
-    TRACKED_EXPIRY_S,
     Dispatch,
     LatencyModel,
     LatencyPriors,
@@ -27,7 +26,6 @@ from epp.types import (
     EndpointMetrics,
     EndpointState,
     InferenceRequest,
-    Prediction,
     SchedulingResult,
     Snapshot,
 )
@@ -339,76 +337,6 @@ def test_slots_are_learned_when_a_request_is_routed_not_while_scheduling() -> No
     assert sched.latency.endpoint(full).slots is None  # scheduling is a read
     sched.on_routed(req, result, snap)
     assert sched.latency.endpoint(full).slots == 4
-
-
-# -- queueWait tracked: when a full endpoint's slots free, from the EPP's own requests --
-def tracked_model(slots: int = 2) -> LatencyModel:
-    priors = LatencyPriors(
-        overhead_ms=10.0,
-        prefill_ms_per_token=0.1,
-        decode_ms_per_token=10.0,
-        decode_ms_per_running=0.0,
-        max_num_seqs=slots,
-        queue_wait="tracked",
-    )
-    return LatencyModel(priors)
-
-
-def dispatch(s: EndpointState, sent: float, out: int, uncached: int = 0) -> Dispatch:
-    pred = Prediction(ttft_s=0.01, wait_s=0.0, uncached_tokens=uncached, tpot_s=0.01, load=0)
-    return Dispatch(s.address, sent, pred, True, None, out)
-
-
-def test_tracked_wait_is_when_the_first_slot_frees() -> None:
-    s = state(8000)
-    model = tracked_model(slots=2)
-    model.endpoint(s)
-    short, long = dispatch(s, NOW, out=11), dispatch(s, NOW, out=101)
-    model.dispatched(short)
-    assert model.predict(s, None, 1, 0, NOW).wait_s == 0.0  # a slot is free
-    model.dispatched(long)
-    short.first_byte_at = long.first_byte_at = NOW + 0.01
-    model.first_token(short, NOW + 0.01)
-    model.first_token(long, NOW + 0.01)
-    # the short one frees its slot after 10 more tokens (0.1 s), whatever the mean says
-    wait = model.predict(s, None, 2, 0, NOW + 0.01).wait_s
-    assert wait == pytest.approx(0.1)
-    assert model.predict(s, None, 2, 0, NOW + 0.06).wait_s == pytest.approx(0.05)
-    assert model.predict(s, None, 2, 0, None).wait_s > 0  # without a time: the mean
-    model.released(short, NOW + 0.11)
-    assert model.predict(s, None, 1, 0, NOW + 0.11).wait_s == 0.0
-
-
-def test_tracked_wait_queues_waiting_requests_in_order() -> None:
-    s = state(8000)
-    model = tracked_model(slots=1)
-    model.endpoint(s)
-    running = dispatch(s, NOW, out=11)
-    queued = dispatch(s, NOW, out=21, uncached=1000)
-    for d in (running, queued):
-        model.dispatched(d)
-    running.first_byte_at = NOW
-    model.first_token(running, NOW)
-    # 0.1 s of the running one's output, then the queued one's prefill (0.01 + 0.1 s)
-    # and output (0.2 s)
-    assert model.predict(s, None, 2, 0, NOW).wait_s == pytest.approx(0.41)
-
-
-def test_mean_queue_wait_tracks_nothing() -> None:
-    s = state(8000)
-    model = LatencyModel(LatencyPriors(max_num_seqs=1))
-    model.endpoint(s)
-    model.dispatched(dispatch(s, NOW, out=11))
-    assert not model.endpoint(s).open
-
-
-def test_tracked_requests_expire_when_their_end_was_never_seen() -> None:
-    s = state(8000)
-    model = tracked_model(slots=1)
-    model.endpoint(s)
-    model.dispatched(dispatch(s, NOW, out=11))  # a hang-up nobody reported
-    model.dispatched(dispatch(s, NOW + TRACKED_EXPIRY_S + 1, out=11))
-    assert len(model.endpoint(s).open) == 1
 
 
 # -- homeShare: a group gets as many homes as its share of the traffic needs --
