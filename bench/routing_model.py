@@ -460,8 +460,8 @@ def make_setting(args: argparse.Namespace) -> Setting:
     spec = WorkloadSpec(
         groups=args.groups,
         prefix_tokens=args.prefix_tokens,
-        question_tokens=tuple(args.question_tokens),  # type: ignore[arg-type]
-        output_tokens=tuple(args.output_tokens),  # type: ignore[arg-type]
+        question_tokens=(args.question_tokens[0], args.question_tokens[1]),
+        output_tokens=(args.output_tokens[0], args.output_tokens[1]),
         skew=args.skew,
     )
     kv_blocks = args.kv_blocks or derived_kv_blocks(

@@ -10,6 +10,7 @@ from epp.config import build_scheduler
 from epp.errors import BadRequestError
 from epp.requestparse import parse_request
 from epp.scheduling.base import CycleContext
+from epp.scheduling.groups import GroupShares, homes_needed, kv_homes
 from epp.scheduling.latency import (
     MAX_NUM_SEQS_LABEL,
     Dispatch,
@@ -17,7 +18,6 @@ from epp.scheduling.latency import (
     LatencyPriors,
     RobustLine,
 )
-from epp.scheduling.groups import GroupShares, homes_needed, kv_homes
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.latency import PredictedLatencyScorer, predicted_latency_scorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
@@ -376,7 +376,7 @@ def test_a_copy_beyond_the_groups_homes_costs_a_miss_more() -> None:
     # the same group as most of the traffic needs a second home: it spills
     hot = PredictedLatencyScorer("test", None, eviction_weight=0.0, home_share=0.8)
     hot.bind({"prefix-cache-scorer": prefix}, [])
-    for i in range(10):
+    for _ in range(10):
         hot.on_routed(rare, SchedulingResult((state(1).endpoint,)), snap)
     c = hot.score(cycle(model, loads), [state(1), state(2)])
     assert c[1] > c[0]
