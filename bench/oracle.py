@@ -67,6 +67,14 @@ def assign_groups(
     return [tuple(h) for h in homes]
 
 
+def kv_homes(share: float, servers: int, copies: float) -> int:
+    """Homes for a group with ``share`` of the traffic when the pool's KV holds
+    ``copies`` prefix copies: every group one, the copies shared out by popularity
+    (``round(share x copies)``), at most one per server (bench.routing_model's
+    ``ideal-kv-jsq``)."""
+    return min(servers, max(1, round(share * copies)))
+
+
 def server_loads(weights: Sequence[float], assignment: Assignment, servers: int) -> list[float]:
     """Each server's share of the traffic under ``assignment`` (a group's traffic split
     evenly over its homes)."""

@@ -52,7 +52,7 @@ from typing import Any
 
 import yaml
 
-from bench.oracle import ORACLES, assign_groups, groups_per_server
+from bench.oracle import ORACLES, assign_groups, groups_per_server, kv_homes
 from bench.routing import (
     Cell,
     Planned,
@@ -76,7 +76,6 @@ from epp.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, KvEve
 from epp.metrics import EppMetrics
 from epp.requestparse import parse_request
 from epp.router import Router
-from epp.scheduling.groups import kv_homes
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, EndpointMetrics

@@ -46,10 +46,3 @@ def homes_needed(share: float, endpoints: int, home_share: float) -> int:
     if home_share <= 0 or endpoints <= 0:
         return endpoints
     return max(1, math.ceil(share * endpoints / home_share - 1e-9))
-
-
-def kv_homes(share: float, endpoints: int, copies: float) -> int:
-    """Homes for a group with ``share`` of the traffic when the pool's KV holds
-    ``copies`` copies of a prompt like its: every group one, and the copies shared out by
-    popularity (``round(share x copies)``), at most one per endpoint."""
-    return min(endpoints, max(1, round(share * copies)))

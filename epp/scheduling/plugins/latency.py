@@ -28,7 +28,7 @@ import numpy as np
 
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import FloatArray
-from epp.scheduling.groups import GroupShares, homes_needed, kv_homes
+from epp.scheduling.groups import GroupShares, homes_needed
 from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
@@ -70,13 +70,11 @@ class PredictedLatencyScorer:
         prefix_plugin: str | None,
         eviction_weight: float,
         home_share: float = 0.0,
-        kv_homes: bool = False,
     ) -> None:
         self.where = where
         self.prefix_plugin = prefix_plugin
         self.eviction_weight = eviction_weight
         self.home_share = home_share
-        self.kv_homes = kv_homes
         self.groups = GroupShares()
         self.prefix: PrefixCacheScorer | None = None
         self.precise: PrecisePrefixCacheScorer | None = None
@@ -107,24 +105,20 @@ class PredictedLatencyScorer:
         self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
     ) -> None:
         prefix = self._index()
-        if (self.home_share > 0 or self.kv_homes) and prefix is not None and request.prompt:
+        if self.home_share > 0 and prefix is not None and request.prompt:
             first = block_hashes(request.model or "", request.prompt, prefix.block_chars, 1)
             if first:
                 self.groups.routed(first[0])
 
-    def _homes(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> int:
-        """Homes this request's group should have (``len(candidates)``: unlimited)."""
+    def _homes(self, ctx: CycleContext, candidates: int) -> int:
+        """Homes this request's group should have (``candidates``: unlimited)."""
         prefix = self._index()
-        if (self.home_share <= 0 and not self.kv_homes) or prefix is None:
-            return len(candidates)
+        if self.home_share <= 0 or prefix is None:
+            return candidates
         hashes = prefix.hashes(ctx)
         if not hashes:
-            return len(candidates)
-        share = self.groups.share(hashes[0])
-        if self.kv_homes:  # the pool's KV in copies of this prompt, shared by popularity
-            copies = sum(prefix.capacity(s) for s in candidates) / len(hashes)
-            return kv_homes(share, len(candidates), copies)
-        return homes_needed(share, len(candidates), self.home_share)
+            return candidates
+        return homes_needed(self.groups.share(hashes[0]), candidates, self.home_share)
 
     def _cached(self, ctx: CycleContext) -> tuple[int, Mapping[str, int], PrefixCacheScorer | None]:
         """(prompt tokens, address -> prompt tokens it caches, the approximate scorer
@@ -172,7 +166,7 @@ class PredictedLatencyScorer:
         evict = self.eviction_weight if prefix is not None else 0.0
         out = ctx.request.max_tokens or model.priors.output_tokens
         costs, ttfts, tpots, uncached_all = [], [], [], []
-        homes = self._homes(ctx, candidates)
+        homes = self._homes(ctx, len(candidates))
         enough = sum(1 for s in candidates if cached.get(s.address, 0) > 0) >= homes
         for state, metrics in zip(candidates, ctx.fresh_metrics(candidates), strict=True):
             address = state.address
@@ -217,7 +211,7 @@ class PredictedLatencyScorer:
             free = prefix.free_blocks_view(view)
             pushed = np.maximum(np.ceil(uncached / block) - free, 0.0)
             costs = costs + self.eviction_weight * pushed * block * rate
-        homes = self._homes(ctx, candidates)
+        homes = self._homes(ctx, len(candidates))
         if homes < len(candidates):
             holders = view.by_address(cached) > 0
             if int(holders.sum()) >= homes:  # copies beyond the group's homes: a miss more
@@ -246,5 +240,4 @@ def predicted_latency_scorer(p: Params) -> PredictedLatencyScorer:
         prefix_plugin=prefix,
         eviction_weight=p.number("evictionWeight", 0.5, minimum=0.0),
         home_share=p.number("homeShare", 0.0, minimum=0.0),
-        kv_homes=p.boolean("kvHomes", False),
     )

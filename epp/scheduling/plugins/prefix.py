@@ -134,14 +134,11 @@ class PrefixCacheScorer:
             capacity = self._capacity(state.metrics if state is not None else None)
             self.index.insert(target.address, hashes, capacity)
 
-    def capacity(self, state: EndpointState) -> int:
-        """Blocks (of ours) ``state`` can keep cached, as :meth:`_capacity` reckons it."""
-        return self._capacity(state.metrics) or self.index.default_capacity
-
     def free_blocks(self, state: EndpointState) -> int:
         """Blocks (of ours) ``state`` can still cache before it must evict some of
         what it is thought to hold (its capacity as :meth:`_capacity` reckons it)."""
-        return max(self.capacity(state) - self.index.held.get(state.address, 0), 0)
+        capacity = self._capacity(state.metrics) or self.index.default_capacity
+        return max(capacity - self.index.held.get(state.address, 0), 0)
 
     def free_blocks_view(self, view: CandidateView) -> FloatArray:
         """:meth:`free_blocks` for every candidate of ``view`` (numpy; the same numbers)."""

@@ -10,7 +10,7 @@ from epp.config import build_scheduler
 from epp.errors import BadRequestError
 from epp.requestparse import parse_request
 from epp.scheduling.base import CycleContext
-from epp.scheduling.groups import GroupShares, homes_needed, kv_homes
+from epp.scheduling.groups import GroupShares, homes_needed
 from epp.scheduling.latency import (
     MAX_NUM_SEQS_LABEL,
     Dispatch,
@@ -380,12 +380,3 @@ def test_a_copy_beyond_the_groups_homes_costs_a_miss_more() -> None:
         hot.on_routed(rare, SchedulingResult((state(1).endpoint,)), snap)
     c = hot.score(cycle(model, loads), [state(1), state(2)])
     assert c[1] > c[0]
-
-
-def test_kv_homes_share_the_pools_copies_by_popularity() -> None:
-    # 24 copies of a prompt fit the pool: every group one, the hot ones more, at most
-    # one per endpoint
-    assert kv_homes(0.33, 4, 24) == 4
-    assert kv_homes(0.08, 4, 24) == 2
-    assert kv_homes(0.01, 4, 24) == 1
-    assert kv_homes(0.0, 4, 0.5) == 1
