@@ -89,7 +89,7 @@ BENCHMARKS = [
     ),
     (
         "routing",
-        "issue 13's matrix (about 35 minutes; `routing-zipf-WORKLOAD-kvCOPIES.md`, each "
+        "issue 13's matrix (about 45 minutes; `routing-zipf-WORKLOAD-kvCOPIES.md`, each "
         "with `_ttft.png` and `_load.png`): 4 simulators running 4 sequences each, "
         "Poisson arrivals at 0.4, 0.7 and 0.95 of round robin's calibrated capacity and "
         "1.2 (past it), 20 s per rate, fresh simulators per policy. Workloads "
@@ -344,7 +344,7 @@ def routing_section() -> list[str]:
             f"{models}: `python -m bench.routing_model`, the real scheduler and simulator "
             "engine on a virtual clock, several seeds per cell (docs/routing-model.md). "
             "Its numbers compare designs with each other; the tables above are the "
-            "measurements.",
+            f"measurements. What was tried with it: {link(MODEL)}.",
         ]
     return lines
 
