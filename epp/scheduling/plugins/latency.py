@@ -10,7 +10,10 @@ gets a second home once its home's wait and batch cost more than a miss elsewher
 eviction included. An endpoint whose load is unknown (no fresh report) is charged one
 slot time, as if it might be full: never preferred, never excluded. With nothing cached
 anywhere the load terms decide, as least-request would (``out``: the request's
-``max_tokens``, else the model's ``outputTokens`` prior).
+``max_tokens``, else the model's ``outputTokens`` prior). With ``homeShare`` (0 = off,
+epp.scheduling.groups), once as many candidates hold this request's group as its share
+of the traffic needs, each other candidate is charged one more miss: a further copy
+would evict other groups' prefixes.
 
 With SLO headers (``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms``, or the older
 ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``) the endpoints predicted to meet them always
