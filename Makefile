@@ -77,13 +77,14 @@ bench-lora: $(STAMP)
 bench-fairness: $(STAMP)
 	$(BIN)/python -m bench.fairness
 
-# Issue 13's matrix (~8 minutes per workload and KV size with five policies at 20 s per
+# Issue 13's matrix (~10 minutes per workload and KV size with six policies at 20 s per
 # rate): 16 groups of 1,500-token system prompts, 75-225-token questions, 16-48 output
 # tokens, Zipf skew 1.1, 4 sequences per server; 0.4, 0.7 and 0.95 of round robin's
 # capacity and 1.2 (past it); free KV for 1.6 copies of all prefixes (the stress
 # setting: 6 groups per server) and 2.5 (roomier); workloads groups, control (no shared
 # prefix) and multi-turn. Policies: round robin (Envoy alone), least request, the
-# default, the latency-model scheduler (configs/predicted-latency.yaml) and ideal-split
+# default, the latency-model scheduler (configs/predicted-latency.yaml), the same with
+# group homes (configs/predicted-homes.yaml) and ideal-split
 # (an oracle). Results: bench/results/routing-zipf-WORKLOAD-kvCOPIES.*. Narrow it or add a
 # policy, e.g.
 #   make bench-routing MATRIX_CELLS="groups:1.6" \
@@ -91,7 +92,8 @@ bench-fairness: $(STAMP)
 MATRIX_SETTING := --groups 16 --prefix-tokens 1500 --question-tokens 75 225 \
 	--output-tokens 16 48 --skew 1.1 --max-num-seqs 4 --loads 0.4 0.7 0.95 1.2
 MATRIX_POLICIES ?= --policy round-robin --policy least-request --policy default= \
-	--policy "predicted=--config configs/predicted-latency.yaml" --policy ideal-split
+	--policy "predicted=--config configs/predicted-latency.yaml" \
+	--policy "homes=--config configs/predicted-homes.yaml" --policy ideal-split
 # issue 16: the simulators publish KV events; the approximate prefix index against the
 # precise one (docs/kv-events.md), on the stress setting
 EVENTS_POLICIES ?= --policy round-robin --policy default= \

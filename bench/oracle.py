@@ -31,7 +31,11 @@ def groups_per_server(free_blocks: int, prefix_blocks: int) -> int:
 
 
 def assign_groups(
-    weights: Sequence[float], servers: int, per_server: int, split: bool = False
+    weights: Sequence[float],
+    servers: int,
+    per_server: int,
+    split: bool = False,
+    counts: Sequence[int] | None = None,
 ) -> Assignment:
     """Group index -> its servers, longest-processing-time-first on ``weights``.
 
@@ -39,13 +43,16 @@ def assign_groups(
     is cut into ceil(weight x servers) pieces on distinct servers. A piece goes to the
     least loaded server that has room (fewer than ``per_server`` groups) and does not
     hold the group yet; when none has room (the groups do not fit the pool's KV at all),
-    to the least loaded server that does not hold it.
+    to the least loaded server that does not hold it. ``counts`` (per group) sets the
+    number of pieces instead.
     """
     if servers < 1 or per_server < 1:
         raise ValueError("servers and per_server must be >= 1")
     pieces: list[tuple[float, int]] = []  # (weight, group)
     for group, weight in enumerate(weights):
         count = min(servers, max(1, math.ceil(weight * servers - 1e-9))) if split else 1
+        if counts is not None:
+            count = min(servers, max(1, counts[group]))
         pieces += [(weight / count, group)] * count
     load = [0.0] * servers
     held: list[set[int]] = [set() for _ in range(servers)]
@@ -58,6 +65,14 @@ def assign_groups(
         held[best].add(group)
         load[best] += weight
     return [tuple(h) for h in homes]
+
+
+def kv_homes(share: float, servers: int, copies: float) -> int:
+    """Homes for a group with ``share`` of the traffic when the pool's KV holds
+    ``copies`` prefix copies: every group one, the copies shared out by popularity
+    (``round(share x copies)``), at most one per server (bench.routing_model's
+    ``ideal-kv-jsq``)."""
+    return min(servers, max(1, round(share * copies)))
 
 
 def server_loads(weights: Sequence[float], assignment: Assignment, servers: int) -> list[float]:

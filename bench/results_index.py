@@ -30,6 +30,7 @@ TARGET_WARM_MISS = 0.10  # warm-miss rate at every load
 TARGET_LORA_VS_RR = 0.5  # adapter loads per 100 requests and TTFT p90 vs round robin
 NONE = "\N{EN DASH}"  # an empty table cell
 MATRIX = "routing-zipf-"  # issue 13's matrix and its companions
+MODEL = "routing-model"  # bench.routing_model: a design tool's numbers, not the benchmark
 
 # What a file's policy names meant when it ran, where that differs from today.
 POLICY_NOTES = {
@@ -105,7 +106,7 @@ BENCHMARKS = [
     ),
     (
         "routing",
-        "issue 13's matrix (about 35 minutes; `routing-zipf-WORKLOAD-kvCOPIES.md`, each "
+        "issue 13's matrix (about 45 minutes; `routing-zipf-WORKLOAD-kvCOPIES.md`, each "
         "with `_ttft.png` and `_load.png`): 4 simulators running 4 sequences each, "
         "Poisson arrivals at 0.4, 0.7 and 0.95 of round robin's calibrated capacity and "
         "1.2 (past it), 20 s per rate, fresh simulators per policy. Workloads "
@@ -397,9 +398,20 @@ def routing_section() -> list[str]:
         "they backed (the files say what each policy was).",
         "",
     ]
-    earlier = [n for n in names("routing") if not n.startswith(MATRIX)]
+    earlier = [n for n in names("routing") if not n.startswith((MATRIX, MODEL))]
     rows = [[link(n), str(load(n)["meta"]["date"]), ", ".join(policies(load(n)))] for n in earlier]
     lines += table(["file", "measured", "policies"], rows, right_from=9)
+    models = ", ".join(link(n) for n in names(MODEL))
+    if models:
+        lines += [
+            "",
+            "### Routing model (a design tool, not the benchmark)",
+            "",
+            f"{models}: `python -m bench.routing_model`, the real scheduler and simulator "
+            "engine on a virtual clock, several seeds per cell (docs/routing-model.md). "
+            "Its numbers compare designs with each other; the tables above are the "
+            f"measurements. What was tried with it: {link(MODEL)}.",
+        ]
     return lines
 
 

@@ -10,7 +10,10 @@ gets a second home once its home's wait and batch cost more than a miss elsewher
 eviction included. An endpoint whose load is unknown (no fresh report) is charged one
 slot time, as if it might be full: never preferred, never excluded. With nothing cached
 anywhere the load terms decide, as least-request would (``out``: the request's
-``max_tokens``, else the model's ``outputTokens`` prior).
+``max_tokens``, else the model's ``outputTokens`` prior). With ``homeShare`` (0 = off,
+epp.scheduling.groups), once as many candidates hold this request's group as its share
+of the traffic needs, each other candidate is charged one more miss: a further copy
+would evict other groups' prefixes.
 
 With SLO headers (``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms``, or the older
 ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``) the endpoints predicted to meet them always
@@ -28,11 +31,13 @@ import numpy as np
 
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import FloatArray
+from epp.scheduling.groups import GroupShares, homes_needed
 from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
-from epp.types import EndpointState
+from epp.scheduling.prefixindex import block_hashes
+from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 DEFAULT_PREFIX_PLUGIN = "prefix-cache-scorer"
 # preferred when configured: what the servers report holding, not what was routed
@@ -62,10 +67,18 @@ class PredictedLatencyScorer:
     """Score = cheapest cost among the candidates / this candidate's cost (0..1]; with
     SLO headers, see the module docstring."""
 
-    def __init__(self, where: str, prefix_plugin: str | None, eviction_weight: float) -> None:
+    def __init__(
+        self,
+        where: str,
+        prefix_plugin: str | None,
+        eviction_weight: float,
+        home_share: float = 0.0,
+    ) -> None:
         self.where = where
         self.prefix_plugin = prefix_plugin
         self.eviction_weight = eviction_weight
+        self.home_share = home_share
+        self.groups = GroupShares()
         self.prefix: PrefixCacheScorer | None = None
         self.precise: PrecisePrefixCacheScorer | None = None
 
@@ -86,6 +99,29 @@ class PredictedLatencyScorer:
                 "or precise-prefix-cache-scorer"
             )
         # else: no index; every prompt token counts as uncached everywhere
+
+    def _index(self) -> PrefixCacheScorer | None:
+        """The approximate index (the precise scorer's fallback): its blocks key groups."""
+        return self.precise.fallback if self.precise is not None else self.prefix
+
+    def on_routed(
+        self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
+    ) -> None:
+        prefix = self._index()
+        if self.home_share > 0 and prefix is not None and request.prompt:
+            first = block_hashes(request.model or "", request.prompt, prefix.block_chars, 1)
+            if first:
+                self.groups.routed(first[0])
+
+    def _homes(self, ctx: CycleContext, candidates: int) -> int:
+        """Homes this request's group should have (``candidates``: unlimited)."""
+        prefix = self._index()
+        if self.home_share <= 0 or prefix is None:
+            return candidates
+        hashes = prefix.hashes(ctx)
+        if not hashes:
+            return candidates
+        return homes_needed(self.groups.share(hashes[0]), candidates, self.home_share)
 
     def _cached(self, ctx: CycleContext) -> tuple[int, Mapping[str, int], PrefixCacheScorer | None]:
         """(prompt tokens, address -> prompt tokens it caches, the approximate scorer
@@ -133,6 +169,8 @@ class PredictedLatencyScorer:
         evict = self.eviction_weight if prefix is not None else 0.0
         out = ctx.request.max_tokens or model.priors.output_tokens
         costs, ttfts, tpots, uncached_all = [], [], [], []
+        homes = self._homes(ctx, len(candidates))
+        enough = sum(1 for s in candidates if cached.get(s.address, 0) > 0) >= homes
         for state, metrics in zip(candidates, ctx.fresh_metrics(candidates), strict=True):
             address = state.address
             uncached = max(tokens - cached.get(address, 0), 0)
@@ -148,6 +186,8 @@ class PredictedLatencyScorer:
                 pushed = math.ceil(uncached / block) - prefix.free_blocks(state)
                 if pushed > 0:
                     cost += evict * pushed * block * rate
+            if enough and not cached.get(address, 0):  # a copy beyond the group's homes
+                cost += uncached * rate
             costs.append(max(cost, FLOOR_S))
             ttfts.append(pred.ttft_s)
             tpots.append(pred.tpot_s)
@@ -174,6 +214,11 @@ class PredictedLatencyScorer:
             free = prefix.free_blocks_view(view)
             pushed = np.maximum(np.ceil(uncached / block) - free, 0.0)
             costs = costs + self.eviction_weight * pushed * block * rate
+        homes = self._homes(ctx, len(candidates))
+        if homes < len(candidates):
+            holders = view.by_address(cached) > 0
+            if int(holders.sum()) >= homes:  # copies beyond the group's homes: a miss more
+                costs = costs + np.where(holders, 0.0, uncached * rate)
         ctx.cache[UNCACHED_KEY] = UncachedEstimates(view.addresses, uncached)
         if ctx.request.slo_tpot_ms is not None:  # rare: one at a time
             in_flight = ctx.snapshot.in_flight
@@ -197,4 +242,5 @@ def predicted_latency_scorer(p: Params) -> PredictedLatencyScorer:
         where=p.where,
         prefix_plugin=prefix,
         eviction_weight=p.number("evictionWeight", 0.5, minimum=0.0),
+        home_share=p.number("homeShare", 0.0, minimum=0.0),
     )

@@ -10,6 +10,7 @@ from bench.oracle import (
     assign_groups,
     destination,
     groups_per_server,
+    kv_homes,
     max_over_mean,
     server_loads,
 )
@@ -81,3 +82,15 @@ def test_destination_takes_turns_keeps_sessions_and_round_robins_without_groups(
     sessions = {destination(0, 0, assignment, 3, session=f"1-{n}") for n in range(50)}
     assert sessions == {0, 2}  # and sessions spread over the homes
     assert [destination(i, 99, None, 3) for i in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_counts_set_each_groups_homes() -> None:
+    homes = assign_groups([0.5, 0.3, 0.2], servers=3, per_server=2, counts=[3, 2, 1])
+    assert [len(h) for h in homes] == [3, 2, 1]
+    assert all(len(set(h)) == len(h) for h in homes)
+
+
+def test_kv_homes_share_the_pools_copies_by_popularity() -> None:
+    assert kv_homes(0.33, 4, 24) == 4  # at most one per server
+    assert kv_homes(0.08, 4, 24) == 2
+    assert kv_homes(0.01, 4, 24) == 1  # every group one

@@ -368,13 +368,20 @@ def test_the_latency_scorer_gives_the_same_scores_with_numpy(
     data: st.DataObject,
 ) -> None:
     """Predictions from the learned columns equal the per-endpoint ones, with slots
-    known, learned or unknown, small prefix LRUs (eviction costs), SLOs or none."""
+    known, learned or unknown, small prefix LRUs (eviction costs), group homes or none,
+    SLOs or none."""
     snap = pool(specs)
     registry = builtin_registry()
     index = prefix.prefix_cache_scorer(Params("p", {"blockSize": 1, "lruCapacityPerServer": 64}))
     hold_some_prefix(index, snap, prompt, data)
     scorer = registry.get("predicted-latency-scorer", "t").factory(
-        Params("t", {"evictionWeight": data.draw(st.sampled_from([0.0, 0.5]))})
+        Params(
+            "t",
+            {
+                "evictionWeight": data.draw(st.sampled_from([0.0, 0.5])),
+                "homeShare": data.draw(st.sampled_from([0.0, 0.5, 4.0])),
+            },
+        )
     )
     scorer.bind({"prefix-cache-scorer": index}, [])
     slots = data.draw(st.sampled_from([None, 1, 4]))

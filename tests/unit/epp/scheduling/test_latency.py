@@ -10,6 +10,7 @@ from epp.config import build_scheduler
 from epp.errors import BadRequestError
 from epp.requestparse import parse_request
 from epp.scheduling.base import CycleContext
+from epp.scheduling.groups import GroupShares, homes_needed
 from epp.scheduling.latency import (
     MAX_NUM_SEQS_LABEL,
     Dispatch,
@@ -336,3 +337,46 @@ def test_slots_are_learned_when_a_request_is_routed_not_while_scheduling() -> No
     assert sched.latency.endpoint(full).slots is None  # scheduling is a read
     sched.on_routed(req, result, snap)
     assert sched.latency.endpoint(full).slots == 4
+
+
+# -- homeShare: a group gets as many homes as its share of the traffic needs --
+def test_group_shares_and_homes_needed() -> None:
+    shares = GroupShares(window=10)
+    for key in [1] * 4 + [2] * 6:
+        shares.routed(key)
+    assert shares.share(1) == pytest.approx(0.4)
+    for _ in range(5):  # the oldest fall out of the window
+        shares.routed(2)
+    assert shares.share(1) == pytest.approx(0.0)
+    assert shares.share(2) == pytest.approx(1.0)
+    assert homes_needed(0.33, 4, 0.8) == 2  # the hot Zipf group: two homes
+    assert homes_needed(0.15, 4, 0.8) == 1
+    assert homes_needed(0.0, 4, 0.8) == 1  # every group gets one
+    assert homes_needed(0.5, 4, 0.0) == 4  # off: no limit
+
+
+def test_a_copy_beyond_the_groups_homes_costs_a_miss_more() -> None:
+    model, prefix, _ = scheduler_parts()
+    home_on_port_1(prefix, model)
+    loads = {"10.0.0.1:1": 5, "10.0.0.1:2": 0}  # home: 0.2 s wait > a 0.165 s miss
+    myopic = PredictedLatencyScorer("test", None, eviction_weight=0.0)
+    homed = PredictedLatencyScorer("test", None, eviction_weight=0.0, home_share=0.8)
+    for scorer in (myopic, homed):
+        scorer.bind({"prefix-cache-scorer": prefix}, [])
+    rare = InferenceRequest("r1", "m", "/v1/completions", prompt=PROMPT, max_tokens=16)
+    snap = Snapshot((state(1), state(2)), {})
+    for i in range(9):  # this group is 1 request in 10: one home is enough
+        other = InferenceRequest(f"o{i}", "m", "/v1/completions", prompt=f"other {i}" * 200)
+        homed.on_routed(other, SchedulingResult((state(2).endpoint,)), snap)
+    homed.on_routed(rare, SchedulingResult((state(1).endpoint,)), snap)
+    a = myopic.score(cycle(model, loads), [state(1), state(2)])
+    b = homed.score(cycle(model, loads), [state(1), state(2)])
+    assert a[1] > a[0]  # myopic: spill to a second copy
+    assert b[0] > b[1]  # one home is enough: wait there
+    # the same group as most of the traffic needs a second home: it spills
+    hot = PredictedLatencyScorer("test", None, eviction_weight=0.0, home_share=0.8)
+    hot.bind({"prefix-cache-scorer": prefix}, [])
+    for _ in range(10):
+        hot.on_routed(rare, SchedulingResult((state(1).endpoint,)), snap)
+    c = hot.score(cycle(model, loads), [state(1), state(2)])
+    assert c[1] > c[0]
