@@ -14,9 +14,17 @@ from epp.types import EndpointState, Role
 
 class CachedTokens(Protocol):
     """Something that estimates which share of the prompt an endpoint caches (the
-    prefix-cache scorer: matched blocks / hashed blocks, 0..1)."""
+    prefix-cache scorer: matched blocks / hashed blocks, 0..1), and the prompt's length
+    in tokens (the engine's count where the precise scorer tokenized it, else the
+    characters / 4 estimate)."""
 
     def cached_fraction(self, ctx: CycleContext, address: str) -> float: ...
+
+    def prompt_tokens(self, ctx: CycleContext) -> int: ...
+
+
+def _prompt_tokens(estimate: CachedTokens | None, ctx: CycleContext) -> int:
+    return ctx.request.prompt_tokens if estimate is None else estimate.prompt_tokens(ctx)
 
 
 class Decider(Protocol):
@@ -64,7 +72,7 @@ class PrefixBasedDecider:
         self._estimate = estimate
 
     def wants_prefill(self, ctx: CycleContext, decode: EndpointState) -> bool:
-        total = ctx.request.prompt_tokens
+        total = _prompt_tokens(self._estimate, ctx)
         if total < self.non_cached_tokens:  # cannot reach the threshold: skip hashing
             return False
         # a share, not a count: the index hashes at most maxPrefixBlocksToMatch blocks,
@@ -78,7 +86,7 @@ class PrefixBasedDecider:
 def _uncached(estimate: CachedTokens | None, ctx: CycleContext, address: str) -> int:
     """The prompt tokens ``address`` does not cache (all of them without an estimate)."""
     share = 0.0 if estimate is None else estimate.cached_fraction(ctx, address)
-    return round(ctx.request.prompt_tokens * (1.0 - share))
+    return round(_prompt_tokens(estimate, ctx) * (1.0 - share))
 
 
 class BenefitDecider:

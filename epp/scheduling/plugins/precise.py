@@ -160,17 +160,19 @@ class PrecisePrefixCacheScorer:
 
     def cached_tokens(self, ctx: CycleContext) -> dict[str, int]:
         """address -> prompt tokens it probably caches: what trusted endpoints hold,
-        else the approximate index's estimate (omitted where none)."""
+        else the approximate index's estimate (omitted where none): its share of the
+        prompt, in the engine's tokens when the prompt was tokenized."""
         key = self._key + "/cached"
         found: dict[str, int] | None = ctx.cache.get(key)
         if found is None:
             trusted = self.trusted(ctx)
             found = {}
             if self.fallback is not None:
-                block = self.fallback.block_tokens
-                for address, blocks in self.fallback.matches(ctx).items():
+                fallback = self.fallback
+                total = self.prompt_tokens(ctx)
+                for address in fallback.matches(ctx):
                     if address not in trusted:
-                        found[address] = blocks * block
+                        found[address] = round(fallback.cached_fraction(ctx, address) * total)
             w = self.cpu_weight
             for size, held in self.held(ctx) if trusted else ():
                 for address, (gpu, anywhere) in held.items():

@@ -89,6 +89,11 @@ class PrefixCacheScorer:
         matched = self.matches(ctx).get(address, 0)
         return matched / len(self.hashes(ctx)) if matched else 0.0
 
+    def prompt_tokens(self, ctx: CycleContext) -> int:
+        """The prompt's length in tokens: this index knows characters only, so the
+        request's estimate (characters / 4)."""
+        return ctx.request.prompt_tokens
+
     def score(
         self, ctx: CycleContext, candidates: Sequence[EndpointState]
     ) -> list[float] | FloatArray:

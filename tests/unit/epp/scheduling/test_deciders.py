@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from epp.config import build_scheduler, default_yaml
 from epp.errors import NoEndpointError
 from epp.scheduling.base import CycleContext
-from epp.scheduling.deciders import BenefitDecider
+from epp.scheduling.deciders import BenefitDecider, PrefixBasedDecider
 from epp.scheduling.latency import LatencyModel, LatencyPriors, interference_s
 from epp.types import Endpoint, EndpointMetrics, EndpointState, InferenceRequest, Role, Snapshot
 
@@ -281,3 +281,36 @@ def test_benefit_counts_the_prompt_tokens_a_prefill_server_is_already_computing(
     assert decider.wants_prefill(ctx, decode)  # 2.2 s there still beats 2.9 s here
     ctx, decode = benefit_context(PROMPT_4000, decode_running=16, prefill_tokens=60_000)
     assert not decider.wants_prefill(ctx, decode)
+
+
+class EngineCount:
+    """A cache estimate that knows the prompt's length in the engine's tokens, as the
+    precise prefix-cache scorer does once it tokenized the prompt; nothing cached."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    def cached_fraction(self, ctx: CycleContext, address: str) -> float:
+        return 0.0
+
+    def prompt_tokens(self, ctx: CycleContext) -> int:
+        return self.tokens
+
+
+@pytest.mark.parametrize(
+    ("chars", "engine_tokens", "wanted"),
+    [
+        (800, None, False),  # 200 estimated tokens: under the threshold
+        (800, 800, True),  # the engine counts 800: over it
+        (1200, None, True),  # 300 estimated
+        (1200, 100, False),  # the engine counts 100
+    ],
+)
+def test_prefix_based_decider_counts_the_engines_tokens_when_known(
+    chars: int, engine_tokens: int | None, wanted: bool
+) -> None:
+    snap = pool(Role.PREFILL, Role.DECODE)
+    ctx = CycleContext(request("x" * chars), snap, NOW, random.Random(0))
+    decider = PrefixBasedDecider(non_cached_tokens=256)
+    decider.use_cache_estimate(None if engine_tokens is None else EngineCount(engine_tokens))
+    assert decider.wants_prefill(ctx, snap.endpoints[1]) is wanted

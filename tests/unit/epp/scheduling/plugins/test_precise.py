@@ -137,6 +137,23 @@ def test_cached_tokens_and_fraction_use_real_token_counts(tokenizer_dir: Path) -
     assert precise.cached_fraction(ctx, eps[1].address) == 0.0
 
 
+def test_an_untrusted_endpoints_estimate_is_counted_in_the_engines_tokens(
+    tokenizer_dir: Path,
+) -> None:
+    """The approximate index knows shares of the prompt, not engine tokens: an
+    untrusted endpoint it believes holds the whole prompt caches all of its tokens."""
+    _, precise, approx = plugins(config(tokenizer_dir))
+    eps = states(2)
+    trusted, untrusted = (s.address for s in eps)
+    precise.index.reset(trusted, NOW, complete=True)
+    snap = Snapshot(eps, {})
+    approx.on_routed(request(PROMPT), SchedulingResult((eps[1].endpoint,)), snap)
+    ctx = cycle(snap, request(PROMPT))
+    assert precise.prompt_tokens(ctx) == len(PROMPT)  # bytes, 4x the estimate
+    assert precise.cached_tokens(ctx) == {untrusted: len(PROMPT)}
+    assert precise.cached_fraction(ctx, untrusted) == 1.0
+
+
 def test_the_latency_scorer_prefers_the_precise_scorer(tokenizer_dir: Path) -> None:
     profile = "- pluginRef: predicted-latency-scorer\n  "
     text = config(tokenizer_dir, profile=profile).replace(
