@@ -153,13 +153,17 @@ class Router:
         flow = self.flow
         band = scheduler.priority(request)
         flow_id = fairness_id(request.headers)
+        cfg = flow.cfg
         if flow.idle:
             room = scheduler.room(request, self.datastore.snapshot())
             if room:
-                routed = self._dispatch(request, max_destinations, band, 0.0, room)
+                # late binding (only where there is room) with flow control on; off, the
+                # scheduler weighs every endpoint as it would without flow control
+                routed = self._dispatch(
+                    request, max_destinations, band, 0.0, room if cfg.enabled else True
+                )
                 flow.observe(flow_id, band, DISPATCHED, 0.0)
                 return routed
-        cfg = flow.cfg
         if band < 0 and (cfg.shed_sheddable or not cfg.enabled):
             raise ShedError(
                 f"the pool is saturated (no endpoint has room) and this request is "

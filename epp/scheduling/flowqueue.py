@@ -100,7 +100,12 @@ class FlowControlConfig:
 
     They wait in priority bands, fair across fairness ids (docs/flow-control.md)."""
 
-    enabled: bool = setting(True, "enabled", "hold requests while no endpoint has room")
+    enabled: bool = setting(
+        False,
+        "enabled",
+        "hold requests while no endpoint has room (off by default: it costs prefix-cache "
+        "affinity near capacity, docs/flow-control.md)",
+    )
     fairness_policy: str = setting(
         "round-robin",
         "fairnessPolicy",

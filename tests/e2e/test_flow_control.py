@@ -29,7 +29,7 @@ def stack(
 ) -> Iterator[LocalStack]:
     """Each gRPC transport: each reads the stream's end while a request waits."""
     config = tmp_path_factory.mktemp("flow") / "epp.yaml"
-    config.write_text("saturationDetector: {maxConcurrency: 1}\n")
+    config.write_text("saturationDetector: {maxConcurrency: 1}\nflowControl: {enabled: true}\n")
     opts = ephemeral(
         servers=2,
         sim_args=["--time-scale", "0.5"],

@@ -41,7 +41,7 @@ def test_streaming_request_survives_epp_shutdown(transport: str) -> None:
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_held_requests_are_answered_at_shutdown(transport: str, tmp_path: Path) -> None:
     config = tmp_path / "epp.yaml"  # one request per server: the second one is held
-    config.write_text("saturationDetector: {maxConcurrency: 1}\n")
+    config.write_text("saturationDetector: {maxConcurrency: 1}\nflowControl: {enabled: true}\n")
     opts = ephemeral(
         servers=1,
         sim_args=["--time-scale", "0.3"],

@@ -32,7 +32,7 @@ def make_router(clock: Clock, cfg: FlowControlConfig | None = None, limit: int =
     datastore.add(Endpoint("10.0.0.1", 8000))
     metrics = EppMetrics(datastore)
     scheduler = build_scheduler(f"saturationDetector: {{maxConcurrency: {limit}}}", clock)
-    flow = FlowController(cfg or FlowControlConfig(), metrics, clock=clock)
+    flow = FlowController(cfg or FlowControlConfig(enabled=True), metrics, clock=clock)
     return Router(datastore, scheduler, metrics, max_body_bytes=1 << 20, clock=clock, flow=flow)
 
 
@@ -131,7 +131,7 @@ async def test_priority_band_goes_ahead_and_fairness_ids_alternate() -> None:
 
 async def test_sheddable_and_disabled_and_shutdown() -> None:
     clock = Clock()
-    shed = make_router(clock, replace(FlowControlConfig(), shed_sheddable=True))
+    shed = make_router(clock, FlowControlConfig(enabled=True, shed_sheddable=True))
     assert isinstance(shed.admit(req("a"), 1), Routed)
     with pytest.raises(ShedError) as error:
         shed.admit(req("b", **{"x-gateway-inference-priority": "-1"}), 1)

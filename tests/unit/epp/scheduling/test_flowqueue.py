@@ -16,7 +16,7 @@ from epp.scheduling.flowqueue import (
     queue_timeout,
 )
 
-CFG = FlowControlConfig()
+CFG = FlowControlConfig(enabled=True)
 
 
 def held(name: str, band: int = 0, flow: str = "", at: float = 0.0, size: int = 1,
