@@ -9,7 +9,7 @@ time to the first body chunk (the first token). Three scenarios, each on a fresh
 (``epp stack``: Envoy, the EPP, ``--servers`` simulators of ``--slots`` sequences):
 
 * ``B alone``: B's requests with nothing else (flow control on);
-* ``flood, flow control``: A + B, the default config (flow control on);
+* ``flood, flow control``: A + B, ``flowControl.enabled: true`` (off by default);
 * ``flood, no flow control``: A + B, ``flowControl.enabled: false`` (requests go to the
   servers at once and wait in their queues).
 
@@ -216,10 +216,11 @@ def main() -> int:
         if args.max_concurrency
         else ""
     )
+    on = base + "flowControl: {enabled: true}\n"
     off = base + "flowControl: {enabled: false}\n"
     rows = [
-        scenario(args, "B alone", base, False, rate_b),
-        scenario(args, "flood, flow control", base, True, rate_b),
+        scenario(args, "B alone", on, False, rate_b),
+        scenario(args, "flood, flow control", on, True, rate_b),
         scenario(args, "flood, no flow control", off, True, rate_b),
     ]
     alone, fc, nofc = rows

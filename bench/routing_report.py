@@ -9,15 +9,22 @@ from typing import Any
 
 import orjson
 
+from bench.workload import CHARS_PER_TOKEN
+
 
 def mean_range(lo_hi: tuple[int, int]) -> float:
     return (lo_hi[0] + lo_hi[1]) / 2
 
 
+def sim_tokens_per_token(meta: dict[str, Any]) -> int:
+    """The simulators' tokens per workload token: with KV events on they count bytes."""
+    return CHARS_PER_TOKEN if meta.get("kv_events") else 1
+
+
 def cached_share(meta: dict[str, Any], sim: dict[str, Any]) -> str:
     """The share of the groups a fully loaded server's free KV can cache (for the report)."""
     wl = meta["workload"]
-    block = sim["block_size"]
+    block = sim["block_size"] / sim_tokens_per_token(meta)
     request = wl["prefix_tokens"] + mean_range(wl["question_tokens"])
     request += mean_range(wl["output_tokens"])
     free = sim["kv_blocks"] - sim["max_num_seqs"] * math.ceil(request / block)
@@ -216,7 +223,8 @@ def write_results(
         f"their blocks) a server has room for about {cached_share(meta, sim)} of the groups' "
         "prefixes, so no server caches every group. An uncached "
         f"{wl['prefix_tokens']}-token prefix costs "
-        f"{sim['prefill_ms_per_token'] * wl['prefix_tokens']:.0f} ms more prefill than a "
+        f"{sim['prefill_ms_per_token'] * wl['prefix_tokens'] * sim_tokens_per_token(meta):.0f}"
+        " ms more prefill than a "
         "cached one. Fresh simulators for every policy (cold caches), then "
         f"{meta['warmup_s']:g} s unmeasured warm-up at the lowest rate, then the rates in "
         "increasing order with the caches carried over; every policy gets the identical "
