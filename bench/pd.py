@@ -54,7 +54,7 @@ import orjson
 
 from bench import pd_report
 from bench.host import git_state, machine_cpu, machine_description
-from bench.routing import client_session, pct
+from bench.routing import cancel_late, client_session, pct
 from epp.scheduling import defaults
 from epp_harness.procs import scratch_dir
 from epp_harness.stack import LocalStack, StackOptions
@@ -214,16 +214,7 @@ async def run_cell(
         rec = Record(p.max_tokens, due)
         records.append(rec)
         tasks.append(loop.create_task(one_request(session, url, p, rec)))
-    if tasks:
-        _, pending = await asyncio.wait(
-            tasks, timeout=max(0.0, start + duration + drain - loop.time())
-        )
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for rec, task in zip(records, tasks, strict=True):
-            if task in pending:
-                rec.error, rec.e2e_s = "timeout", None
+    await cancel_late(tasks, records, start + duration + drain)
     return records
 
 

@@ -105,7 +105,7 @@ import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import orjson
@@ -464,16 +464,30 @@ async def run_cell(
         rec = Record(p.group, p.max_tokens, due)
         records.append(rec)
         tasks.append(loop.create_task(one_request(session, url, p.data, headers, rec)))
-    if tasks:
-        deadline = start + cell.duration + drain_timeout
-        _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for rec, task in zip(records, tasks, strict=True):
-            if task in pending:
-                rec.error, rec.e2e_s = "timeout", None
+    await cancel_late(tasks, records, start + cell.duration + drain_timeout)
     return records
+
+
+class Timed(Protocol):
+    error: str | None
+    e2e_s: float | None
+
+
+async def cancel_late(
+    tasks: Sequence[asyncio.Task[Any]], records: Sequence[Timed], deadline: float
+) -> None:
+    """Wait for ``tasks`` (one per record) until ``deadline`` (the loop's time); cancel
+    the rest and count their records as ``timeout`` errors."""
+    if not tasks:
+        return
+    loop = asyncio.get_running_loop()
+    _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for rec, task in zip(records, tasks, strict=True):
+        if task in pending:
+            rec.error, rec.e2e_s = "timeout", None
 
 
 async def sim_stats(session: aiohttp.ClientSession, urls: list[str]) -> list[dict[str, Any]]:

@@ -59,6 +59,7 @@ from bench.routing import (
     Record,
     SimSettings,
     Workload,
+    cancel_late,
     derived_kv_blocks,
     estimated_capacity,
     pct,
@@ -363,15 +364,7 @@ async def run_cell(pool: Pool, setting: Setting, policy: ModelPolicy, cell: Cell
         rec = Record(p.group, p.max_tokens, due)
         records.append(rec)
         tasks.append(loop.create_task(one_request(pool, setting, policy, p, rec, i)))
-    if tasks:
-        deadline = start + cell.duration + setting.drain_s
-        _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for rec, task in zip(records, tasks, strict=True):
-            if task in pending:
-                rec.error, rec.e2e_s = "timeout", None
+    await cancel_late(tasks, records, start + cell.duration + setting.drain_s)
     return records
 
 
