@@ -154,25 +154,20 @@ class Router:
         band = scheduler.priority(request)
         flow_id = fairness_id(request.headers)
         cfg = flow.cfg
+        if not cfg.enabled:  # routing as without flow control: room matters for shedding
+            if band < 0 and not scheduler.room(request, self.datastore.snapshot()):
+                raise _shed(band, cfg.retry_after_s)
+            routed = self._dispatch(request, max_destinations, band, 0.0, True)
+            flow.observe(flow_id, band, DISPATCHED, 0.0)
+            return routed
         if flow.idle:
             room = scheduler.room(request, self.datastore.snapshot())
-            if room:
-                # late binding (only where there is room) with flow control on; off, the
-                # scheduler weighs every endpoint as it would without flow control
-                routed = self._dispatch(
-                    request, max_destinations, band, 0.0, room if cfg.enabled else True
-                )
+            if room:  # late binding: only where there is room
+                routed = self._dispatch(request, max_destinations, band, 0.0, room)
                 flow.observe(flow_id, band, DISPATCHED, 0.0)
                 return routed
-        if band < 0 and (cfg.shed_sheddable or not cfg.enabled):
-            raise ShedError(
-                f"the pool is saturated (no endpoint has room) and this request is "
-                f"sheddable (priority {band}); retry later",
-                code="shed",
-                retry_after_s=cfg.retry_after_s,
-            )
-        if not cfg.enabled:
-            return self._dispatch(request, max_destinations, band, 0.0, True)
+        if band < 0 and cfg.shed_sheddable:
+            raise _shed(band, cfg.retry_after_s)
         try:
             limit_s = queue_timeout(request.headers, cfg)
         except ValueError as exc:
@@ -384,3 +379,12 @@ def _within(request: InferenceRequest, holders: frozenset[str]) -> InferenceRequ
     """``request`` picked only among ``holders`` (inside the proxy's subset, if any)."""
     subset = holders if request.subset is None else request.subset & holders
     return replace(request, subset=subset)
+
+
+def _shed(band: int, retry_after_s: int) -> ShedError:
+    return ShedError(
+        f"the pool is saturated (no endpoint has room) and this request is "
+        f"sheddable (priority {band}); retry later",
+        code="shed",
+        retry_after_s=retry_after_s,
+    )
