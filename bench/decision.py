@@ -191,7 +191,9 @@ def main() -> int:
         "a scrape, so the per-snapshot work (columns, decode filter) is paid in the cycle.",
         "",
         "*Admission*: flow control's work before scheduling when nothing is queued "
-        "(priority, fairness id, which endpoints have room, the queue-time count).",
+        "(priority, fairness id, which endpoints have room, the queue-time count), paid by "
+        "every request with flow control on; off (the default), only a sheddable request "
+        "asks which endpoints have room.",
         "",
         "| endpoints | prompt | p50 µs | p99 µs | max µs | list path p50 µs | list path p99 µs "
         "| admission p50 µs | admission p99 µs |",
