@@ -66,6 +66,9 @@ from bench.routing import (
     running_blocks,
     visits,
 )
+from bench.routing import (
+    build_parser as routing_parser,
+)
 from bench.routing_report import mean_range
 from bench.virtualtime import run_virtual
 from bench.warmth import WarmTracker
@@ -459,14 +462,15 @@ def make_setting(args: argparse.Namespace) -> Setting:
     kv_blocks = args.kv_blocks or derived_kv_blocks(
         spec, args.servers, args.max_num_seqs, args.block_size, args.prefix_copies
     )
+    timing = routing_parser().parse_args([])  # bench.routing's pinned simulator timings
     sim = SimSettings(
         max_num_seqs=args.max_num_seqs,
         kv_blocks=kv_blocks,
         block_size=args.block_size,
-        prefill_overhead_ms=5.0,
-        prefill_ms_per_token=0.1,
-        decode_ms_per_token=8.0,
-        itl_ms_per_running_seq=0.5,
+        prefill_overhead_ms=timing.prefill_overhead_ms,
+        prefill_ms_per_token=timing.prefill_ms_per_token,
+        decode_ms_per_token=timing.decode_ms_per_token,
+        itl_ms_per_running_seq=timing.itl_ms_per_running_seq,
     )
     prefix_blocks = math.ceil(args.prefix_tokens / args.block_size)
     free = kv_blocks - running_blocks(spec, args.max_num_seqs, args.block_size)
