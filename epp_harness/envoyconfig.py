@@ -68,6 +68,9 @@ class EnvoyOptions:
     admin_port: int = 9901
     epp_host: str = "127.0.0.1"
     epp_port: int = 9002
+    # further EPP gRPC addresses (the workers of one EPP, or other replicas): the
+    # ext_proc cluster spreads streams over all of them, (epp_host, epp_port) first
+    more_epps: tuple[tuple[str, int], ...] = ()
     processing: Processing = "full"
     # Every timeout below is explained, with how they nest, in docs/timeouts.md.
     # How long Envoy waits for each EPP reply; the EPP holds the header reply until the
@@ -350,7 +353,7 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
     model_servers = _eds_cluster(opts) if opts.cluster == "eds" else _original_dst_cluster(opts)
     epp = _static_cluster(
         "epp",
-        [(opts.epp_host, opts.epp_port)],
+        [(opts.epp_host, opts.epp_port), *opts.more_epps],
         http2=True,
         connect_timeout_s=opts.connect_timeout_s,
     )

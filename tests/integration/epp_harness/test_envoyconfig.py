@@ -110,3 +110,13 @@ def test_fail_open_adds_the_fallback_route_first(tmp_path: Path) -> None:
 def test_fail_open_configs_that_cannot_work_are_refused(opts: EnvoyOptions, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         epp_config(opts)
+
+
+def test_more_epps_join_the_ext_proc_cluster_after_the_first(tmp_path: Path) -> None:
+    opts = EnvoyOptions(listen_port=0, admin_port=0, epp_port=9002, more_epps=(("10.0.0.2", 9102),))
+    config = epp_config(opts)
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    lb = clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    ports = [e["endpoint"]["address"]["socket_address"]["port_value"] for e in lb]
+    assert ports == [9002, 9102]
+    validate(write_config(config, tmp_path / "two-epps.yaml"))
