@@ -19,6 +19,7 @@ from typing import Any
 
 from epp.discovery.pool_endpoints import POOL_GROUP
 from epp.discovery.reflector import Obj, Reflector, WatchTiming
+from epp.errors import InternalError
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ OBJECTIVE_VERSION = "v1alpha2"
 OBJECTIVE_PLURAL = "inferenceobjectives"
 
 
-class ObjectiveError(ValueError):
+class ObjectiveError(InternalError, ValueError):
     """An InferenceObjective this EPP cannot read (the message names it)."""
 
 
