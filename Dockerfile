@@ -7,7 +7,11 @@ WORKDIR /app
 COPY pyproject.toml README.md LICENSE ./
 COPY epp ./epp
 COPY epp_harness ./epp_harness
-RUN pip install --no-cache-dir . && useradd --uid 10001 --no-create-home epp
+# (then opentelemetry-proto again: xds-protos ships an old copy of its files, docs/tracing.md)
+RUN pip install --no-cache-dir . \
+ && pip install --no-cache-dir --force-reinstall --no-deps "opentelemetry-proto==$(python -c \
+    'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')" \
+ && useradd --uid 10001 --no-create-home epp
 # an unprivileged user (Pod Security "restricted" requires a non-root UID)
 USER 10001
 # `epp serve` binds every interface in the container, also when started with the

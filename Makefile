@@ -11,6 +11,10 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# xds-protos ships an old copy of opentelemetry.proto over opentelemetry-proto's
+	# files, depending on install order: put the real one back (docs/tracing.md)
+	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps \
+	  "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	touch $(STAMP)
 
 run: $(STAMP)

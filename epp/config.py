@@ -286,11 +286,13 @@ def instantiate(
     *,
     reuse: Mapping[str, Any] | None = None,
     latency: LatencyModel | None = None,
+    objectives: Mapping[str, int] | None = None,
 ) -> ProfileScheduler:
     """Build the scheduler. ``reuse``: plugin name -> an instance an earlier call built
     from the same spec, kept with what it learned (a config reload); ``latency``: the
     model to keep (its priors are the caller's business), else a new one from the
-    config's priors."""
+    config's priors; ``objectives``: the watched InferenceObjectives' priorities (a live
+    mapping discovery keeps), else none."""
     instances: dict[str, Any] = {}
     for spec in cfg.plugins:
         if reuse is not None and spec.name in reuse:
@@ -337,6 +339,7 @@ def instantiate(
         observers=observers,
         plugins=instances,
         latency=LatencyModel(cfg.latency) if latency is None else latency,
+        objectives={} if objectives is None else objectives,
     )
 
 

@@ -201,7 +201,12 @@ class ConfigReloader:
             if spec in self.config.plugins:  # instantiate binds it again
                 keep[spec.name] = instance
         return config.instantiate(
-            cfg, config.builtin_registry(), old.clock, reuse=keep, latency=old.latency
+            cfg,
+            config.builtin_registry(),
+            old.clock,
+            reuse=keep,
+            latency=old.latency,
+            objectives=old.objectives,
         )
 
 

@@ -29,6 +29,7 @@ from epp.scheduling.base import Scheduler
 from epp.scheduling.flowqueue import FlowControlConfig, fairness_id, queue_timeout
 from epp.scheduling.latency import Dispatch, slo_missed
 from epp.scheduling.saturation import Room
+from epp.tracing import Tracer
 from epp.types import InferenceRequest, SchedulingResult
 from epp.usage import Usage
 from epp.xds.eds import EnvoySync
@@ -56,6 +57,7 @@ class Routed:
     routed_at: float = 0.0
     streaming: bool = False
     first_byte: bool = False
+    scheduling_s: float = 0.0  # how long the pick took (traces)
     on_release: Callable[[], None] | None = None  # once, when it stops being in flight
 
     def release(self) -> None:
@@ -93,6 +95,7 @@ class Router:
         models: ModelsConfig | None = None,
         placement: AdapterPlacement | None = None,
         flow: FlowController | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -114,6 +117,8 @@ class Router:
         # admission: holds requests while no endpoint has room (on by default)
         self.flow = flow or FlowController(FlowControlConfig(), metrics)
         datastore.on_release(self.flow.released)
+        # request traces (epp serve --tracing); None: none, and no trace objects at all
+        self.tracer = tracer
         self._routed = metrics.requests.labels("routed")
         self._forwarded = metrics.requests.labels("forwarded")
         self._orca_ok = metrics.orca_reports.labels("header", "ok")
@@ -230,6 +235,7 @@ class Router:
             # request, so it is not a scheduling decision (nor a prefix to remember)
             self._forwarded.inc()
         labels = None
+        seconds = 0.0
         if request.model is not None:
             self.scheduler.on_routed(request, result, snapshot)
             if request.lora_adapter and self.placement is not None:
@@ -244,7 +250,12 @@ class Router:
         tokens = request.prompt_tokens + (request.max_tokens or DEFAULT_OUTPUT_TOKENS)
         ticket = self.datastore.acquire(result.primary.address, tokens)
         routed = Routed(
-            result, ticket, labels=labels, routed_at=routed_at, streaming=request.stream
+            result,
+            ticket,
+            labels=labels,
+            routed_at=routed_at,
+            streaming=request.stream,
+            scheduling_s=seconds,
         )
         if labels is not None:
             routed.on_release = self.metrics.llmd.started(*labels)

@@ -1,7 +1,7 @@
 """The llm-d Router's ``epp serve`` flags that have no counterpart of ours, so that the
 argument list its chart renders starts this EPP unchanged (docs/llm-d-router.md):
-``--metrics-endpoint-auth`` (:mod:`epp.admin.metricsauth`), and two accepted without
-being implemented yet.
+``--metrics-endpoint-auth`` (:mod:`epp.admin.metricsauth`), ``--tracing``
+(:mod:`epp.otel`), and one accepted without being implemented yet.
 
 The rest of its flags live beside the ones of ours they map onto: ``--pool-group``,
 ``--endpoint-selector``, ``--endpoint-target-ports`` (:mod:`epp.discovery.serve_pool`),
@@ -18,7 +18,6 @@ from epp.logsetup import add_router_logging
 
 # flag -> what it does here when true (each is accepted; false is our behaviour)
 NOT_YET = {
-    "tracing": "no traces are exported yet (OpenTelemetry is not wired in)",
     "ha_enable_leader_election": "there is no leader election: this replica serves "
     "as if it were the leader",
 }
@@ -40,19 +39,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "checked with TokenReview and SubjectAccessReview; --kubeconfig or the pod's "
         "service account). Off by default here, unlike theirs (docs/llm-d-router.md)",
     )
-    for flag, what in (
-        ("--tracing", "emit OpenTelemetry traces"),
-        ("--ha-enable-leader-election", "leader election between replicas"),
-    ):
-        g.add_argument(
-            flag,
-            type=go_bool,
-            nargs="?",
-            const=True,
-            default=False,
-            metavar="BOOL",
-            help=f"{what}; accepted, not implemented yet: true only logs a warning",
-        )
+    g.add_argument(
+        "--tracing",
+        type=go_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="OpenTelemetry traces of every request, exported over OTLP/HTTP as the "
+        "standard OTEL_* variables say (docs/tracing.md); traceparent goes on to the "
+        "model servers",
+    )
+    g.add_argument(
+        "--ha-enable-leader-election",
+        type=go_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="leader election between replicas; accepted, not implemented yet: true only "
+        "logs a warning",
+    )
 
 
 def warnings(args: argparse.Namespace) -> list[str]:

@@ -54,6 +54,7 @@ from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
+from epp.tracing import Tracer
 from epp.types import Endpoint
 from epp.xds.eds import EdsServer, EnvoySync
 
@@ -88,6 +89,7 @@ class ServeOptions:
     tls: ServerTls | None = None  # None: plaintext gRPC port
     metrics_auth: bool = False  # --metrics-endpoint-auth: /metrics for allowed identities
     kubeconfig: Path | None = None  # for it (discovery has its own in pool/selector)
+    tracing: bool = False  # --tracing: OpenTelemetry spans over OTLP (docs/tracing.md)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -187,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         config_poll_s=args.config_poll_seconds,
         metrics_auth=args.metrics_endpoint_auth,
         kubeconfig=args.kubeconfig,
+        tracing=args.tracing,
     )
     try:
         opts = replace(opts, membership=membershipflags.options(args))
@@ -273,6 +276,9 @@ def build(
     names = NameResolver(datastore, interval_s=opts.membership.resolve_interval_s)
     metrics = EppMetrics(datastore, pool_name=opts.pool.name if opts.pool else "default")
     metrics.report_latency_model(scheduler.latency)  # a reload keeps this model
+    # InferenceObjectives' priorities, kept by Kubernetes discovery (a reload keeps it)
+    objectives: dict[str, int] = {}
+    scheduler.objectives = objectives
     request_headers = []
     if dl.orca.header_format is not None:
         request_headers.append((ORCA_FORMAT_HEADER, dl.orca.header_format))
@@ -298,6 +304,7 @@ def build(
         cfg.lora_placement, lambda: router.models.adapters, datastore, metrics
     )
     flow = FlowController(cfg.flow_control, metrics)
+    tracer = _tracer(opts)
     router = Router(
         datastore,
         scheduler,
@@ -311,6 +318,7 @@ def build(
         models=cfg.models,
         placement=placement if cfg.lora_placement.enabled else None,
         flow=flow,
+        tracer=tracer,
     )
     reloader = ConfigReloader(
         config_file or ConfigFile(None),
@@ -354,6 +362,7 @@ def build(
         pool=opts.pool,
         selector=opts.selector,
         membership=opts.membership,
+        objectives=objectives,
     )
     before, after = _sources(discovery, ctx)
     listeners = Listeners(
@@ -371,6 +380,8 @@ def build(
     )
     # started in this order, stopped in the reverse one
     components: list[Component] = [
+        # stopped last: the spans of the last requests are exported
+        *([Step("tracing", on_stop=tracer.close)] if tracer is not None else []),
         Step("legs", on_stop=legs.close),
         *([Step("metrics-auth", on_stop=reviewer.close)] if reviewer is not None else []),
         Step("coordinator", on_stop=coordinator.close),
@@ -398,6 +409,22 @@ def build(
             "grpc_health_port": listeners.health_port,
         },
     )
+
+
+def _tracer(opts: ServeOptions) -> Tracer | None:
+    """OpenTelemetry with --tracing, imported only then (docs/tracing.md)."""
+    if not opts.tracing:
+        return None
+    try:
+        from epp.otel import OtelTracer
+    except ImportError as exc:  # e.g. xds-protos' old copy of opentelemetry.proto
+        raise OSError(
+            f"--tracing: OpenTelemetry cannot load ({exc}); reinstall it with `pip install "
+            "--force-reinstall --no-deps opentelemetry-proto` (docs/tracing.md)"
+        ) from None
+
+    log.info("tracing: OpenTelemetry spans exported over OTLP/HTTP (OTEL_* variables)")
+    return OtelTracer()
 
 
 def _sources(

@@ -19,7 +19,7 @@ Installed packages add kinds through the ``epp.discovery`` entry-point group
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -66,6 +66,8 @@ class DiscoveryContext:
     pool: PoolRef | None = None  # --pool-name ...
     selector: SelectorRef | None = None  # --endpoint-selector ...
     membership: MembershipOptions = field(default_factory=MembershipOptions)
+    # objective name -> priority, from the pool's InferenceObjectives (the scheduler reads it)
+    objectives: MutableMapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,9 @@ def _static(ctx: DiscoveryContext) -> StaticSource | None:
 def _kubernetes(ctx: DiscoveryContext) -> PoolSource | None:
     if ctx.pool is None:
         return None
-    return PoolSource(ctx.pool, ctx.datastore, ctx.engine, ctx.readiness.hold("kubernetes"))
+    return PoolSource(
+        ctx.pool, ctx.datastore, ctx.engine, ctx.readiness.hold("kubernetes"), ctx.objectives
+    )
 
 
 def _selector(ctx: DiscoveryContext) -> PoolSource | None:

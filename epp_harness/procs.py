@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -163,15 +163,19 @@ def scratch_dir(prefix: str = "epp-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
-def spawn_epp(workdir: Path, name: str, *args: str) -> ManagedProcess:
-    """Start ``epp ARGS... --ready-file WORKDIR/NAME.ready`` logging to WORKDIR/NAME.log.
-    Returns at once (so several children can start in parallel): call wait_ready()."""
+def spawn_epp(
+    workdir: Path, name: str, *args: str, env: Mapping[str, str] | None = None
+) -> ManagedProcess:
+    """Start ``epp ARGS... --ready-file WORKDIR/NAME.ready`` logging to WORKDIR/NAME.log,
+    with ``env`` added to this process's environment. Returns at once (so several
+    children can start in parallel): call wait_ready()."""
     ready = workdir / f"{name}.ready"
     return ManagedProcess(
         name,
         epp_argv(*args, "--ready-file", str(ready)),
         ready_file=ready,
         log_path=workdir / f"{name}.log",
+        env={**os.environ, **env} if env else None,
     ).start()
 
 

@@ -108,6 +108,7 @@ class StackOptions:
     # tokenizer (see kv_events_config)
     kv_events: bool = False
     message_timeout_s: float = EnvoyOptions.message_timeout_s  # ext_proc's (tests)
+    epp_env: dict[str, str] = field(default_factory=dict)  # added to the EPP's environment
 
 
 class LocalStack:
@@ -211,6 +212,7 @@ class LocalStack:
             *(endpoint_args if o.static_endpoints else []),
             *(["--tls-self-signed"] if o.epp_tls else []),
             *epp_args,
+            env=o.epp_env,
         )
         info = self.epp.wait_ready()
         self.grpc_port, self.http_port = info["grpc_port"], info["http_port"]

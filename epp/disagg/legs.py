@@ -16,8 +16,15 @@ import orjson
 from epp.errors import InternalError
 from epp.types import Endpoint
 
-# Client headers a prefill leg carries over (the body is JSON we re-encode).
-FORWARDED_HEADERS = ("authorization", "x-request-id", "x-gateway-inference-objective")
+# Client headers a prefill leg carries over (the body is JSON we re-encode); with
+# --tracing, traceparent names the EPP's prefill span (epp.tracing), else the client's.
+FORWARDED_HEADERS = (
+    "authorization",
+    "x-request-id",
+    "x-gateway-inference-objective",
+    "traceparent",
+    "tracestate",
+)
 
 
 @dataclass(frozen=True, slots=True)

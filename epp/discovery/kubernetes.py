@@ -1,7 +1,9 @@
 """InferencePool discovery: keep the datastore equal to the ready pods of a pool, times their ports.
 
 Two reflectors run side by side: one watches the ``InferencePool`` itself (by
-``metadata.name`` field selector), one the pods its ``spec.selector`` matches. A changed
+``metadata.name`` field selector), one the pods its ``spec.selector`` matches; a third
+follows the namespace's InferenceObjectives (their priorities:
+:mod:`epp.discovery.objectives`). A changed
 selector restarts the pod reflector; the old pod set stays in place until the new list
 arrives, so a selector edit does not empty the pool for a moment. Which endpoints a pod
 makes is decided by :mod:`epp.discovery.pool_endpoints`; this module only applies the
@@ -15,13 +17,14 @@ import contextlib
 import datetime
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
 from epp.datastore import Datastore
+from epp.discovery.objectives import ObjectiveWatch
 from epp.discovery.pool_endpoints import (
     POOL_GROUP,
     POOL_PLURAL,
@@ -71,6 +74,7 @@ class PoolDiscovery:
         default_engine: str = "vllm",
         timing: WatchTiming | None = None,
         on_ready: Callable[[bool], Awaitable[None]] | None = None,
+        objectives: MutableMapping[str, int] | None = None,
     ) -> None:
         self._api = api
         self._core = k8s.CoreV1Api(api)
@@ -92,9 +96,13 @@ class PoolDiscovery:
         self._pods_task: asyncio.Task[None] | None = None
         self._pool_task: asyncio.Task[None] | None = None
         self._side_tasks: set[asyncio.Task[None]] = set()
+        # the pool's InferenceObjectives' priorities go into ``objectives`` (None: unwatched)
+        self._objectives = objectives
+        self._objective_watch: ObjectiveWatch | None = None
+        self._objectives_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Follow the pool: its object, then its pods."""
+        """Follow the pool: its object, then its pods; and its InferenceObjectives."""
         pools = Reflector(
             f"InferencePool {self.namespace}/{self.pool_name}",
             self._custom.list_namespaced_custom_object,
@@ -110,6 +118,18 @@ class PoolDiscovery:
             self._timing,
         )
         self._pool_task = asyncio.create_task(pools.run(), name="inferencepool-watch")
+        if self._objectives is not None:
+            watch = ObjectiveWatch(
+                self._custom.list_namespaced_custom_object,
+                self.namespace,
+                self.pool_name,
+                self._objectives,
+                self._timing,
+            )
+            self._objective_watch = watch
+            self._objectives_task = asyncio.create_task(
+                watch.reflector.run(), name="inferenceobjectives-watch"
+            )
 
     def follow(self, spec: PoolSpec) -> None:
         """Follow the pods ``spec`` selects, with no InferencePool object (the llm-d
@@ -119,7 +139,11 @@ class PoolDiscovery:
 
     async def stop(self) -> None:
         """Stop watching and close the client; the endpoints stay (the process is ending)."""
-        tasks = [t for t in (self._pool_task, self._pods_task, *self._side_tasks) if t]
+        tasks = [
+            t
+            for t in (self._pool_task, self._pods_task, self._objectives_task, *self._side_tasks)
+            if t
+        ]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -153,6 +177,9 @@ class PoolDiscovery:
             await self._set_ready(False)
             return
         old, self.pool = self.pool, spec
+        if self._objective_watch is not None:  # poolSelector matches the pool's labels
+            assert obj is not None
+            self._objective_watch.pool_labels(obj["metadata"].get("labels") or {})
         if old is None or old.match_labels != spec.match_labels or self._pods_task is None:
             log.info(
                 "InferencePool %s/%s: watching pods with labels %s, target ports %s",
@@ -295,9 +322,11 @@ async def start_discovery(
     default_engine: str,
     on_ready: Callable[[bool], Awaitable[None]],
     timing: WatchTiming | None = None,
+    objectives: MutableMapping[str, int] | None = None,
 ) -> PoolDiscovery:
     """Connect to the API server and start following ``ref``'s pool, or the pods its
-    selector matches (inside the loop)."""
+    selector matches (inside the loop); with a pool and ``objectives``, its
+    InferenceObjectives' priorities too (standalone mode has no pool to name)."""
     api = await api_client(ref.kubeconfig)
     namespace = ref.resolved_namespace()
     name = ref.name if isinstance(ref, PoolRef) else f"(selector {ref.label_selector})"
@@ -309,6 +338,7 @@ async def start_discovery(
         default_engine=default_engine,
         timing=timing,
         on_ready=on_ready,
+        objectives=objectives if isinstance(ref, PoolRef) else None,
     )
     if isinstance(ref, PoolRef):
         discovery.start()

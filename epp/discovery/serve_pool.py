@@ -10,7 +10,7 @@ Kubernetes client (~0.45 s of start-up) only when a pool is asked for.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -102,7 +102,8 @@ class PoolSource:
     """The discovery source following an InferencePool's pods (or, with a
     :class:`SelectorRef`, the pods a label selector matches). Readiness is held back
     (``readiness``, told False at once) until its first full sync, and whenever the pool
-    goes away; liveness is not (the process is healthy meanwhile)."""
+    goes away; liveness is not (the process is healthy meanwhile). The pool's
+    InferenceObjectives' priorities go into ``objectives``."""
 
     def __init__(
         self,
@@ -110,8 +111,10 @@ class PoolSource:
         datastore: Datastore,
         default_engine: str,
         readiness: Callable[[bool], Awaitable[None]],
+        objectives: MutableMapping[str, int] | None = None,
     ) -> None:
         self.ref = ref
+        self._objectives = objectives
         self._datastore = datastore
         self._engine = default_engine
         self._readiness = readiness
@@ -124,7 +127,11 @@ class PoolSource:
         from epp.discovery.kubernetes import start_discovery
 
         self._discovery = await start_discovery(
-            self.ref, self._datastore, self._engine, on_ready=self._readiness
+            self.ref,
+            self._datastore,
+            self._engine,
+            on_ready=self._readiness,
+            objectives=self._objectives,
         )
 
     async def stop(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import orjson
@@ -32,6 +32,8 @@ from epp.logsetup import REQUEST_ID
 from epp.modelnames import REWRITE_HEADERS
 from epp.requestparse import parse_request
 from epp.router import Routed, Router
+from epp.scheduling.flowqueue import fairness_id
+from epp.tracing import RequestTrace
 from epp.types import InferenceRequest
 from epp.usage import find_usage, keep_tail
 from epp.xds.eds import EDS_SYNC_WAIT_S
@@ -125,6 +127,7 @@ class ExtProcStream:
         self._envoy = _Envoy()
         self._req = _Request()
         self._subset_hint: frozenset[str] | None = None
+        self._trace: RequestTrace | None = None  # with --tracing only
 
     @property
     def phase(self) -> Phase:
@@ -168,6 +171,9 @@ class ExtProcStream:
         self._advance(Outcome.CLOSED)
         self._finish()
         self._router.metrics.streams.labels(end).inc()
+        trace, self._trace = self._trace, None
+        if trace is not None:
+            trace.end(self._req.status, end)
 
     def _advance(self, event: Message | Outcome) -> Phase | Answer:
         """The one place the phase changes: as the table says for ``event`` in it."""
@@ -219,6 +225,9 @@ class ExtProcStream:
         if not req.request_id:
             req.request_id, req.generated_id = uuid.uuid4().hex, True
         REQUEST_ID.set(req.request_id)  # this stream's task: its log lines name it
+        tracer = self._router.tracer
+        if tracer is not None:
+            self._trace = tracer.start(req.headers, req.request_id)
         if msg.end_of_stream:  # nothing to wait for
             # GET /v1/models has no body by design; a POST without one is a client error.
             method = req.headers.get(":method", "GET")
@@ -292,8 +301,13 @@ class ExtProcStream:
         end_of_stream: bool,
     ) -> Replies:
         """Admission (flow control), then the routed reply."""
+        trace = self._trace
+        if trace is not None:
+            trace.admitting()
         admitted = self._router.admit(request, len(body or b""), self._max_destinations)
         if isinstance(admitted, Waiting):  # held: Envoy is asked to wait that long
+            if trace is not None:
+                trace.held()
             wait_s = admitted.limit_s + self._router.flow.cfg.message_timeout_margin_s
             later = self._route_when_dispatched(
                 admitted, request, doc, rewritten, body, end_of_stream
@@ -319,12 +333,35 @@ class ExtProcStream:
         req = self._req
         req.routed = routed
         req.stream = request.stream
+        trace = self._trace
+        if trace is not None:
+            request = self._traced(trace, routed, request, doc)
         leg = None
         if doc is not None:
             leg = self._router.hand_off(routed, request, doc, rewritten)
         if leg is None or isinstance(leg, DecodeLeg):
+            if trace is not None:
+                trace.prefill_done()
             return self._forward(body, end_of_stream, leg)
         return self._forward_after(leg, body, end_of_stream)
+
+    def _traced(
+        self,
+        trace: RequestTrace,
+        routed: Routed,
+        request: InferenceRequest,
+        doc: dict[str, Any] | None,
+    ) -> InferenceRequest:
+        """The pick recorded in the trace; with a prefill leg to come, its span started
+        and ``request`` carrying that span's context to the prefill server."""
+        result = routed.result
+        band = self._router.scheduler.priority(request)
+        trace.routed(request, result, routed.scheduling_s, band, fairness_id(request.headers))
+        coordinator = self._router.coordinator
+        if doc is None or result.prefill is None or coordinator is None:
+            return request
+        carried = trace.prefill(result.prefill, coordinator.name)
+        return replace(request, headers={**request.headers, **carried})
 
     async def _schedule_after(
         self,
@@ -398,12 +435,16 @@ class ExtProcStream:
     ) -> list[ProcessingResponse]:
         try:
             leg = await pending
+            if self._trace is not None:
+                self._trace.prefill_done()
             if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
                 if leg.prefill_ticket is not None:
                     leg.prefill_ticket.release()
                 return []
             return self._forward(body, end_of_stream, leg)
         except ClientVisibleError as error:
+            if self._trace is not None:
+                self._trace.prefill_done(error.message)
             return [self._reject(error)]
         except Exception:
             log.exception(
@@ -432,6 +473,8 @@ class ExtProcStream:
             extra.append(("x-request-id", req.request_id))
         if req.stream:  # its own per-attempt idle timeout in the Envoy config
             extra.append((messages.STREAM_HEADER, "true"))
+        if self._trace is not None:  # the model server continues the request's trace
+            extra.extend(self._trace.propagation())
         remove = [
             k
             for k in req.headers
@@ -449,6 +492,8 @@ class ExtProcStream:
     def _reject(self, error: ClientVisibleError) -> ProcessingResponse:
         log.info("request %s rejected: %d %s", self._req.request_id, error.status, error.message)
         self._router.rejected(error)
+        if self._trace is not None:
+            self._trace.rejected(error.status, error.code or error.error_type)
         self._advance(Outcome.REJECTED)
         self._finish()
         return messages.immediate(error)
@@ -471,6 +516,8 @@ class ExtProcStream:
         routed = req.routed
         if routed is not None and data and not req.tail:
             self._router.first_byte_seen(routed)
+            if self._trace is not None:
+                self._trace.first_byte()
         req.tail = keep_tail(req.tail, data)
         if end:
             if routed is not None and not routed.ticket.released:

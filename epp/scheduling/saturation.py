@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from epp.scheduling.base import CycleContext
 from epp.scheduling.latency import LatencyModel
@@ -23,6 +24,7 @@ from epp.types import EndpointState, Role, Snapshot
 PRIORITY_HEADER = "x-gateway-inference-priority"
 # the llm-d Router's name first, then the Inference Extension's older alias
 OBJECTIVE_HEADERS = ("x-llm-d-inference-objective", "x-gateway-inference-objective")
+EMPTY: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,8 @@ class AdmissionConfig:
 
     Priority comes from ``x-gateway-inference-priority`` (an integer), else from the
     objective named in ``x-llm-d-inference-objective`` (alias
-    ``x-gateway-inference-objective``) via ``objectives``, else ``defaultPriority``."""
+    ``x-gateway-inference-objective``) via ``objectives``, else via the InferenceObjectives
+    watched in the pool's namespace, else ``defaultPriority``."""
 
     objectives: Mapping[str, int] = setting_factory(
         dict, "objectives", f"{OBJECTIVE_HEADERS[0]} value -> priority"
@@ -127,7 +130,11 @@ class AdmissionConfig:
     )
 
 
-def request_priority(headers: Mapping[str, str], cfg: AdmissionConfig) -> int:
+def request_priority(
+    headers: Mapping[str, str], cfg: AdmissionConfig, watched: Mapping[str, int] = EMPTY
+) -> int:
+    """The header's priority, else the named objective's (the config's entry over a
+    watched InferenceObjective of the same name), else the default."""
     raw = headers.get(PRIORITY_HEADER)
     if raw is not None:
         try:
@@ -136,6 +143,9 @@ def request_priority(headers: Mapping[str, str], cfg: AdmissionConfig) -> int:
             pass  # a malformed header falls back to the objective / default
     for name in OBJECTIVE_HEADERS:
         objective = headers.get(name)
-        if objective is not None and objective in cfg.objectives:
-            return cfg.objectives[objective]
+        if objective is not None:
+            if objective in cfg.objectives:
+                return cfg.objectives[objective]
+            if objective in watched:
+                return watched[objective]
     return cfg.default_priority

@@ -72,6 +72,9 @@ class ProfileScheduler:
     vectorize_from: int = VECTORIZE_FROM
     # what a request will cost where: plugins read it, the router teaches it
     latency: LatencyModel = field(default_factory=LatencyModel)
+    # objective name -> priority from InferenceObjectives (kept live by discovery, kept
+    # across config reloads); the config's ``admission.objectives`` win over it
+    objectives: Mapping[str, int] = field(default_factory=dict)
     _latency_version: int = field(default=-1, init=False, repr=False)
 
     def schedule(
@@ -93,7 +96,7 @@ class ProfileScheduler:
 
     def priority(self, request: InferenceRequest) -> int:
         """The request's band (negative: sheddable)."""
-        return request_priority(request.headers, self.admission)
+        return request_priority(request.headers, self.admission, self.objectives)
 
     def room(self, request: InferenceRequest, snapshot: Snapshot) -> Room:
         """Which endpoints the request may go to can take it now (saturation.py)."""

@@ -1,9 +1,10 @@
-"""A loopback fake of the Kubernetes API server for pods and InferencePools.
+"""A loopback fake of the Kubernetes API server for pods, InferencePools and
+InferenceObjectives.
 
 It speaks the real list/watch HTTP protocol, so the real ``kubernetes-asyncio`` client
 drives it unchanged:
 
-* ``GET .../pods`` and ``GET .../inferencepools``: a JSON list whose
+* ``GET .../pods``, ``.../inferencepools`` and ``.../inferenceobjectives``: a JSON list whose
   ``metadata.resourceVersion`` is the store's current version;
 * ``?watch=true``: a chunked stream of ``{"type", "object"}`` lines (ADDED, MODIFIED,
   DELETED, BOOKMARK, ERROR) replayed from ``resourceVersion`` and then live, closed after
@@ -38,6 +39,7 @@ Obj = dict[str, Any]
 KINDS = {
     "pods": ("v1", "Pod"),
     "inferencepools": ("inference.networking.k8s.io/v1", "InferencePool"),
+    "inferenceobjectives": ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"),
 }
 _DROP = object()  # queued to a watcher: cut its connection without a clean end
 _END = object()  # queued to a watcher: end its stream cleanly, as a timeout would
@@ -151,6 +153,10 @@ class FakeKube:
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._get("pods"))
         group = "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools"
         app.router.add_get(group, self._get("inferencepools"))
+        objectives = (
+            "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/{ns}/inferenceobjectives"
+        )
+        app.router.add_get(objectives, self._get("inferenceobjectives"))
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._post_event)
         app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
         app.router.add_post(

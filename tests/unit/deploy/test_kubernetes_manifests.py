@@ -86,6 +86,7 @@ def test_rbac_grants_exactly_what_discovery_uses() -> None:
     assert rules == {
         ("", "pods"): ["get", "list", "watch"],
         ("inference.networking.k8s.io", "inferencepools"): ["get", "list", "watch"],
+        ("inference.networking.x-k8s.io", "inferenceobjectives"): ["get", "list", "watch"],
         ("", "events"): ["create"],
     }
     binding = DOCS[("RoleBinding", "qwen-epp")]

@@ -88,6 +88,8 @@ def test_a_valid_file_switches_the_router_and_keeps_unchanged_plugins(setup: Set
     assert after.plugins["prefix-cache-scorer"] is before.plugins["prefix-cache-scorer"]
     assert after.plugins["zone"] is not before.plugins["zone"]
     assert after.latency is before.latency
+    # the watched InferenceObjectives' priorities: the very mapping discovery keeps
+    assert after.objectives is before.objectives
     assert (setup.count("success"), setup.count("failure")) == (1, 0)
 
 

@@ -325,3 +325,56 @@ async def test_watches_ending_at_once_are_not_retried_in_a_tight_loop(tmp_path: 
             await w.settle({"10.0.0.1:8000", "10.0.0.2:8000"})
         finally:
             await w.discovery.stop()
+
+
+async def test_inference_objectives_of_the_pool_give_priorities(tmp_path: Path) -> None:
+    """The pool's InferenceObjectives, watched: added, changed, deleted, malformed, and
+    selected by the pool's labels; the scheduler reads them beside the config's."""
+    from epp.config import build_scheduler
+    from epp.types import InferenceRequest
+    from tests.support.kube_objects import objective
+
+    fake = FakeKube()
+    fake.apply("inferencepools", pool(labels={"tier": "gold"}))
+    fake.apply("pods", pod("a", "10.0.0.1"))
+    fake.apply("inferenceobjectives", objective("critical", 10))
+    fake.apply("inferenceobjectives", objective("batch", -5))
+    fake.apply("inferenceobjectives", objective("elsewhere", 7, pool_ref="other-pool"))
+    gold = {"matchLabels": {"tier": "gold"}}
+    fake.apply("inferenceobjectives", objective("gold", 3, pool_ref=None, poolSelector=gold))
+    fake.apply("inferenceobjectives", objective("plain"))
+    priorities: dict[str, int] = {}
+
+    async def on_ready(ready: bool) -> None:
+        pass
+
+    async with serving(fake) as url:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
+        discovery = await start_discovery(
+            PoolRef("qwen-pool", "default", kubeconfig), Datastore(), "vllm", on_ready, FAST,
+            objectives=priorities,
+        )  # fmt: skip
+        try:
+            expected = {"critical": 10, "batch": -5, "gold": 3, "plain": 0}
+            await until(lambda: priorities == expected, "the first list")
+            scheduler = build_scheduler("admission: {objectives: {batch: -1}}")
+            scheduler.objectives = priorities
+
+            def band(name: str) -> int:
+                headers = {"x-gateway-inference-objective": name}
+                return scheduler.priority(InferenceRequest("r", "m", "/", headers=headers))
+
+            assert (band("critical"), band("batch"), band("elsewhere")) == (10, -1, 0)
+            fake.apply("inferenceobjectives", objective("critical", 20))
+            fake.delete("inferenceobjectives", "default", "plain")
+            fake.apply("inferenceobjectives", objective("bad", pool_ref=None, priority="high"))
+            await until(
+                lambda: priorities == {"critical": 20, "batch": -5, "gold": 3}, "watch events"
+            )
+            assert band("critical") == 20
+            # the pool is relabelled: the selector no longer matches it
+            fake.apply("inferencepools", pool(labels={"tier": "silver"}))
+            await until(lambda: "gold" not in priorities, "the pool's labels followed")
+            assert fake.seen("inferenceobjectives")[0].query.get("fieldSelector") is None
+        finally:
+            await discovery.stop()

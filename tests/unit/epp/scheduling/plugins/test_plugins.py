@@ -352,6 +352,20 @@ def test_objective_maps_to_priority() -> None:
     assert sched.priority(chat) == 0  # unknown objective: the default
 
 
+def test_watched_objectives_give_priorities_and_the_config_wins() -> None:
+    sched = build_scheduler("admission: {objectives: {batch: -1}}", clock=lambda: NOW)
+    sched.objectives = {"batch": 5, "critical": 10}  # InferenceObjectives (discovery)
+
+    def priority(**headers: str) -> int:
+        return sched.priority(InferenceRequest("r", "m", "/", headers=headers))
+
+    assert priority(**{"x-llm-d-inference-objective": "critical"}) == 10
+    assert priority(**{"x-gateway-inference-objective": "batch"}) == -1  # the config's
+    assert priority(**{"x-gateway-inference-objective": "unknown"}) == 0
+    both = {"x-gateway-inference-priority": "-3", "x-gateway-inference-objective": "critical"}
+    assert priority(**both) == -3  # the priority header says otherwise
+
+
 @given(
     st.lists(
         st.tuples(
