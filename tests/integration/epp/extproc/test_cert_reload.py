@@ -134,3 +134,37 @@ def wait_for_log(proc: ManagedProcess, text: str, timeout: float = 15.0) -> None
         assert time.monotonic() < deadline, f"no {text!r} in the log:\n{proc.log_tail(50)}"
         time.sleep(0.1)
     assert "TLS certificate not reloaded, still serving the previous one" in proc.log_tail(50)
+
+
+def test_metrics_cert_dir_serves_the_http_port_alone_and_follows_its_files(
+    tmp_path: Path, closed_addresses: list[str]
+) -> None:
+    """The llm-d Router's `--metrics-cert-dir`: a certificate of its own on the HTTP port
+    (the gRPC port stays plaintext), reloaded like the others."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    live = tmp_path / "metrics-tls"
+    live.mkdir()
+    a, b = server_files(tmp_path / "a"), server_files(tmp_path / "b")
+    install(a, live)
+    proc = start_epp(
+        tmp_path, "epp", "serve", "--grpc-port", "0", "--http-port", "0",
+        "--grpc-health-port", "0", "--endpoint", closed_addresses[0], "--eject-after", "0",
+        "--metrics-cert-dir", str(live), "--metrics-endpoint-auth",
+        "--tls-reload-seconds", "0.2",
+    )  # fmt: skip
+    try:
+        http_port = proc.info["http_port"]
+        trusting_a = ssl.create_default_context(cadata=a.ca_pem.decode())
+        https = http.client.HTTPSConnection("127.0.0.1", http_port, context=trusting_a)
+        https.request("GET", "/ready")
+        assert https.getresponse().status == 200
+        https.close()
+        with grpc.insecure_channel(f"127.0.0.1:{proc.info['grpc_port']}") as channel:
+            assert health(channel) == SERVING
+        install(b, live)
+        wait_until_served(http_port, "http/1.1", leaf_der(b))
+        assert "(grpclib, plaintext)" in proc.log_tail(100)
+        assert "HTTP (TLS: " in proc.log_tail(100)
+    finally:
+        proc.stop()
