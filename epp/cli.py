@@ -1,4 +1,4 @@
-"""The single ``epp`` entry point: ``epp serve | sim | stack | sidecar | config``, and
+"""The single ``epp`` entry point: ``epp serve | sim | stack | sidecar | config | top``, and
 ``epp --flag ...`` (flags with no command) as ``epp serve --flag ...``.
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "stack": ("epp_harness.stack", "run Envoy + EPP + simulated model servers locally (make run)"),
     "sidecar": ("epp.disagg.sidecar", "run the decode-side P/D proxy (coordinator: sidecar)"),
     "config": ("epp.configcmd", "show the effective config, or list plugin types"),
+    "top": ("epp.top.command", "a live terminal view of a running EPP (its /status and /metrics)"),
 }
 
 

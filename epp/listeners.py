@@ -1,6 +1,7 @@
 """The EPP's ports as one component: the gRPC port (ext_proc, EDS, gRPC health), the
 plaintext gRPC health port (kubelet's gRPC probes, as the llm-d Router chart sets
-them) and the HTTP admin port, opened in that order and closed gracefully."""
+them) and the HTTP admin port (TLS too when asked), opened in that order and closed
+gracefully."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from epp.health import HealthSetter
 from epp.xds.eds import EdsServer
 
 if TYPE_CHECKING:
-    from epp.extproc.tls import ServerTls
+    from epp.extproc.certreload import LiveCertificate
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ class Listeners:
         grpc_port: int,
         http_port: int,
         health_port: int | None = None,
-        tls: ServerTls | None = None,
+        tls: LiveCertificate | None = None,
+        http_tls: LiveCertificate | None = None,
         grace_s: float = 10.0,
         on_listening: Callable[[int, int], None] = lambda grpc, http: None,
     ) -> None:
@@ -45,6 +47,7 @@ class Listeners:
         self.http_port = http_port
         self.health_port = health_port  # None: no health port of its own
         self._tls = tls
+        self._http_tls = http_tls
         self._grace_s = grace_s
         self._on_listening = on_listening
 
@@ -60,7 +63,12 @@ class Listeners:
                 raise
             log.info("gRPC health (plaintext) on %s:%d", self.host, self.health_port)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.http_port)
+        context = None
+        if self._http_tls is not None:
+            from epp.extproc.tls import HTTP_ALPN
+
+            context = self._http_tls.context(HTTP_ALPN)
+        site = web.TCPSite(self._runner, self.host, self.http_port, ssl_context=context)
         try:
             await site.start()
         except OSError as exc:

@@ -59,6 +59,7 @@ from epp.types import Endpoint
 from epp.xds.eds import EdsServer, EnvoySync
 
 if TYPE_CHECKING:
+    from epp.extproc.certreload import LiveCertificate
     from epp.extproc.tls import ServerTls
 
 log = logging.getLogger("epp.serve")
@@ -87,6 +88,8 @@ class ServeOptions:
     pool: PoolRef | None = None  # follow this InferencePool's pods (Kubernetes)
     selector: SelectorRef | None = None  # or the pods this selector matches
     tls: ServerTls | None = None  # None: plaintext gRPC port
+    http_tls: ServerTls | None = None  # None: plaintext HTTP port (`is tls`: the same one)
+    tls_reload_s: float = 2.0  # how often certificate files are checked (0: never)
     metrics_auth: bool = False  # --metrics-endpoint-auth: /metrics for allowed identities
     kubeconfig: Path | None = None  # for it (discovery has its own in pool/selector)
     tracing: bool = False  # --tracing: OpenTelemetry spans over OTLP (docs/tracing.md)
@@ -190,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_auth=args.metrics_endpoint_auth,
         kubeconfig=args.kubeconfig,
         tracing=args.tracing,
+        tls_reload_s=args.tls_reload_seconds,
     )
     try:
         opts = replace(opts, membership=membershipflags.options(args))
@@ -225,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         opts = replace(opts, tls=tlsflags.from_args(args))
+        opts = replace(opts, http_tls=tlsflags.http_from_args(args, opts.tls))
     except ValueError as exc:  # TlsError: the file and what is wrong with it
         log.error("cannot start: %s", exc)
         return 1
@@ -365,6 +370,14 @@ def build(
         objectives=objectives,
     )
     before, after = _sources(discovery, ctx)
+    certificates: tuple[LiveCertificate | None, LiveCertificate | None] = (None, None)
+    tls_reload: list[Component] = []
+    if opts.tls is not None or opts.http_tls is not None:  # (imports cryptography)
+        from epp.extproc.certreload import CertReloader, live_pair
+
+        certificates = live_pair(opts.tls, opts.http_tls)
+        certs = CertReloader(certificates, opts.tls_reload_s)
+        tls_reload.append(Step("tls-reload", certs.start, certs.stop))
     listeners = Listeners(
         transport,
         eds,
@@ -374,7 +387,8 @@ def build(
         grpc_port=opts.grpc_port,
         http_port=opts.http_port,
         health_port=opts.health_port,
-        tls=opts.tls,
+        tls=certificates[0],
+        http_tls=certificates[1],
         grace_s=opts.shutdown_grace_s,
         on_listening=_announce(opts, pd.coordinator, datastore),
     )
@@ -399,6 +413,7 @@ def build(
         Step("flow-control", on_stop=flow.close),
         *after,
         Step("config-reload", reloader.start, reloader.stop),
+        *tls_reload,
     ]
     return App(
         components,
@@ -448,11 +463,13 @@ def _announce(
 
     def listening(grpc_port: int, http_port: int) -> None:
         log.info(
-            "serving ext_proc (%s, %s) on %s:%d, HTTP on %s:%d, coordinator %s, %d endpoint(s): %s",
+            "serving ext_proc (%s, %s) on %s:%d, HTTP (%s) on %s:%d, coordinator %s, "
+            "%d endpoint(s): %s",
             opts.transport,
             "plaintext" if opts.tls is None else f"TLS: {opts.tls.source}",
             opts.listen_host,
             grpc_port,
+            "plaintext" if opts.http_tls is None else f"TLS: {opts.http_tls.source}",
             opts.listen_host,
             http_port,
             coordinator,

@@ -70,6 +70,9 @@ class EndpointMetrics:
     max_lora: int | None = None
     block_size: int | None = None  # tokens per KV block (cache_config_info)
     num_blocks: int | None = None  # KV blocks on the device (cache_config_info)
+    # prefix-cache counters since the engine started, in prompt tokens: looked up, found
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
     # ORCA values by their report key: "cpu_utilization", "named_metrics.<n>",
     # "utilization.<n>", "request_cost.<n>", ...
     orca: Mapping[str, float] = field(default_factory=dict)

@@ -38,6 +38,7 @@ SEE_ALSO = {
     "stack": "[development.md](development.md#the-local-stack-epp-stack)",
     "sidecar": "[disaggregation.md](disaggregation.md#sidecar-llm-ds-protocol)",
     "config": "[configuration-guide.md](configuration-guide.md), [plugins.md](plugins.md)",
+    "top": "[top.md](top.md)",
 }
 
 

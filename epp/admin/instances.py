@@ -146,6 +146,11 @@ def _member_doc(
         }
         if metrics.block_size is not None:  # the KV-cache geometry (cache_config_info)
             doc["load"].update(block_size=metrics.block_size, num_blocks=metrics.num_blocks)
+        if metrics.prefix_cache_queries is not None:  # counters: `epp top` takes rates
+            doc["load"]["prefix_cache"] = {
+                "queried_tokens": metrics.prefix_cache_queries,
+                "hit_tokens": metrics.prefix_cache_hits,
+            }
         if metrics.max_lora is not None:  # vllm:lora_requests_info
             doc["load"]["lora"] = {
                 "max_lora": metrics.max_lora,

@@ -24,6 +24,9 @@ class EngineMetricNames:
     cache_config: str | None = None  # info gauge whose labels give the KV-cache geometry
     block_size_label: str = "block_size"  # label of cache_config: tokens per block
     num_blocks_label: str = "num_gpu_blocks"  # label of cache_config: blocks on the device
+    # counters: prompt tokens looked up in the prefix cache, and those found there
+    prefix_queries: str | None = None
+    prefix_hits: str | None = None
 
     def __post_init__(self) -> None:
         if not self.kv_usage:
@@ -33,7 +36,8 @@ class EngineMetricNames:
     def metric_names(self) -> tuple[str, ...]:
         """Every metric name this engine's parser reads."""
         names = [self.waiting, self.running, *self.kv_usage]
-        names += [n for n in (self.lora_info, self.cache_config) if n is not None]
+        optional = (self.lora_info, self.cache_config, self.prefix_queries, self.prefix_hits)
+        names += [n for n in optional if n is not None]
         return tuple(names)
 
 
@@ -57,6 +61,8 @@ ENGINES: OpenRegistry[EngineMetricNames] = OpenRegistry(
             cache_config="vllm:cache_config_info",
             block_size_label="block_size",
             num_blocks_label="num_gpu_blocks",
+            prefix_queries="vllm:prefix_cache_queries_total",
+            prefix_hits="vllm:prefix_cache_hits_total",
         ),
         "sglang": EngineMetricNames(
             engine="sglang",

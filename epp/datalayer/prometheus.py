@@ -14,7 +14,8 @@ Aggregation over label sets (several ``model_name`` or ``engine`` series):
 * ``kv_usage`` (a fraction) is averaged, from the first candidate name present;
 * LoRA state comes from the ``lora_info`` series with the newest value (a timestamp);
 * cache geometry from the first ``cache_config`` series, its labels read as integers
-  (a missing or non-integer label, e.g. ``"None"``, leaves the field None).
+  (a missing or non-integer label, e.g. ``"None"``, leaves the field None);
+* the prefix-cache counters (``prefix_queries``, ``prefix_hits``) are summed.
 
 A metric absent from the page stays None (never 0).
 """
@@ -81,6 +82,8 @@ def parse_metrics(text: str, engine: EngineMetricNames, now: float) -> EndpointM
         max_lora=max_lora,
         block_size=block_size,
         num_blocks=num_blocks,
+        prefix_cache_queries=_optional_sum(samples, engine.prefix_queries),
+        prefix_cache_hits=_optional_sum(samples, engine.prefix_hits),
     )
 
 
@@ -128,6 +131,10 @@ def _sum(samples: Sequence[Sample] | None) -> float | None:
     if not samples:
         return None
     return math.fsum(s.value for s in samples)
+
+
+def _optional_sum(samples: Mapping[str, Sequence[Sample]], name: str | None) -> float | None:
+    return None if name is None else _sum(samples.get(name))
 
 
 def _kv_usage(samples: Mapping[str, Sequence[Sample]], names: Sequence[str]) -> float | None:

@@ -21,6 +21,7 @@ from epp.router import Router
 from epp.xds.eds import EdsServer
 
 if TYPE_CHECKING:
+    from epp.extproc.certreload import LiveCertificate
     from epp.extproc.tls import ServerTls
 
 
@@ -100,14 +101,13 @@ class GrpcioTransport:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._health_server: grpc.aio.Server | None = None
 
-    async def start(self, host: str, port: int, tls: ServerTls | None = None) -> int:
+    async def start(self, host: str, port: int, tls: LiveCertificate | None = None) -> int:
         address = f"{host}:{port}"
         try:
             if tls is None:
                 bound: int = self._server.add_insecure_port(address)
             else:
-                creds = grpc.ssl_server_credentials([(tls.key_pem, tls.cert_pem)])
-                bound = self._server.add_secure_port(address, creds)
+                bound = self._server.add_secure_port(address, _credentials(tls))
         except RuntimeError as exc:
             raise OSError(f"gRPC port {host}:{port}: {exc}") from None
         await self._server.start()
@@ -136,6 +136,23 @@ class GrpcioTransport:
         await self._server.stop(grace)
         if self._health_server is not None:
             await self._health_server.stop(0)
+
+
+def _credentials(live: LiveCertificate) -> grpc.ServerCredentials:
+    """Credentials that ask ``live`` at each new connection whether the certificate
+    changed (grpc calls the fetcher before a handshake; None: keep the current one)."""
+    served = [live.generation]
+
+    def config(tls: ServerTls) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration([(tls.key_pem, tls.cert_pem)])
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        if live.generation == served[0]:
+            return None
+        served[0] = live.generation
+        return config(live.tls)
+
+    return grpc.dynamic_ssl_server_credentials(config(live.tls), fetch)
 
 
 def make(router: Router, eds: EdsServer | None = None) -> GrpcioTransport:

@@ -23,7 +23,7 @@ from epp.router import Router
 from epp.xds.eds import EDS_SERVICE, EdsServer
 
 if TYPE_CHECKING:
-    from epp.extproc.tls import ServerTls
+    from epp.extproc.certreload import LiveCertificate
 
 
 class _ExtProc:
@@ -138,12 +138,12 @@ class GrpclibTransport:
         self._server = Server(handlers)
         self._health_server: Server | None = None
 
-    async def start(self, host: str, port: int, tls: ServerTls | None = None) -> int:
+    async def start(self, host: str, port: int, tls: LiveCertificate | None = None) -> int:
         context = None
         if tls is not None:
-            from epp.extproc.tls import server_context
+            from epp.extproc.tls import GRPC_ALPN
 
-            context = server_context(tls)
+            context = tls.context(GRPC_ALPN)
         try:
             await self._server.start(host, port, ssl=context)
         except OSError as exc:

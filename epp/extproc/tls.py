@@ -1,5 +1,6 @@
-"""TLS for the gRPC port (ext_proc, EDS, gRPC health): the certificate and key both
-transports serve, read from PEM files or generated self-signed at start-up.
+"""TLS for the gRPC port (ext_proc, EDS, gRPC health) and the HTTP port: the
+certificate and key served, read from PEM files or generated self-signed at start-up
+(:mod:`epp.extproc.certreload` follows the files afterwards).
 
 Gateways that follow the Gateway API Inference Extension connect to their endpoint
 picker over TLS by default and do not verify its certificate, which is why a
@@ -43,6 +44,7 @@ class ServerTls:
     cert_pem: bytes
     key_pem: bytes = field(repr=False)  # never in a log line or a traceback
     source: str  # for the start-up log: the files, or "self-signed"
+    files: tuple[Path, Path] | None = None  # (certificate, key) it was read from
 
 
 def load_files(cert_file: Path, key_file: Path) -> ServerTls:
@@ -52,7 +54,8 @@ def load_files(cert_file: Path, key_file: Path) -> ServerTls:
             texts.append(path.read_bytes())
         except OSError as exc:
             raise TlsError(f"TLS {what} file {path}: {exc.strerror or exc}") from None
-    return parse(texts[0], texts[1], str(cert_file), str(key_file))
+    tls = parse(texts[0], texts[1], str(cert_file), str(key_file))
+    return ServerTls(tls.cert_pem, tls.key_pem, tls.source, (cert_file, key_file))
 
 
 def parse(cert_pem: bytes, key_pem: bytes, cert_name: str, key_name: str) -> ServerTls:
@@ -122,14 +125,24 @@ def _general_name(name: str) -> x509.GeneralName:
         return x509.DNSName(name)
 
 
-def server_context(tls: ServerTls) -> ssl.SSLContext:
-    """An asyncio server context: TLS 1.2+, ALPN h2 (gRPC runs over HTTP/2)."""
+GRPC_ALPN = ("h2",)  # gRPC runs over HTTP/2
+HTTP_ALPN = ("http/1.1",)  # the HTTP port (aiohttp speaks HTTP/1.1)
+
+
+def server_context(tls: ServerTls, alpn: tuple[str, ...] = GRPC_ALPN) -> ssl.SSLContext:
+    """An asyncio server context: TLS 1.2+, the given ALPN protocols."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.set_alpn_protocols(["h2"])
+    context.set_alpn_protocols(list(alpn))
+    load_into(context, tls)
+    return context
+
+
+def load_into(context: ssl.SSLContext, tls: ServerTls) -> None:
+    """Make ``context`` serve ``tls``: handshakes from now on get it, connections
+    already open keep the certificate they were made with."""
     with _pem_paths(tls) as (cert, key):
         context.load_cert_chain(cert, key)
-    return context
 
 
 @contextmanager

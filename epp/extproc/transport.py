@@ -23,7 +23,7 @@ from epp.router import Router
 from epp.xds.eds import EdsServer
 
 if TYPE_CHECKING:
-    from epp.extproc.tls import ServerTls
+    from epp.extproc.certreload import LiveCertificate
 
 DEFAULT_TRANSPORT = "grpclib"
 TRANSPORTS = {
@@ -37,9 +37,10 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 class Transport(Protocol):
-    async def start(self, host: str, port: int, tls: ServerTls | None = None) -> int:
-        """Listen on host:port (0 = any free port), over TLS when ``tls`` is given, and
-        return the bound port. Raises OSError naming the address if it cannot bind."""
+    async def start(self, host: str, port: int, tls: LiveCertificate | None = None) -> int:
+        """Listen on host:port (0 = any free port), over TLS when ``tls`` is given (its
+        newest certificate at each handshake), and return the bound port. Raises
+        OSError naming the address if it cannot bind."""
         ...
 
     async def start_health(self, host: str, port: int) -> int:

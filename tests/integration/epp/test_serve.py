@@ -112,6 +112,12 @@ def test_unreadable_kubeconfig_exits_1_naming_it(tmp_path: Path) -> None:
         (["--cert-path", "d", "--tls-cert-file", "c", "--tls-key-file", "k"], "exclude each"),
         (["--secure-serving=false", "--tls-self-signed"], "--secure-serving=false contradicts"),
         (["--secure-serving=maybe"], "not a boolean: 'maybe' (use true or false)"),
+        (["--http-tls"], "--http-tls serves the gRPC port's certificate, but the gRPC port is"),
+        (["--metrics-cert-dir", "d"], "enables TLS on the metrics port without authentication"),
+        (
+            ["--tls-self-signed", "--http-tls", "--metrics-cert-dir", "d"],
+            "--http-tls and --metrics-cert-dir exclude each other",
+        ),
         (["--pool-group", "inference.networking.x-k8s.io"], "only inference.networking.k8s.io"),
         (["--pool-name", "p", "--endpoint-selector", "a=b"], "exclude each other: give one"),
         (["--endpoint-selector", "app=x"], "--endpoint-selector needs --endpoint-target-ports"),

@@ -37,3 +37,17 @@ def test_load_shows_lora_state_only_where_a_server_reports_it() -> None:
     doc = {m["instance"]: m for m in status_doc(ds, lambda _: FailureState())["endpoints"]}
     assert doc[A.address]["load"]["lora"] == {"max_lora": 2, "running": ["a", "b"], "waiting": []}
     assert "lora" not in doc[B.address]["load"]
+
+
+def test_load_shows_the_prefix_cache_counters_where_a_server_reports_them() -> None:
+    ds = Datastore()
+    ds.add(A)
+    ds.add(B)
+    now = time.monotonic()
+    counted = EndpointMetrics(now, 0, 1, 0.5, prefix_cache_queries=1000.0, prefix_cache_hits=250.0)
+    ds.update_metrics(A.address, counted)
+    ds.update_metrics(B.address, EndpointMetrics(now, 0, 1, 0.5))
+    doc = {m["instance"]: m for m in status_doc(ds, lambda _: FailureState())["endpoints"]}
+    cache = doc[A.address]["load"]["prefix_cache"]
+    assert cache == {"queried_tokens": 1000.0, "hit_tokens": 250.0}
+    assert "prefix_cache" not in doc[B.address]["load"]

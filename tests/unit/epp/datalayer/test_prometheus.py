@@ -52,6 +52,14 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching=
 # HELP vllm:prompt_tokens_total Number of prefill tokens processed.
 # TYPE vllm:prompt_tokens_total counter
 vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 10234.0
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 8000.0
+vllm:prefix_cache_queries_total{engine="0",model_name="llama-alias"} 2000.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2500.0
+vllm:prefix_cache_hits_total{engine="0",model_name="llama-alias"} 500.0
 # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
@@ -116,6 +124,8 @@ def test_vllm_page() -> None:
     assert m.max_lora == 4
     assert m.block_size == 16
     assert m.num_blocks == 27840
+    # prefix-cache counters, summed over model_name (`epp top` takes their rates)
+    assert (m.prefix_cache_queries, m.prefix_cache_hits) == (10000.0, 3000.0)
     assert m.orca == {}
 
 
@@ -215,6 +225,7 @@ def test_absent_metrics_stay_none() -> None:
     assert m.waiting == 0.0
     assert m.running is None and m.kv_usage is None
     assert m.block_size is None and m.num_blocks is None and m.max_lora is None
+    assert m.prefix_cache_queries is None and m.prefix_cache_hits is None
 
 
 def test_sample_timestamps_and_crlf_line_ends() -> None:

@@ -1,0 +1,1 @@
+"""`epp top`: frame (the numbers, pure), render (one screen), command (the loop)."""
