@@ -16,7 +16,10 @@ decodes beside it; bench.routing pins the opposite), deployed as
   ``always``: every request's prefill runs on a prefill server, its KV moves to the
   decode server at the simulator's transfer cost;
 * the decider comparison (``--deciders``, at ``--decider-ratio`` with ``nixl``):
-  always, never, prefix-based and benefit on the same split pool.
+  always, never, prefix-based and benefit on the same split pool;
+* with ``--defer-decode on`` (or ``both``: beside the others), the splits of the
+  coordinators that can defer (nixl, kv-pool) pick their decode server after the
+  prefill leg (``disaggregation.deferDecode``; named ``... deferred``).
 
 Each deployment is fresh and runs every workload in turn (``WORKLOADS``: prefill-heavy,
 decode-heavy, mixed; every prompt unique, so no prefix cache helps), each after a short
@@ -104,6 +107,7 @@ class Deployment:
     decode: int
     coordinator: str
     decider: str
+    defer: bool = False  # disaggregation.deferDecode
 
 
 def capacity(wl: Workload, servers: int) -> float:
@@ -218,9 +222,10 @@ async def run_cell(
     return records
 
 
-def epp_config(decider: str, time_scale: float) -> dict[str, Any]:
+def epp_config(decider: str, time_scale: float, defer: bool = False) -> dict[str, Any]:
     """The built-in plugins and profiles with ``decider``, and latency priors matching the
-    simulators (wall ms), which the ``benefit`` decider prices with until it has learned."""
+    simulators (wall ms), which the ``benefit`` decider prices with until it has learned;
+    ``defer``: the decode pick after the prefill leg."""
     plugins = copy.deepcopy(list(defaults.PLUGINS))
     for plugin in plugins:
         if plugin["type"] == "pd-profile-handler":
@@ -232,6 +237,7 @@ def epp_config(decider: str, time_scale: float) -> dict[str, Any]:
     return {
         "plugins": plugins,
         "schedulingProfiles": list(defaults.PROFILES),
+        "disaggregation": {"deferDecode": defer},
         "latencyModel": {
             "overheadMs": SIM["prefill-overhead-ms"] * time_scale,
             "prefillMsPerToken": SIM["prefill-ms-per-token"] * time_scale,
@@ -244,7 +250,7 @@ def epp_config(decider: str, time_scale: float) -> dict[str, Any]:
 
 def stack_options(dep: Deployment, servers: int, time_scale: float, workdir: Path) -> StackOptions:
     config = workdir / "epp.yaml"
-    config.write_text(json.dumps(epp_config(dep.decider, time_scale)))  # JSON is YAML
+    config.write_text(json.dumps(epp_config(dep.decider, time_scale, dep.defer)))  # YAML
     sim_args = [f"--{k}={v}" for k, v in SIM.items()] + [f"--time-scale={time_scale}"]
     return StackOptions(
         servers=servers if not dep.prefill else 0,
@@ -361,7 +367,11 @@ def deployments(args: argparse.Namespace) -> list[Deployment]:
     for ratio in args.ratios:
         p, d = (int(x) for x in ratio.split(":"))
         for coordinator in args.coordinators:
-            deps.append(Deployment(f"{p}P:{d}D {coordinator}", p, d, coordinator, "always"))
+            name = f"{p}P:{d}D {coordinator}"
+            if args.defer_decode != "on" or coordinator not in DEFERRING:
+                deps.append(Deployment(name, p, d, coordinator, "always"))
+            if args.defer_decode != "off" and coordinator in DEFERRING:
+                deps.append(Deployment(f"{name} deferred", p, d, coordinator, "always", True))
     p, d = (int(x) for x in args.decider_ratio.split(":"))
     for decider in args.deciders:
         name = f"{p}P:{d}D nixl {decider}"
@@ -369,6 +379,10 @@ def deployments(args: argparse.Namespace) -> list[Deployment]:
             continue  # already in the ratio comparison
         deps.append(Deployment(name, p, d, "nixl", decider))
     return deps
+
+
+# the coordinators that can pick the decode endpoint after the prefill leg
+DEFERRING = ("nixl", "kv-pool")
 
 
 def ratio(text: str) -> str:
@@ -391,6 +405,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--coordinators", nargs="+", default=["nixl", "sidecar"], help="for the splits")
     add("--deciders", nargs="+", default=["always", "never", "prefix-based", "benefit"])
     add("--decider-ratio", type=ratio, default="1:3", help="the split the deciders run on")
+    add(
+        "--defer-decode",
+        choices=["off", "on", "both"],
+        default="off",
+        help="the splits' decode pick after the prefill leg (nixl, kv-pool); both: each way",
+    )
     add("--workloads", nargs="+", default=[w.name for w in WORKLOADS])
     add("--loads", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.85, 1.0, 1.15])
     add("--duration", type=float, default=20.0, help="wall seconds of arrivals per cell")

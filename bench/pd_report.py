@@ -37,7 +37,8 @@ def decider_names(meta: dict[str, Any]) -> dict[str, str]:
     p, d = meta["decider_ratio"].split(":")
     out = {}
     for dep in meta["deployments"]:
-        if dep["prefill"] == int(p) and dep["decode"] == int(d) and dep["coordinator"] == "nixl":
+        same_split = dep["prefill"] == int(p) and dep["decode"] == int(d)
+        if same_split and dep["coordinator"] == "nixl" and not dep.get("defer"):
             out[dep["decider"]] = dep["name"]
     return out
 

@@ -34,6 +34,9 @@ from epp.types import Endpoint, EndpointMetrics, EndpointState, Snapshot
 log = logging.getLogger(__name__)
 
 DEFAULT_DRAIN_TIMEOUT_S = 600.0
+# The address of a claim whose endpoint is not chosen yet (deferred decode selection: the
+# request's prefill leg runs first): counted in :attr:`Datastore.pending`, on no endpoint
+PENDING = ""
 
 
 class Status(StrEnum):
@@ -104,6 +107,7 @@ class Datastore:
         self._snapshot: Snapshot | None = None
         self._listeners: list[Callable[[], None]] = []
         self._on_release: Callable[[], None] | None = None
+        self._pending = 0
 
     # -- membership ---------------------------------------------------------------
     def add(self, endpoint: Endpoint, *, waiting: bool = False) -> bool:
@@ -224,7 +228,22 @@ class Datastore:
         self._in_flight_tokens[address] = self._in_flight_tokens.get(address, 0) + tokens
         return InFlightTicket(self, address, tokens, self._epochs.get(address, 0))
 
+    def acquire_pending(self, tokens: int = 0) -> InFlightTicket:
+        """Count a request whose endpoint is chosen later (its decode endpoint, after
+        its prefill leg) until the ticket is released; the router then trades it for a
+        claim on the chosen endpoint (``tokens`` go with it)."""
+        self._pending += 1
+        return InFlightTicket(self, PENDING, tokens, 0)
+
+    @property
+    def pending(self) -> int:
+        """Requests in flight whose endpoint is not chosen yet."""
+        return self._pending
+
     def _release(self, address: str, tokens: int, epoch: int) -> None:
+        if address == PENDING:
+            self._pending = max(self._pending - 1, 0)
+            return
         if epoch != self._epochs.get(address, 0):
             # counted before a drain deadline dropped the address: its counters are
             # gone, and a member re-added since must not lose one of its own

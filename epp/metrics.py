@@ -151,6 +151,14 @@ class EppMetrics:
             ["decision"],
             registry=self.registry,
         )
+        self.deferred_decodes = Counter(
+            "epp_deferred_decode_picks",
+            "Decode endpoints picked after the prefill leg (deferred decode selection), by "
+            "pick: same = the endpoint the first pick named, moved = another one, none = "
+            "no endpoint could decode (503).",
+            ["pick"],
+            registry=self.registry,
+        )
         self.prefill_legs = Counter(
             "epp_prefill_legs",
             "Prefill legs run by the EPP, by coordinator and outcome (ok, failed = decode "
@@ -329,6 +337,12 @@ class _DatastoreCollector(Collector):
         for address, n in sorted(snapshot.in_flight.items()):
             in_flight.add_metric([address], n)
         yield in_flight
+        yield GaugeMetricFamily(
+            "epp_pending_decode_requests",
+            "Requests whose prefill leg runs before their decode endpoint is chosen "
+            "(deferred decode selection).",
+            value=self._datastore.pending,
+        )
         status = GaugeMetricFamily(
             "epp_endpoint_status",
             "1 for each member of the pool with its status (waiting, healthy, ejected, draining).",

@@ -8,6 +8,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol
 
 from epp.datalayer.orca import (
@@ -20,7 +21,7 @@ from epp.datalayer.orca import (
 from epp.datastore import Datastore, InFlightTicket
 from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
-from epp.errors import BadRequestError, ClientVisibleError, ShedError
+from epp.errors import BadRequestError, ClientVisibleError, NoEndpointError, ShedError
 from epp.flowcontrol import DISPATCHED, FlowController, Waiting
 from epp.metrics import EppMetrics
 from epp.modelnames import ModelsConfig, Resolved, resolve
@@ -30,7 +31,7 @@ from epp.scheduling.flowqueue import FlowControlConfig, fairness_id, queue_timeo
 from epp.scheduling.latency import Dispatch, slo_missed
 from epp.scheduling.saturation import Room
 from epp.tracing import Tracer
-from epp.types import InferenceRequest, SchedulingResult
+from epp.types import Endpoint, InferenceRequest, SchedulingResult, Snapshot
 from epp.usage import Usage
 from epp.xds.eds import EnvoySync
 
@@ -43,9 +44,20 @@ EDS_SETTLE_S = 1.0
 DEFAULT_OUTPUT_TOKENS = 256
 
 
+@dataclass(frozen=True, slots=True)
+class DeferredDecode:
+    """A disaggregated request whose decode endpoint is picked after its prefill leg."""
+
+    max_destinations: int
+    scheduling_s: float  # the first cycle's time (the llm-d metrics count both)
+
+
 @dataclass(slots=True)
 class Routed:
+    # deferred decode selection: targets are the first cycle's decode picks until the
+    # pick after the prefill leg replaces them
     result: SchedulingResult
+    # the claim on the primary target (deferred: on no endpoint yet, Datastore.PENDING)
     ticket: InFlightTicket
     # the prefill endpoint's claim while the request lives (sidecar coordinator)
     prefill_ticket: InFlightTicket | None = None
@@ -59,6 +71,7 @@ class Routed:
     first_byte: bool = False
     scheduling_s: float = 0.0  # how long the pick took (traces)
     on_release: Callable[[], None] | None = None  # once, when it stops being in flight
+    deferred: DeferredDecode | None = None  # its decode endpoint is not chosen yet
 
     def release(self) -> None:
         self.ticket.release()
@@ -107,6 +120,8 @@ class Router:
         self.request_headers = tuple(request_headers)
         # carries out disaggregated requests; without one they simply decode
         self.coordinator = coordinator
+        # it picks the decode endpoint after the prefill leg (deferred decode selection)
+        self.defers = bool(getattr(coordinator, "defers", False))
         self.outcomes = outcomes
         # EDS: whether Envoy has this process's endpoints yet (None: never wait)
         self.envoy_sync = envoy_sync
@@ -223,13 +238,18 @@ class Router:
 
     def route(self, request: InferenceRequest, max_destinations: int = 1) -> Routed:
         """Schedule ``request``; the result names at most ``max_destinations`` targets
-        (primary first), as many as the Envoy config can use."""
+        (primary first), as many as the Envoy config can use. A disaggregated request
+        whose coordinator defers the decode pick holds a pending claim instead of one
+        on its decode endpoint until :meth:`pick_decode`."""
         start = time.perf_counter()
         routed_at = self.clock()
         snapshot = self.datastore.snapshot()
         result = self.scheduler.schedule(request, snapshot, self.rng)
         if len(result.targets) > max_destinations:
             result = replace(result, targets=result.targets[:max_destinations])
+        deferred = None
+        if self.defers and result.prefill is not None:
+            deferred = DeferredDecode(max_destinations, 0.0)
         if request.model is None:
             # no body (GET /, /v1/models): it needs an endpoint, but it is no inference
             # request, so it is not a scheduling decision (nor a prefix to remember)
@@ -237,18 +257,23 @@ class Router:
         labels = None
         seconds = 0.0
         if request.model is not None:
-            self.scheduler.on_routed(request, result, snapshot)
-            if request.lora_adapter and self.placement is not None:
-                self.placement.routed(request.model, result.primary.address)
+            if deferred is None:  # else once the decode endpoint is known
+                self._committed(request, result, snapshot)
             seconds = time.perf_counter() - start
             self.metrics.scheduling_seconds.observe(seconds)
             self._routed.inc()
             if result.decision:
                 self.metrics.pd_decisions.labels(result.decision).inc()
             labels = self.metrics.llmd.labels_of(request.model, request.headers)
-            self.metrics.llmd.routed(*labels, seconds, result.primary.address, result.decision)
+            if deferred is None:
+                self.metrics.llmd.routed(*labels, seconds, result.primary.address, result.decision)
+            else:
+                deferred = replace(deferred, scheduling_s=seconds)
         tokens = request.prompt_tokens + (request.max_tokens or DEFAULT_OUTPUT_TOKENS)
-        ticket = self.datastore.acquire(result.primary.address, tokens)
+        if deferred is not None:
+            ticket = self.datastore.acquire_pending(tokens)
+        else:
+            ticket = self.datastore.acquire(result.primary.address, tokens)
         routed = Routed(
             result,
             ticket,
@@ -256,6 +281,7 @@ class Router:
             routed_at=routed_at,
             streaming=request.stream,
             scheduling_s=seconds,
+            deferred=deferred,
         )
         if labels is not None:
             routed.on_release = self.metrics.llmd.started(*labels)
@@ -268,6 +294,65 @@ class Router:
             return routed  # nothing for the latency model to learn from
         routed.dispatch = Dispatch(result.primary.address, self.clock(), pred, request.stream)
         return routed
+
+    def _committed(
+        self, request: InferenceRequest, result: SchedulingResult, snapshot: Snapshot
+    ) -> None:
+        """The request goes to ``result``: plugins and adapter placement learn it."""
+        self.scheduler.on_routed(request, result, snapshot)
+        if request.lora_adapter and self.placement is not None:
+            assert request.model is not None
+            self.placement.routed(request.model, result.primary.address)
+
+    def pick_decode(
+        self, routed: Routed, request: InferenceRequest, prefilled_on: Endpoint | None
+    ) -> Endpoint:
+        """Deferred decode selection: the decode endpoint for ``routed`` now that its
+        prefill leg is done, from this moment's snapshot, outside ``prefilled_on``, among
+        the endpoints with room when some have (never held: its KV is waiting). The
+        pending claim moves onto the pick; NoEndpointError (503) when none can decode."""
+        deferred = routed.deferred
+        assert deferred is not None, "the decode endpoint was chosen up front"
+        start = time.perf_counter()
+        snapshot = self.datastore.snapshot()
+        exclude = frozenset() if prefilled_on is None else frozenset({prefilled_on.address})
+        try:
+            picked = self._decode_pick(request, snapshot, exclude)
+        except NoEndpointError as exc:
+            self.metrics.deferred_decodes.labels("none").inc()
+            raise NoEndpointError(
+                f"no endpoint can decode the request after its prefill leg: {exc.message}",
+                code="no_decode_endpoint",
+            ) from None
+        targets = picked.targets[: deferred.max_destinations]
+        first = routed.result.primary
+        result = replace(routed.result, targets=targets)
+        self.metrics.deferred_decodes.labels("same" if targets[0] == first else "moved").inc()
+        routed.result, routed.deferred = result, None
+        self._committed(request, result, snapshot)
+        if routed.labels is not None:
+            seconds = deferred.scheduling_s + time.perf_counter() - start
+            self.metrics.llmd.routed(
+                *routed.labels, seconds, result.primary.address, result.decision
+            )
+        pending = routed.ticket
+        if not pending.released:  # (released: the request ended meanwhile)
+            routed.ticket = self.datastore.acquire(result.primary.address, pending.tokens)
+            pending.release()
+        return result.primary
+
+    def _decode_pick(
+        self, request: InferenceRequest, snapshot: Snapshot, exclude: frozenset[str]
+    ) -> SchedulingResult:
+        """The decode pick among the endpoints with room, else among all."""
+        room = self.scheduler.room(request, snapshot)
+        if isinstance(room, frozenset) and room - exclude:
+            narrowed = _within(request, room)
+            try:
+                return self.scheduler.pick_decode(narrowed, snapshot, self.rng, exclude)
+            except NoEndpointError:
+                pass  # only prefill endpoints have room: any decode endpoint, then
+        return self.scheduler.pick_decode(request, snapshot, self.rng, exclude)
 
     def hand_off(
         self,
@@ -285,12 +370,14 @@ class Router:
         prefill = routed.result.prefill
         if prefill is None or self.coordinator is None:
             return None if clean is None else DecodeLeg(doc=clean)
+        deferred = routed.deferred is not None
         handoff = Handoff(
             request,
             doc if clean is None else clean,
             prefill,
-            routed.result.primary,
+            None if deferred else routed.result.primary,
             routed.result.prefill_fallbacks,
+            partial(self.pick_decode, routed, request) if deferred else None,
         )
         return self.coordinator.hand_off(handoff)
 

@@ -245,6 +245,9 @@ def run(args: argparse.Namespace) -> int:
     except ExtensionError as exc:  # an installed coordinator, source or engine
         log.error("%s", exc)
         return 2
+    except ConfigError as exc:  # a coordinator that cannot do what the config asks
+        log.error("invalid config: %s", exc)
+        return 2
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
@@ -273,7 +276,8 @@ def build(
     it inside the event loop: some parts bind to it). ``config_file``: where ``cfg``
     came from, reloaded on SIGHUP and when it changes (None: the built-in default, never
     reloaded). ``discovery``: the source kinds to ask. Raises ExtensionError if an
-    installed part the config names cannot load."""
+    installed part the config names cannot load, ConfigError if the coordinator cannot
+    defer its decode pick as ``deferDecode`` asks."""
     dl = cfg.data_layer
     for engine in {dl.engine, *(e.engine for e in cfg.endpoints)}:
         engine_names(engine)  # an installed dialect that cannot load fails now
@@ -302,8 +306,15 @@ def build(
             ejector.success,
             lambda address, reason, serving: ejector.failure(address, reason, serving=serving),
             prefill_budget_s=pd.prefill_timeout_s,
+            defer_decode=pd.defer_decode,
         )
     )
+    if pd.defer_decode and not getattr(coordinator, "defers", False):
+        raise ConfigError(
+            f"disaggregation.deferDecode: the {pd.coordinator} coordinator picks the decode "
+            "endpoint with the prefill endpoint (nixl and kv-pool can defer it; "
+            "docs/disaggregation.md#deferred-decode-selection)"
+        )
     envoy_sync = EnvoySync()
     placement = AdapterPlacement(
         cfg.lora_placement, lambda: router.models.adapters, datastore, metrics

@@ -1,6 +1,8 @@
 """Coordinators: how a disaggregated request's prefill and decode legs meet (the wire
 flows: docs/architecture.md, P/D wire flows). Registered by name; the scheduler has
-already chosen both endpoints.
+already chosen the prefill endpoint, and the decode endpoint too unless the coordinator
+defers that pick until its prefill leg is done (``defers``; deferred decode selection:
+docs/disaggregation.md).
 
 Each one turns a :class:`Handoff` into the :class:`DecodeLeg` Envoy forwards: maybe a
 header, maybe a rewritten body, after running the prefill leg itself or not. A prefill
@@ -36,18 +38,35 @@ PREFILLER_FALLBACKS_HEADER = "x-prefiller-fallbacks"
 BOOTSTRAP_PORT_LABEL = "bootstrap-port"
 
 
+# Deferred decode selection: the scheduler's decode pick now, outside the endpoint that
+# ran the prefill leg (None: none did, the decode endpoint prefills alone); the router
+# moves the request's claim onto it. Raises NoEndpointError when none can decode.
+DecodePick = Callable[[Endpoint | None], Endpoint]
+
+
 @dataclass(frozen=True, slots=True)
 class Handoff:
     request: InferenceRequest
     doc: Mapping[str, Any]  # the client's JSON body
     prefill: Endpoint
-    decode: Endpoint
+    # None: not chosen yet (a coordinator that defers calls choose_decode after its leg)
+    decode: Endpoint | None
     # where the prefill leg goes next when ``prefill`` fails, in order
     prefill_fallbacks: tuple[Endpoint, ...] = ()
+    pick_decode: DecodePick | None = None  # set when the decode pick is deferred
 
     @property
     def prefills(self) -> tuple[Endpoint, ...]:
         return (self.prefill, *self.prefill_fallbacks)
+
+    def choose_decode(self, prefilled_on: Endpoint | None) -> Endpoint:
+        """The decode endpoint, once the prefill leg is done (call it once): the one
+        chosen up front, or the scheduler's pick now when it was deferred.
+        ``prefilled_on``: the endpoint that ran the leg (left out of the pick)."""
+        if self.pick_decode is None:
+            assert self.decode is not None
+            return self.decode
+        return self.pick_decode(prefilled_on)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +82,10 @@ class DecodeLeg:
 
 class Coordinator(Protocol):
     name: str
+    # True: the router leaves the decode pick to it (Handoff.decode None), and it calls
+    # Handoff.choose_decode once its prefill leg is done (an installed coordinator
+    # without the attribute never defers)
+    defers: bool
 
     def hand_off(self, handoff: Handoff) -> DecodeLeg | Awaitable[DecodeLeg]:
         """The decode leg for ``handoff``: returned at once, or awaited when the EPP runs
@@ -88,6 +111,9 @@ class CoordinatorEnv:
     # all of a request's prefill attempts together, shared out equally among its prefill
     # endpoints; past it the request decodes alone. None: only the transport's timeouts
     prefill_budget_s: float | None = None
+    # pick the decode endpoint after the prefill leg (disaggregation.deferDecode), for
+    # the coordinators that can
+    defer_decode: bool = False
 
 
 class PrefillLegs:
@@ -108,9 +134,10 @@ class PrefillLegs:
         doc: Mapping[str, Any],
         *,
         count_ok: bool = True,
-    ) -> LegResult | None:
-        """The first good prefill answer from ``h.prefills`` in order, or None when the
-        decode endpoint must prefill alone (every one failed). The budget is shared out
+    ) -> tuple[Endpoint, LegResult] | None:
+        """The first good prefill answer from ``h.prefills`` in order, with the endpoint
+        that gave it, or None when the decode endpoint must prefill alone (every one
+        failed). The budget is shared out
         equally, so that one that hangs leaves time for the next; with one endpoint it
         gets the whole budget. Each attempt is counted once: ``count_ok=False`` leaves a
         2xx leg's outcome to the caller, which still has to judge the answer. A 400-451
@@ -129,7 +156,7 @@ class PrefillLegs:
                     self.env.on_failure(prefill.address, reason, False)
                 continue
             if result is not None:
-                return result
+                return prefill, result
         return None
 
     async def attempt(
@@ -185,6 +212,8 @@ class SidecarCoordinator:
     to the decode endpoint, whose sidecar (``epp sidecar``) runs both legs."""
 
     name = "sidecar"
+    # the decode endpoint is where the sidecar runs the prefill leg: chosen up front
+    defers = False
 
     def __init__(self, env: CoordinatorEnv) -> None:
         self.env = env
@@ -209,20 +238,26 @@ class NixlCoordinator:
 
     def __init__(self, env: CoordinatorEnv) -> None:
         self.legs = PrefillLegs(env, self.name)
+        # any decode server can pull the blocks kv_transfer_params name
+        self.defers = env.defer_decode
 
     async def hand_off(self, handoff: Handoff) -> DecodeLeg:
-        result = await self.legs.run(handoff, bodies.nixl_prefill(handoff.doc), count_ok=False)
-        if result is None:
+        answered = await self.legs.run(handoff, bodies.nixl_prefill(handoff.doc), count_ok=False)
+        if answered is None:
+            handoff.choose_decode(None)
             return DecodeLeg()
+        prefill, result = answered
         params = bodies.returned_kv_params(result.json())
         self.legs.count("ok" if params is not None else "no_kv_params")
         if params is None:
             log.warning(
                 "request %s: prefill on %s returned no kv_transfer_params; decode alone",
                 handoff.request.request_id,
-                handoff.prefill.address,
+                prefill.address,
             )
+            handoff.choose_decode(None)
             return DecodeLeg()
+        handoff.choose_decode(prefill)
         return DecodeLeg(doc=bodies.nixl_decode(handoff.doc, params))
 
     async def close(self) -> None:
@@ -237,9 +272,12 @@ class KvPoolCoordinator:
 
     def __init__(self, env: CoordinatorEnv) -> None:
         self.legs = PrefillLegs(env, self.name)
+        # every decode server reads the same pool
+        self.defers = env.defer_decode
 
     async def hand_off(self, handoff: Handoff) -> DecodeLeg:
-        await self.legs.run(handoff, bodies.one_token(handoff.doc))
+        answered = await self.legs.run(handoff, bodies.one_token(handoff.doc))
+        handoff.choose_decode(None if answered is None else answered[0])
         return DecodeLeg()
 
     async def close(self) -> None:
@@ -253,6 +291,9 @@ class ConcurrentCoordinator:
     soon as the prefill request is on the wire (a dead prefill server: decode alone)."""
 
     name = "concurrent"
+    # both legs must be on the wire at once (the rendezvous): the decode endpoint is
+    # chosen before the prefill leg can finish
+    defers = False
 
     def __init__(self, env: CoordinatorEnv) -> None:
         self.env = env

@@ -34,6 +34,12 @@ class DisaggConfig:
         "or the request decodes alone",
         minimum=0.001,
     )
+    defer_decode: bool = setting(
+        False,
+        "deferDecode",
+        "pick the decode endpoint after the prefill leg, with that moment's load (nixl, "
+        "kv-pool); false: together with the prefill endpoint",
+    )
     bootstrap_port: int | None = setting(
         None,
         "bootstrapPort",

@@ -27,6 +27,18 @@ class Scheduler(Protocol):
         """
         ...
 
+    def pick_decode(
+        self,
+        request: InferenceRequest,
+        snapshot: Snapshot,
+        rng: random.Random,
+        exclude: frozenset[str] = frozenset(),
+    ) -> SchedulingResult:
+        """Deferred decode selection: the decode endpoints for ``request`` (its targets,
+        primary first) once its prefill leg has run, from ``snapshot`` and outside
+        ``exclude`` (the endpoint that prefilled). Same contract as :meth:`schedule`."""
+        ...
+
     def priority(self, request: InferenceRequest) -> int:
         """The request's flow-control band (negative: sheddable)."""
         ...
@@ -175,6 +187,19 @@ class ProfileHandler(Protocol):
         profiles: Sequence[ProfileRunner],
         candidates: Sequence[EndpointState],
     ) -> SchedulingResult: ...
+
+
+@runtime_checkable
+class DecodePicker(Protocol):
+    """A profile handler that knows which of its profiles picks decode endpoints, for
+    deferred decode selection (the P/D handler); without it the first profile does."""
+
+    def run_decode(
+        self,
+        ctx: CycleContext,
+        profiles: Sequence[ProfileRunner],
+        candidates: Sequence[EndpointState],
+    ) -> list[EndpointState]: ...
 
 
 @runtime_checkable

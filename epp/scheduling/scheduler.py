@@ -11,6 +11,7 @@ from epp.errors import NoEndpointError
 from epp.scheduling.base import (
     VECTORIZE_FROM,
     CycleContext,
+    DecodePicker,
     ProfileHandler,
     ProfileRunner,
     RoutingObserver,
@@ -80,7 +81,33 @@ class ProfileScheduler:
     def schedule(
         self, request: InferenceRequest, snapshot: Snapshot, rng: random.Random
     ) -> SchedulingResult:
-        ctx = CycleContext(
+        ctx = self._context(request, snapshot, rng)
+        candidates = _candidates(request, snapshot)
+        result = self.handler.run(ctx, self.profiles, candidates)
+        return replace(result, prediction=self._predict(ctx, result))
+
+    def pick_decode(
+        self,
+        request: InferenceRequest,
+        snapshot: Snapshot,
+        rng: random.Random,
+        exclude: frozenset[str] = frozenset(),
+    ) -> SchedulingResult:
+        """The decode profile alone (the handler's, else the first), a cycle of its own
+        over the candidates outside ``exclude`` (deferred decode selection)."""
+        ctx = self._context(request, snapshot, rng)
+        candidates = [s for s in _candidates(request, snapshot) if s.address not in exclude]
+        handler = self.handler
+        if isinstance(handler, DecodePicker):
+            picks = handler.run_decode(ctx, self.profiles, candidates)
+        else:
+            picks = self.profiles[0].run(ctx, candidates)
+        return SchedulingResult(tuple(s.endpoint for s in picks))
+
+    def _context(
+        self, request: InferenceRequest, snapshot: Snapshot, rng: random.Random
+    ) -> CycleContext:
+        return CycleContext(
             request,
             snapshot,
             self.clock(),
@@ -90,9 +117,6 @@ class ProfileScheduler:
             self.vectorize_from,
             self.latency,
         )
-        candidates = _candidates(request, snapshot)
-        result = self.handler.run(ctx, self.profiles, candidates)
-        return replace(result, prediction=self._predict(ctx, result))
 
     def priority(self, request: InferenceRequest) -> int:
         """The request's band (negative: sheddable)."""

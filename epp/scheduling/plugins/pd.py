@@ -82,6 +82,15 @@ class PDProfileHandler:
             prefill_fallbacks=tuple(s.endpoint for s in prefill[1:]),
         )
 
+    def run_decode(
+        self,
+        ctx: CycleContext,
+        profiles: Sequence[ProfileRunner],
+        candidates: Sequence[EndpointState],
+    ) -> list[EndpointState]:
+        """``decodeProfile`` alone: deferred decode selection, after the prefill leg."""
+        return next(p for p in profiles if p.name == self.decode).run(ctx, candidates)
+
 
 def pd_profile_handler(p: Params) -> PDProfileHandler:
     prefix = p.string("prefixPlugin", "")  # "" = the one named prefix-cache-scorer, if any

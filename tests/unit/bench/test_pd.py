@@ -79,6 +79,28 @@ def test_the_default_matrix() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("defer", "splits"),
+    [
+        ("on", ["1P:3D nixl deferred", "1P:3D sidecar"]),
+        ("both", ["1P:3D nixl", "1P:3D nixl deferred", "1P:3D sidecar"]),
+    ],
+)
+def test_deferral_adds_splits_of_the_coordinators_that_can_defer(
+    defer: str, splits: list[str]
+) -> None:
+    args = build_parser().parse_args(
+        ["--ratios", "1:3", "--deciders", "always", "--defer-decode", defer]
+    )
+    deps = deployments(args)
+    assert [d.name for d in deps] == ["aggregated", *splits]
+    assert [d.defer for d in deps] == [name.endswith("deferred") for name in ["", *splits]]
+    deferred = next(d for d in deps if d.defer)
+    doc = epp_config(deferred.decider, 1.0, deferred.defer)
+    assert doc["disaggregation"] == {"deferDecode": True}
+    assert build_scheduler(orjson.dumps(doc).decode()) is not None
+
+
 def test_the_reading_judges_the_best_split_and_the_deciders() -> None:
     def row(dep: str, wl: str, itl: float, ttft: float, goodput: float) -> dict[str, object]:
         return {

@@ -16,6 +16,7 @@ import pytest
 from epp import config, lifecycle
 from epp.lifecycle import App
 from epp.readyfile import read_ready
+from epp.scheduling.params import ConfigError
 from epp.serve import ServeOptions, build
 from epp.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
 from epp.types import Endpoint, Role
@@ -43,8 +44,8 @@ def _listening() -> int:
     return count
 
 
-def _build(tmp_path: Path, **kinds: DiscoveryKind) -> App:
-    cfg = config.load_text("dataLayer: {scrapeMetrics: false}\n", "<test>")
+def _build(tmp_path: Path, text: str = "", **kinds: DiscoveryKind) -> App:
+    cfg = config.load_text(f"dataLayer: {{scrapeMetrics: false}}\n{text}", "<test>")
     opts = ServeOptions(
         grpc_port=0,
         http_port=0,
@@ -87,6 +88,16 @@ class _Recorded:
 
     async def stop(self) -> None:
         self.log.append("stop")
+
+
+@pytest.mark.parametrize("coordinator", ["nixl", "kv-pool", "sidecar", "concurrent"])
+async def test_defer_decode_needs_a_coordinator_that_can(tmp_path: Path, coordinator: str) -> None:
+    text = f"disaggregation: {{coordinator: {coordinator}, deferDecode: true}}\n"
+    if coordinator in ("nixl", "kv-pool"):
+        _build(tmp_path, text)
+        return
+    with pytest.raises(ConfigError, match=f"deferDecode: the {coordinator} coordinator"):
+        _build(tmp_path, text)
 
 
 async def test_build_opens_nothing_and_a_registered_source_is_used(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from epp.disagg.coordinators import (
     SidecarCoordinator,
 )
 from epp.disagg.legs import LegClient
-from epp.errors import PrefillRejectedError
+from epp.errors import NoEndpointError, PrefillRejectedError
 from epp.metrics import EppMetrics
 from epp.types import Endpoint, InferenceRequest, Role
 from tests.support.legs import Handler, MemoryLegTransport, SentLeg, answer, held, times_out
@@ -373,8 +373,8 @@ async def test_sidecar_names_the_prefill_server_and_holds_its_claim() -> None:
 # -- every registered coordinator ---------------------------------------------------
 
 
-async def _decode_leg(coordinator: Coordinator) -> DecodeLeg:
-    leg = coordinator.hand_off(handoff())
+async def _decode_leg(coordinator: Coordinator, h: Handoff | None = None) -> DecodeLeg:
+    leg = coordinator.hand_off(h or handoff())
     return leg if isinstance(leg, DecodeLeg) else await leg
 
 
@@ -504,3 +504,97 @@ async def test_sidecar_names_the_fallbacks_in_a_header_of_their_own() -> None:
     assert leg.prefill_ticket is not None
     leg.prefill_ticket.release()
     r.assert_nothing_left()
+
+
+# -- deferred decode selection: the decode endpoint is asked for after the leg ---------
+
+DECODE_2 = Endpoint("10.0.0.5", 8000, Role.DECODE)
+
+
+@dataclass
+class Picks:
+    """A decode pick behind the Handoff seam: records what it was told and what the
+    prefill leg's state was at that moment; answers DECODE_2, or raises ``error``."""
+
+    r: Rig
+    error: Exception | None = None
+    told: list[Endpoint | None] = field(default_factory=list)
+    legs_open: list[int] = field(default_factory=list)
+
+    def __call__(self, prefilled_on: Endpoint | None) -> Endpoint:
+        self.told.append(prefilled_on)
+        self.legs_open.append(self.r.transport.open + self.r.datastore.in_flight(PREFILL.address))
+        if self.error is not None:
+            raise self.error
+        return DECODE_2
+
+
+def deferred(picks: Picks) -> Handoff:
+    return replace(handoff(), decode=None, pick_decode=picks)
+
+
+@pytest.mark.parametrize("name", ["nixl", "kv-pool"])
+async def test_a_deferring_coordinator_asks_for_the_decode_after_its_leg(name: str) -> None:
+    release = asyncio.Event()
+    r = rig(held(release, KV_ANSWER))
+    r.env.defer_decode = True
+    coordinator = COORDINATORS[name](r.env)
+    assert coordinator.defers
+    picks = Picks(r)
+    pending = asyncio.ensure_future(_decode_leg(coordinator, deferred(picks)))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert picks.told == []  # not while the prefill leg runs
+    release.set()
+    leg = await pending
+    assert picks.told == [PREFILL]  # once, naming the endpoint that prefilled
+    assert picks.legs_open == [0]  # the leg was over, its claim released
+    if name == "nixl":
+        assert leg.doc is not None and leg.doc["kv_transfer_params"] == RETURNED_KV
+    r.assert_nothing_left()
+
+
+@pytest.mark.parametrize("name", ["nixl", "kv-pool"])
+async def test_a_failed_leg_asks_for_a_decode_endpoint_that_prefills_alone(name: str) -> None:
+    r = failover_rig(answer(503), None, defer_decode=True)
+    picks = Picks(r)
+    h = replace(failover_handoff(), decode=None, pick_decode=picks)
+    assert await _decode_leg(COORDINATORS[name](r.env), h) == DecodeLeg()
+    assert picks.told == [None]  # no prefill endpoint to leave out
+    assert len(r.transport.sent) == 2  # after the failover, not before
+    r.assert_nothing_left()
+
+
+async def test_nixl_without_kv_params_asks_for_a_decode_endpoint_that_prefills_alone() -> None:
+    r = rig(answer(200, {"choices": []}))
+    picks = Picks(r)
+    assert await _decode_leg(NixlCoordinator(r.env), deferred(picks)) == DecodeLeg()
+    assert picks.told == [None]
+    r.assert_nothing_left()
+
+
+@pytest.mark.parametrize("name", ["nixl", "kv-pool"])
+async def test_a_rejected_leg_never_asks_for_a_decode_endpoint(name: str) -> None:
+    r = rig(answer(400, {"error": {"message": "bad"}}))
+    picks = Picks(r)
+    with pytest.raises(PrefillRejectedError):
+        await _decode_leg(COORDINATORS[name](r.env), deferred(picks))
+    assert picks.told == []
+    r.assert_nothing_left()
+
+
+@pytest.mark.parametrize("name", ["nixl", "kv-pool"])
+async def test_a_decode_pick_that_finds_nothing_fails_the_hand_off(name: str) -> None:
+    r = rig(KV_ANSWER)
+    picks = Picks(r, error=NoEndpointError("nothing can decode", code="no_decode_endpoint"))
+    with pytest.raises(NoEndpointError):
+        await _decode_leg(COORDINATORS[name](r.env), deferred(picks))
+    assert picks.told == [PREFILL]
+    r.assert_nothing_left()
+
+
+@pytest.mark.parametrize("name", ["sidecar", "concurrent"])
+def test_coordinators_whose_legs_meet_at_the_decode_endpoint_never_defer(name: str) -> None:
+    r = rig(KV_ANSWER)
+    r.env.defer_decode = True
+    assert not COORDINATORS[name](r.env).defers
