@@ -17,6 +17,11 @@ class Channel(Protocol):
         """Queue one message (never blocks; a closed channel drops it)."""
         ...
 
+    def send_frame(self, frame: bytes) -> None:
+        """Queue one message already encoded (:func:`wire.encode`): a broadcast encodes
+        once for every channel."""
+        ...
+
     async def receive(self) -> wire.Message | None:
         """The next message, or None once the other end has gone."""
         ...
@@ -30,8 +35,11 @@ class StreamChannel:
         self._writer = writer
 
     def send(self, message: wire.Message) -> None:
+        self.send_frame(wire.encode(message))
+
+    def send_frame(self, frame: bytes) -> None:
         if not self._writer.is_closing():
-            self._writer.write(wire.encode(message))
+            self._writer.write(frame)
 
     async def receive(self) -> wire.Message | None:
         try:

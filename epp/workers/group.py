@@ -316,9 +316,10 @@ class WorkerGroup:
             )
 
     def _broadcast(self, message: wire.Message) -> None:
+        frame = wire.encode(message)
         for w in self.workers:
             if w.channel is not None:
-                w.channel.send(message)
+                w.channel.send_frame(frame)
 
     def _members_changed(self) -> None:
         self._broadcast(wire.members(self._datastore.version, self._datastore.members()))

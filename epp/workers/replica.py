@@ -8,6 +8,8 @@ import asyncio
 import logging
 import os
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from epp.datastore import Datastore, Status
@@ -20,6 +22,9 @@ log = logging.getLogger(__name__)
 
 # how long a starting worker waits for the parent's first membership
 FIRST_MEMBERS_TIMEOUT_S = 30.0
+# successes on one endpoint passed on at most this often, unless a failure came between
+# (the ejector needs the first success after failures, and a recent one for its grace)
+SUCCESS_EVERY_S = 0.1
 
 
 def apply_members(datastore: Datastore, message: wire.Members) -> None:
@@ -62,18 +67,30 @@ class WorkerLink:
     """The connection to the parent (a component: started before the ports open, so
     the first pick already knows the pool); also the router's EndpointOutcomes."""
 
-    def __init__(self, datastore: Datastore, path: Path, index: int, sync: SharedSync) -> None:
+    def __init__(
+        self,
+        datastore: Datastore,
+        path: Path,
+        index: int,
+        sync: SharedSync,
+        *,
+        channel: Channel | None = None,  # already connected (tests); None: open ``path``
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._datastore = datastore
         self._path = path
         self.index = index
         self._sync = sync
         sync.link = self
-        self._channel: Channel | None = None
+        self._channel = channel
         self._reader = LoopTask("worker-link", self._read)
+        self._clock = clock
+        self._told_success: dict[str, float] = {}  # address -> when; gone after a failure
 
     async def start(self) -> None:
-        reader, writer = await asyncio.open_unix_connection(str(self._path))
-        self._channel = StreamChannel(reader, writer)
+        if self._channel is None:
+            reader, writer = await asyncio.open_unix_connection(str(self._path))
+            self._channel = StreamChannel(reader, writer)
         self._channel.send(wire.Hello(self.index, os.getpid()))
         try:
             await asyncio.wait_for(self._until_members(), FIRST_MEMBERS_TIMEOUT_S)
@@ -95,10 +112,14 @@ class WorkerLink:
 
     # EndpointOutcomes
     def failure(self, address: str, reason: str, slow: bool = False, serving: bool = False) -> None:
+        self._told_success.pop(address, None)
         self.send(wire.Outcome(address, False, reason, slow, serving))
 
     def success(self, address: str) -> None:
-        self.send(wire.Outcome(address, True))
+        now = self._clock()
+        if now - self._told_success.get(address, -SUCCESS_EVERY_S) >= SUCCESS_EVERY_S:
+            self._told_success[address] = now
+            self.send(wire.Outcome(address, True))
 
     async def _until_members(self) -> None:
         while True:
