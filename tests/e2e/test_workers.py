@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp.datalayer.settings import DataLayerConfig
 from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
+from tests.support.envoy_admin import host_health
 from tests.support.http import request
 from tests.support.load import Load
 from tests.support.wait import wait_for
@@ -70,13 +71,8 @@ def in_flight(worker: dict[str, Any]) -> float:
 def epp_hosts(stack: LocalStack) -> dict[int, str]:
     """The ext_proc cluster's hosts in Envoy (port -> health flags)."""
     assert stack.envoy is not None
-    _, _, text = request(f"{stack.envoy.admin_url}/clusters")
-    hosts = {}
-    for line in text.decode().splitlines():
-        parts = line.split("::")
-        if parts[0] == "epp" and len(parts) == 4 and parts[2] == "health_flags":
-            hosts[int(parts[1].rsplit(":", 1)[1])] = parts[3]
-    return hosts
+    hosts = host_health(stack.envoy.admin_url, "epp")
+    return {int(address.rsplit(":", 1)[1]): flags for address, flags in hosts.items()}
 
 
 def test_the_ready_file_and_envoy_list_every_worker(stack: LocalStack) -> None:
