@@ -348,6 +348,7 @@ def build(
         router,
         metrics.config_reloads,
         poll_s=opts.config_poll_s,
+        on_sighup=group.hang_up if group is not None else lambda: None,
     )
     metrics.report_prefix_indexes(
         lambda: {

@@ -190,6 +190,11 @@ class WorkerGroup:
             log.warning("%s: not every worker confirmed the change in time", request.path)
         return response
 
+    def hang_up(self) -> None:
+        """Pass SIGHUP on to every worker (each reloads its --config file)."""
+        for w in self.workers:
+            self._signal(w, signal.SIGHUP)
+
     async def flushed(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
         """Until every connected worker has applied the current membership (False if
         that took longer than ``timeout_s``)."""

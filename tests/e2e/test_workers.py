@@ -31,14 +31,18 @@ BODY = orjson.dumps({"model": "sim-model", "prompt": "hello", "max_tokens": 8})
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    key_file = tmp_path_factory.mktemp("key") / "admin.key"
-    key_file.write_text(KEY + "\n")
+    files = tmp_path_factory.mktemp("files")
+    (files / "admin.key").write_text(KEY + "\n")
+    (files / "epp.yaml").write_text(f"dataLayer: {{scrapeIntervalSeconds: {SCRAPE_INTERVAL_S}}}\n")
     opts = ephemeral(
         servers=2,
         workers=2,
         sim_args=["--time-scale", "0.05"],
-        epp_args=["--admin-api-key-file", str(key_file)],
-    )
+        epp_args=[
+            "--admin-api-key-file", str(files / "admin.key"),
+            "--config", str(files / "epp.yaml"), "--config-poll-seconds", "0",
+        ],
+    )  # fmt: skip
     with LocalStack(opts) as s:
         yield s
 
@@ -147,6 +151,21 @@ def test_an_admin_add_reaches_both_workers_before_it_returns(stack: LocalStack) 
         _, _, raw = request(f"http://127.0.0.1:{w['http_port']}/status")
         states = {e["instance"]: e["state"] for e in json.loads(raw)["endpoints"]}
         assert states.get(address) == "healthy", (w["index"], states)
+
+
+def test_sighup_to_the_parent_reloads_every_worker(stack: LocalStack) -> None:
+    def reloads(worker: dict[str, Any]) -> float:
+        found = worker_metrics(worker).get(("epp_config_reloads_total", (("result", "success"),)))
+        return found or 0.0
+
+    listed = workers(stack)
+    before = [reloads(w) for w in listed]
+    assert stack.epp is not None and stack.epp.pid is not None
+    os.kill(stack.epp.pid, signal.SIGHUP)
+    wait_for(
+        lambda: [reloads(w) - b for w, b in zip(listed, before, strict=True)] == [1, 1],
+        what="both workers to reload",
+    )
 
 
 def test_a_killed_worker_costs_no_error_once_envoy_sees_it_gone(stack: LocalStack) -> None:
