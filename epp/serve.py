@@ -59,7 +59,7 @@ from epp.types import Endpoint
 from epp.workers import options as worker_options
 from epp.workers.group import WorkerGroup
 from epp.workers.options import WorkerOptions
-from epp.workers.replica import SharedSync, WorkerLink
+from epp.workers.replica import SharedSync, WorkerLink, tag_logs
 from epp.xds.eds import EdsServer, EnvoySync
 
 if TYPE_CHECKING:
@@ -264,8 +264,8 @@ async def _serve(
 ) -> None:
     if opts.workers.link is None:  # a worker's parent has said it
         log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
-    else:  # and it logs the membership the workers follow
-        logging.getLogger("epp.datastore").setLevel(logging.WARNING)
+    else:
+        tag_logs(opts.workers.index)
     await lifecycle.run(build(opts, cfg, scheduler, config_file))
 
 

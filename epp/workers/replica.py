@@ -49,6 +49,25 @@ def apply_members(datastore: Datastore, message: wire.Members) -> None:
             datastore.remove(member.address)
 
 
+class _WorkerTag(logging.Filter):
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self._tag = f"[worker {index}]"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.endswith(self._tag):
+            record.name = f"{record.name}{self._tag}"
+        return True
+
+
+def tag_logs(index: int) -> None:
+    """Name the worker in every log line it writes (``epp.router[worker 1]: ...``); its
+    membership lines are left to the parent, which logs them once."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_WorkerTag(index))
+    logging.getLogger("epp.datastore").setLevel(logging.WARNING)
+
+
 class SharedSync(EnvoySync):
     """EnvoySync told by every worker: Envoy's EDS stream reaches one worker, whose
     acknowledgement the parent passes on to the others."""
