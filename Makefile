@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/epp stack
+	$(BIN)/epp stack --workers 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check epp epp_harness tests bench tools

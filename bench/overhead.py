@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from bench import workers
 from bench.host import cpu_seconds, machine_cpu, machine_description
 from epp_harness.envoyconfig import (
     ClusterKind,
@@ -71,6 +72,9 @@ class Path_:
     name: str
     envoy: EnvoyProcess
     epp_pid: int | None
+    # a worker row: how many (1: the plain process), and the group's HTTP port (2+)
+    workers: int = 0
+    http_port: int = 0
 
 
 def start_epp_for(stack: LocalStack, name: str, extra: list[str]) -> ManagedProcess:
@@ -111,7 +115,12 @@ def measure(
     pids = {"envoy": [path.envoy.process.pid], "sims": sim_pids}
     if path.epp_pid:
         pids["epp"] = [path.epp_pid]
+    group = workers.group(path.http_port) if path.workers > 1 else []
+    if group:
+        pids["epp"] += [w["pid"] for w in group]
     before = {k: sum(cpu_seconds(p) for p in ps) for k, ps in pids.items()}
+    process_cpu0 = [cpu_seconds(p) for p in pids["epp"]] if path.workers else []
+    seen0 = [workers.requests_seen(w["http_port"]) for w in group]
     client0 = children_cpu_seconds()
     busy0, total0 = machine_cpu()
     start = time.monotonic()
@@ -120,6 +129,15 @@ def measure(
     busy1, total1 = machine_cpu()
     spent = {k: sum(cpu_seconds(p) for p in ps) - before[k] for k, ps in pids.items()}
     spent["client"] = children_cpu_seconds() - client0  # the load generator
+    if path.workers:
+        n_req = max(result["requests"], 1)
+        result["workers"] = path.workers
+        result["epp_process_cpu_us_per_req"] = [
+            (cpu_seconds(p) - c0) / n_req * 1e6
+            for p, c0 in zip(pids["epp"], process_cpu0, strict=True)
+        ]
+        seen = [workers.requests_seen(w["http_port"]) for w in group]
+        result["worker_shares"] = workers.shares(seen0, seen) if group else [1.0]
     busy = (busy1 - busy0) / max(total1 - total0, 1.0)
     result["machine_busy"] = busy
     # cores taken by work outside this run (other jobs on a shared machine)
@@ -198,7 +216,12 @@ def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]
             epp_grpclib = start_epp_for(stack, "epp-grpclib", ["--transport", "grpclib"])
             # its own process: the garbage the resets leave must not slow other rows
             epp_resets = start_epp_for(stack, "epp-grpclib-resets", ["--transport", "grpclib"])
-            extra += [epp_asyncio, epp_grpclib, epp_resets]
+            epp_two = start_epp_for(
+                stack,
+                "epp-grpclib-2-workers",
+                ["--transport", "grpclib", "--workers", "2", "--worker-base-port", "0"],
+            )
+            extra += [epp_asyncio, epp_grpclib, epp_resets, epp_two]
             servers = [(h, int(p)) for h, p in (a.split(":") for a in stack.sim_addresses)]
             sim_pids = [sim.pid for sim in stack.sims]
 
@@ -208,10 +231,12 @@ def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]
                 processing: Processing,
                 cluster: ClusterKind = "eds",
                 graceful_close: bool = True,
+                more: tuple[int, ...] = (),
             ) -> EnvoyProcess:
                 opts = EnvoyOptions(
                     listen_port=0, admin_port=0, epp_port=port, processing=processing,
                     cluster=cluster, graceful_close=graceful_close,
+                    more_epps=tuple(("127.0.0.1", p) for p in more),
                 )  # fmt: skip
                 envoy = start_envoy(stack, name, epp_config(opts))
                 envoys.append(envoy)
@@ -227,7 +252,11 @@ def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]
                       stack.epp.pid),
                 Path_("EPP grpclib, full",
                       via_epp("grpclib-full", epp_grpclib.info["grpc_port"], "full"),
-                      epp_grpclib.pid),
+                      epp_grpclib.pid, workers=1),
+                Path_("EPP grpclib, full, 2 workers",
+                      via_epp("grpclib-full-2-workers", epp_two.info["grpc_port"], "full",
+                              more=tuple(epp_two.info["grpc_ports"][1:])),
+                      epp_two.pid, workers=2, http_port=int(epp_two.info["http_port"])),
                 Path_("EPP grpclib, lean",
                       via_epp("grpclib-lean", epp_grpclib.info["grpc_port"], "lean"),
                       epp_grpclib.pid),
@@ -311,6 +340,7 @@ def write_results(out: Path, rows: list[dict[str, Any]], args: argparse.Namespac
                 f"| {r['machine_busy']:.0%} | {r['other_cores']:.2f} | {r['errors']} |"
             )
         lines.append("")
+    lines += workers.table(rows)
     lines += reading(rows, int(meta["cores"]))
     (out / f"{args.name}.md").write_text("\n".join(lines))
     print(f"wrote {out / args.name}.md")

@@ -106,6 +106,7 @@ class Datastore:
         self._version = 0
         self._snapshot: Snapshot | None = None
         self._listeners: list[Callable[[], None]] = []
+        self._metrics_listeners: list[Callable[[str, EndpointMetrics], None]] = []
         self._on_release: Callable[[], None] | None = None
         self._pending = 0
 
@@ -194,6 +195,8 @@ class Datastore:
         if address in self._states:
             self._states[address] = state
             self._snapshot = None  # membership unchanged: no version bump, no listeners
+        for listener in self._metrics_listeners:
+            listener(address, metrics)
         return True
 
     def get(self, address: str) -> EndpointState | None:
@@ -214,6 +217,11 @@ class Datastore:
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after every membership or status change."""
         self._listeners.append(listener)
+
+    def on_metrics(self, listener: Callable[[str, EndpointMetrics], None]) -> None:
+        """Call ``listener(address, metrics)`` after every accepted load report (the
+        parent of ``--workers`` passes them on)."""
+        self._metrics_listeners.append(listener)
 
     def on_release(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after every in-flight release (flow control: room may have

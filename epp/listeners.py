@@ -1,7 +1,8 @@
 """The EPP's ports as one component: the gRPC port (ext_proc, EDS, gRPC health), the
 plaintext gRPC health port (kubelet's gRPC probes, as the llm-d Router chart sets
 them) and the HTTP admin port (TLS too when asked), opened in that order and closed
-gracefully."""
+gracefully. The parent of ``--workers`` opens only the HTTP port (its workers hold the
+gRPC ones)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class Listeners:
         tls: LiveCertificate | None = None,
         http_tls: LiveCertificate | None = None,
         grace_s: float = 10.0,
+        grpc: bool = True,
+        http_host: str | None = None,
         on_listening: Callable[[int, int], None] = lambda grpc, http: None,
     ) -> None:
         self._transport = transport
@@ -50,10 +53,36 @@ class Listeners:
         self._http_tls = http_tls
         self._grace_s = grace_s
         self._on_listening = on_listening
+        self._grpc = grpc  # False: the HTTP port only (grpc_port stays as given)
+        self._http_host = host if http_host is None else http_host
+
+    @property
+    def ports(self) -> tuple[int, int, int | None]:
+        """(gRPC, HTTP, health) as bound."""
+        return self.grpc_port, self.http_port, self.health_port
 
     async def start(self) -> None:
         """Open the gRPC port, the health port, then the HTTP port; OSError naming the
         one that failed."""
+        if self._grpc:
+            await self._start_grpc()
+        await self._runner.setup()
+        context = None
+        if self._http_tls is not None:
+            from epp.extproc.tls import HTTP_ALPN
+
+            context = self._http_tls.context(HTTP_ALPN)
+        site = web.TCPSite(self._runner, self._http_host, self.http_port, ssl_context=context)
+        try:
+            await site.start()
+        except OSError as exc:
+            if self._grpc:
+                await self._transport.stop(0)
+            raise OSError(f"HTTP port {self._http_host}:{self.http_port}: {exc.strerror}") from None
+        self.http_port = self._runner.addresses[0][1]
+        self._on_listening(self.grpc_port, self.http_port)
+
+    async def _start_grpc(self) -> None:
         self.grpc_port = await self._transport.start(self.host, self.grpc_port, self._tls)
         if self.health_port is not None:
             try:
@@ -62,25 +91,12 @@ class Listeners:
                 await self._transport.stop(0)
                 raise
             log.info("gRPC health (plaintext) on %s:%d", self.host, self.health_port)
-        await self._runner.setup()
-        context = None
-        if self._http_tls is not None:
-            from epp.extproc.tls import HTTP_ALPN
-
-            context = self._http_tls.context(HTTP_ALPN)
-        site = web.TCPSite(self._runner, self.host, self.http_port, ssl_context=context)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self._transport.stop(0)
-            raise OSError(f"HTTP port {self.host}:{self.http_port}: {exc.strerror}") from None
-        self.http_port = self._runner.addresses[0][1]
-        self._on_listening(self.grpc_port, self.http_port)
 
     async def stop(self) -> None:
         """Readiness NOT_SERVING; EDS streams end (Envoy keeps the endpoints it has);
         open ext_proc streams get the grace to finish; then the HTTP port closes."""
         await self._health.set_serving(False)
         self._eds.close()
-        await self._transport.stop(grace=self._grace_s)
+        if self._grpc:
+            await self._transport.stop(grace=self._grace_s)
         await self._runner.cleanup()

@@ -129,6 +129,7 @@ class ConfigReloader:
         reloads: Counter,
         *,
         poll_s: float = DEFAULT_POLL_S,
+        on_sighup: Callable[[], None] = lambda: None,
     ) -> None:
         self.file = file
         self.config = running
@@ -139,12 +140,13 @@ class ConfigReloader:
         self._poll_s = poll_s
         self._poller = LoopTask("config-poll", self._poll)
         self._sighup = False
+        self._on_sighup = on_sighup  # also done on SIGHUP (--workers: passed on to each)
 
     def start(self) -> None:
         """Inside the running loop: watch for SIGHUP and poll the file."""
         if self.file.path is None:
             return
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload, "SIGHUP")
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._hangup)
         self._sighup = True
         if self._poll_s > 0:
             self._poller.start()
@@ -154,6 +156,10 @@ class ConfigReloader:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             self._sighup = False
         await self._poller.stop()
+
+    def _hangup(self) -> None:
+        self.reload("SIGHUP")
+        self._on_sighup()
 
     async def _poll(self) -> None:
         while True:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import random
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,13 +50,17 @@ from epp.membershipflags import MembershipOptions
 from epp.metrics import EppMetrics
 from epp.placement import AdapterPlacement
 from epp.reload import DEFAULT_POLL_S, ConfigFile, ConfigReloader
-from epp.router import Router
+from epp.router import EndpointOutcomes, Router
 from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
 from epp.tracing import Tracer
 from epp.types import Endpoint
+from epp.workers import options as worker_options
+from epp.workers.group import WorkerGroup
+from epp.workers.options import WorkerOptions
+from epp.workers.replica import SharedSync, WorkerLink, tag_logs
 from epp.xds.eds import EdsServer, EnvoySync
 
 if TYPE_CHECKING:
@@ -93,6 +98,8 @@ class ServeOptions:
     metrics_auth: bool = False  # --metrics-endpoint-auth: /metrics for allowed identities
     kubeconfig: Path | None = None  # for it (discovery has its own in pool/selector)
     tracing: bool = False  # --tracing: OpenTelemetry spans over OTLP (docs/tracing.md)
+    workers: WorkerOptions = field(default_factory=WorkerOptions)
+    argv: tuple[str, ...] = ()  # the command line, which the parent of --workers reuses
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -169,6 +176,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="on SIGTERM, how long open requests may take to finish before they are cut",
     )
+    worker_options.add_arguments(parser)
     tlsflags.add_arguments(parser)
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
     membershipflags.add_arguments(parser)
@@ -194,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         tracing=args.tracing,
         tls_reload_s=args.tls_reload_seconds,
+        workers=worker_options.from_args(args),
+        argv=tuple(sys.argv[1:]),
     )
     try:
         opts = replace(opts, membership=membershipflags.options(args))
@@ -205,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
         opts = replace(opts, pool=serve_pool.pool_ref(args))
         opts = replace(opts, selector=serve_pool.selector_ref(args))
         tlsflags.check_flags(args)
+        opts.workers.check(
+            opts.grpc_port, {"--grpc-health-port": opts.health_port, "--http-port": opts.http_port}
+        )
         if args.config is not None and args.config_text is not None:
             raise ValueError("--config (--config-file) and --config-text exclude each other")
     except ValueError as exc:
@@ -260,7 +273,10 @@ async def _serve(
     scheduler: ProfileScheduler,
     config_file: ConfigFile,
 ) -> None:
-    log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
+    if opts.workers.link is None:  # a worker's parent has said it
+        log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
+    else:
+        tag_logs(opts.workers.index)
     await lifecycle.run(build(opts, cfg, scheduler, config_file))
 
 
@@ -296,6 +312,20 @@ def build(
     rng = random.Random()
     probe = ReadinessProbe(model=opts.membership.model)
     ejector = Ejector(datastore, opts.membership.ejection, probe.check)
+    workers = opts.workers
+    envoy_sync: EnvoySync = EnvoySync()
+    link: WorkerLink | None = None
+    if workers.link is not None:  # a worker: its endpoints come from its parent
+        envoy_sync = SharedSync()
+        link = WorkerLink(datastore, workers.link, workers.index, envoy_sync)
+        discovery = {}
+    # a worker's request outcomes are judged by its parent's ejector
+    outcomes: EndpointOutcomes = link if link is not None else ejector
+    group = (
+        WorkerGroup(datastore, ejector, workers, opts.grpc_port, opts.argv, opts.shutdown_grace_s)
+        if workers.parent
+        else None
+    )
     coordinator = COORDINATORS[pd.coordinator](
         CoordinatorEnv(
             datastore,
@@ -303,8 +333,8 @@ def build(
             legs,
             rng,
             pd.bootstrap_port,
-            ejector.success,
-            lambda address, reason, serving: ejector.failure(address, reason, serving=serving),
+            outcomes.success,
+            lambda address, reason, serving: outcomes.failure(address, reason, serving=serving),
             prefill_budget_s=pd.prefill_timeout_s,
             defer_decode=pd.defer_decode,
         )
@@ -315,12 +345,11 @@ def build(
             "endpoint with the prefill endpoint (nixl and kv-pool can defer it; "
             "docs/disaggregation.md#deferred-decode-selection)"
         )
-    envoy_sync = EnvoySync()
     placement = AdapterPlacement(
         cfg.lora_placement, lambda: router.models.adapters, datastore, metrics
     )
     flow = FlowController(cfg.flow_control, metrics)
-    tracer = _tracer(opts)
+    tracer = _tracer(opts) if group is None else None  # the parent serves no requests
     router = Router(
         datastore,
         scheduler,
@@ -329,7 +358,7 @@ def build(
         rng=rng,
         request_headers=request_headers,
         coordinator=coordinator,
-        outcomes=ejector,
+        outcomes=outcomes,
         envoy_sync=envoy_sync,
         models=cfg.models,
         placement=placement if cfg.lora_placement.enabled else None,
@@ -343,6 +372,7 @@ def build(
         router,
         metrics.config_reloads,
         poll_s=opts.config_poll_s,
+        on_sighup=group.hang_up if group is not None else lambda: None,
     )
     metrics.report_prefix_indexes(
         lambda: {
@@ -355,9 +385,19 @@ def build(
     transport = make_transport(opts.transport, router, eds)
     health = HealthBoard(transport)
     readiness = ReadinessGate(health)
-    reviewer = KubeReviewer(opts.kubeconfig) if opts.metrics_auth else None
+    # a worker's /metrics is read by its parent only (on 127.0.0.1), which does the auth
+    reviewer = KubeReviewer(opts.kubeconfig) if opts.metrics_auth and link is None else None
     metrics_auth = MetricsAuth(reviewer) if reviewer is not None else None
-    admin = make_admin_app(datastore, metrics, ready=health.serving, metrics_auth=metrics_auth)
+    admin = make_admin_app(
+        datastore,
+        metrics,
+        ready=health.serving,
+        metrics_auth=metrics_auth,
+        exposition=group.exposition if group is not None else None,
+    )
+    if group is not None:
+        admin.middlewares.append(group.flush_middleware)
+        group.add_routes(admin)
     add_status_routes(admin, datastore, ejector.state, scheduler.latency, flow.status)
     add_lora_routes(
         admin,
@@ -397,11 +437,19 @@ def build(
         host=opts.listen_host,
         grpc_port=opts.grpc_port,
         http_port=opts.http_port,
-        health_port=opts.health_port,
+        # worker 0 answers on the health port, the parent and other workers do not
+        health_port=opts.health_port if group is None and workers.index == 0 else None,
         tls=certificates[0],
-        http_tls=certificates[1],
+        # a worker's HTTP port serves only its parent, plaintext on loopback
+        http_tls=certificates[1] if link is None else None,
         grace_s=opts.shutdown_grace_s,
-        on_listening=_announce(opts, pd.coordinator, datastore),
+        # a worker says nothing: its parent announces the group
+        on_listening=(lambda _g, _h: None)
+        if link
+        else _announce(opts, pd.coordinator, datastore, group),
+        grpc=group is None,
+        # a worker's HTTP port only serves its parent (/metrics)
+        http_host="127.0.0.1" if link is not None else None,
     )
     # started in this order, stopped in the reverse one
     components: list[Component] = [
@@ -414,23 +462,32 @@ def build(
         Step("lora-placement", on_stop=placement.stop),
         Step("ejector", ejector.start, ejector.stop),
         Step("names", names.start, names.stop),
-        *_data_layer(datastore, metrics, dl, ejector),
-        *_kv_events(datastore, metrics, scheduler),
+        # the parent scrapes for its workers; each worker subscribes to KV events itself
+        *(_data_layer(datastore, metrics, dl, ejector) if link is None else []),
+        *(_kv_events(datastore, metrics, scheduler) if group is None else []),
         _GcWatch(metrics),
         Step("readiness", readiness.publish),
         *before,
+        *_worker_link(link),
+        *([group] if group is not None else []),
         listeners,
+        *_worker_ready(link, listeners),
         # stopped before the ports close: held requests are answered 503 at once
         Step("flow-control", on_stop=flow.close),
         *after,
         Step("config-reload", reloader.start, reloader.stop),
         *tls_reload,
     ]
+    if group is not None:
+        info = group.ready_info
+        return App(components, opts.ready_file, lambda: info(listeners.http_port))
     return App(
         components,
-        ready_file=opts.ready_file,
+        # a worker's parent learns its ports over the link
+        ready_file=opts.ready_file if link is None else None,
         ready_info=lambda: {
             "grpc_port": listeners.grpc_port,
+            "grpc_ports": [listeners.grpc_port],
             "http_port": listeners.http_port,
             "grpc_health_port": listeners.health_port,
         },
@@ -453,6 +510,18 @@ def _tracer(opts: ServeOptions) -> Tracer | None:
     return OtelTracer()
 
 
+def _worker_link(link: WorkerLink | None) -> list[Component]:
+    """A worker's link to its parent, opened before its ports (it knows the pool first)."""
+    return [] if link is None else [Step("worker-link", link.start, link.stop)]
+
+
+def _worker_ready(link: WorkerLink | None, listeners: Listeners) -> list[Component]:
+    """A worker tells its parent its ports once they listen."""
+    if link is None:
+        return []
+    return [Step("worker-ready", lambda: link.ready(*listeners.ports))]
+
+
 def _sources(
     kinds: Mapping[str, DiscoveryKind], ctx: DiscoveryContext
 ) -> tuple[list[Component], list[Component]]:
@@ -468,18 +537,19 @@ def _sources(
 
 
 def _announce(
-    opts: ServeOptions, coordinator: str, datastore: Datastore
+    opts: ServeOptions, coordinator: str, datastore: Datastore, group: WorkerGroup | None
 ) -> Callable[[int, int], None]:
     """What to log once the ports listen (the banner ``make run`` shows)."""
 
     def listening(grpc_port: int, http_port: int) -> None:
+        ports = group.grpc_ports if group is not None else [grpc_port]
         log.info(
-            "serving ext_proc (%s, %s) on %s:%d, HTTP (%s) on %s:%d, coordinator %s, "
+            "serving ext_proc (%s, %s) on %s:%s, HTTP (%s) on %s:%d, coordinator %s, "
             "%d endpoint(s): %s",
             opts.transport,
             "plaintext" if opts.tls is None else f"TLS: {opts.tls.source}",
             opts.listen_host,
-            grpc_port,
+            ",".join(map(str, ports)) + (f" ({len(ports)} workers)" if group is not None else ""),
             "plaintext" if opts.http_tls is None else f"TLS: {opts.http_tls.source}",
             opts.listen_host,
             http_port,

@@ -29,6 +29,7 @@ from epp.addresses import is_ip
 from epp.extproc.messages import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
 from epp.extproc.stream import UPSTREAM_ADDRESS
 from epp.extproc.transport import MAX_DESTINATIONS_METADATA
+from epp.health import EXT_PROC_SERVICE
 from epp.xds.eds import MODEL_CLUSTER
 
 Processing = Literal["full", "lean", "buffered"]
@@ -58,6 +59,9 @@ _UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.U
 _CEL_FILTER = "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
 
 BUFFER_LIMIT_BYTES = 32 * 1024 * 1024
+# gRPC health checks of the ext_proc cluster when it lists several EPP addresses
+EPP_HEALTH_INTERVAL_S = 0.5
+EPP_HEALTH_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -357,6 +361,16 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
         http2=True,
         connect_timeout_s=opts.connect_timeout_s,
     )
+    if opts.more_epps:
+        epp["health_checks"] = [_epp_health_check()]
+        # a worker that refuses connections is skipped at once, before its health checks fail
+        epp["outlier_detection"] = {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1,
+            "interval": "1s",
+            "base_ejection_time": "1s",
+            "max_ejection_percent": 50,
+        }
     if opts.epp_tls:
         epp["transport_socket"] = _unverified_tls()
     clusters, routes = [model_servers, epp], _routes(opts)
@@ -380,6 +394,20 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
         # xDS requires the proxy to name itself
         config = {"node": {"id": "envoy", "cluster": "inference"}, **config}
     return config
+
+
+def _epp_health_check() -> dict[str, Any]:
+    """With several EPP addresses: gRPC health checks take one that stops answering
+    (a worker that died, one draining) out of the ext_proc cluster within about a second,
+    so new streams go to the others (docs/workers.md)."""
+    return {
+        "timeout": _seconds(EPP_HEALTH_TIMEOUT_S),
+        "interval": _seconds(EPP_HEALTH_INTERVAL_S),
+        "no_traffic_interval": _seconds(EPP_HEALTH_INTERVAL_S),
+        "unhealthy_threshold": 2,
+        "healthy_threshold": 1,
+        "grpc_health_check": {"service_name": EXT_PROC_SERVICE},
+    }
 
 
 def _unverified_tls() -> dict[str, Any]:
@@ -507,6 +535,8 @@ EXAMPLES: dict[str, EnvoyOptions] = {
     "local-buffered.yaml": EnvoyOptions(processing="buffered"),
     "local-original-dst.yaml": EnvoyOptions(cluster="original-dst"),
     "local-tls.yaml": EnvoyOptions(epp_tls=True),
+    # epp serve --workers 2 on the default ports (docs/workers.md)
+    "local-2-workers.yaml": EnvoyOptions(more_epps=(("127.0.0.1", 9100),)),
     "local-fail-open.yaml": EnvoyOptions(processing="buffered", failure_mode_allow=True),
     "compose.yaml": EnvoyOptions(listen_host="0.0.0.0", admin_host="0.0.0.0", epp_host="epp"),
 }

@@ -109,6 +109,8 @@ class StackOptions:
     kv_events: bool = False
     message_timeout_s: float = EnvoyOptions.message_timeout_s  # ext_proc's (tests)
     epp_env: dict[str, str] = field(default_factory=dict)  # added to the EPP's environment
+    # EPP worker processes (epp serve --workers), each listed in Envoy's ext_proc cluster
+    workers: int = 1
 
 
 class LocalStack:
@@ -125,6 +127,7 @@ class LocalStack:
         # what the EPP routes to, as `epp serve` flags: --endpoint/--prefill/--decode ADDR
         self.endpoint_args: list[str] = []
         self.grpc_port = 0
+        self.grpc_ports: list[int] = []  # every worker's, grpc_port first
         self.http_port = 0
         self._restarts: dict[str, _Restarts] = {}
 
@@ -211,12 +214,16 @@ class LocalStack:
             o.coordinator,
             *(endpoint_args if o.static_endpoints else []),
             *(["--tls-self-signed"] if o.epp_tls else []),
+            # further workers on free ports: Envoy's config lists whichever they got
+            *(["--workers", str(o.workers), "--worker-base-port", "0"] if o.workers > 1 else []),
             *epp_args,
             env=o.epp_env,
         )
         info = self.epp.wait_ready()
         self.grpc_port, self.http_port = info["grpc_port"], info["http_port"]
-        config = epp_config(replace(envoy_opts, epp_port=self.grpc_port))
+        self.grpc_ports = list(info["grpc_ports"])
+        more = tuple((HOST, port) for port in self.grpc_ports[1:])
+        config = epp_config(replace(envoy_opts, epp_port=self.grpc_port, more_epps=more))
         path = write_config(config, self.workdir / "envoy.yaml")
         self.envoy = EnvoyProcess(path, self.workdir, concurrency=o.envoy_concurrency).start()
 
@@ -429,6 +436,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--http-port", type=argtypes.port, default=9090, help="EPP HTTP (/metrics) port"
     )
     parser.add_argument(
+        "--workers",
+        type=argtypes.positive_int,
+        default=1,
+        help="EPP worker processes (epp serve --workers; the others on free ports, all "
+        "listed in Envoy's ext_proc cluster; docs/workers.md)",
+    )
+    parser.add_argument(
         "--processing",
         choices=PROCESSING_MODES,
         default="full",
@@ -534,6 +548,7 @@ def run(args: argparse.Namespace) -> int:
         stream_idle_timeout_s=args.stream_idle_timeout,
         log_level=level_of(args),
         workdir=args.workdir,
+        workers=args.workers,
     )
     stop = threading.Event()
 
@@ -580,10 +595,12 @@ def banner(stack: LocalStack) -> str:
     pairs = zip(args[::2], args[1::2], strict=True)
     servers = "\n".join(f"    {flag.lstrip('-'):<10} {address}" for flag, address in pairs)
     grpc_security = "TLS, self-signed" if stack.opts.epp_tls else "plaintext"
+    workers = f", {stack.opts.workers} workers" if stack.opts.workers > 1 else ""
+    ports = ",".join(map(str, stack.grpc_ports))
     return f"""
 epp stack is up.
   Envoy (send requests here)  {url}
-  EPP ext_proc gRPC           {HOST}:{stack.grpc_port} ({grpc_security})
+  EPP ext_proc gRPC           {HOST}:{ports} ({grpc_security}{workers})
   EPP metrics                 {stack.epp_http_url}/metrics
   EPP admin API               {stack.epp_http_url}/status, /instances/add|remove ({admin})
   Envoy admin                 {stack.envoy.admin_url}

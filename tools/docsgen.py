@@ -122,7 +122,12 @@ def render_cli() -> str:
         if name in SEE_ALSO:
             lines += ["", f"Explained in {SEE_ALSO[name]}."]
         for group in parser._action_groups:
-            actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
+            actions = [
+                a
+                for a in group._group_actions
+                # hidden flags (help=SUPPRESS) are set by the program itself, not by users
+                if not isinstance(a, argparse._HelpAction) and a.help != argparse.SUPPRESS
+            ]
             if not actions:
                 continue
             if group.title not in ("options", "positional arguments"):

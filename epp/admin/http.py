@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -35,9 +35,12 @@ def make_admin_app(
     *,
     ready: Callable[[], bool],
     metrics_auth: MetricsAuth | None = None,
+    exposition: Callable[[bytes], Awaitable[bytes]] | None = None,
 ) -> web.Application:
     """``ready``: the gRPC ``readiness`` status, which ``/ready`` answers with;
-    ``metrics_auth``: who may read /metrics (None: anyone)."""
+    ``metrics_auth``: who may read /metrics (None: anyone); ``exposition``: turns this
+    process's /metrics text into the page served (the parent of ``--workers`` merges its
+    workers' in)."""
 
     async def metrics_handler(request: web.Request) -> web.Response:
         if metrics_auth is not None:
@@ -45,9 +48,10 @@ def make_admin_app(
             if refused is not None:
                 return refused
         metrics.expire_series()
-        return web.Response(
-            body=generate_latest(metrics.registry), headers={"content-type": CONTENT_TYPE_LATEST}
-        )
+        body = generate_latest(metrics.registry)
+        if exposition is not None:
+            body = await exposition(body)
+        return web.Response(body=body, headers={"content-type": CONTENT_TYPE_LATEST})
 
     async def health_handler(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "endpoints": len(datastore)})

@@ -17,6 +17,7 @@ import pytest
 from epp_harness.procs import ManagedProcess
 from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
+from tests.support.envoy_admin import host_health
 from tests.support.http import open_raw_post, request
 from tests.support.load import Load
 from tests.support.wait import wait_for
@@ -66,13 +67,7 @@ def states(stack: LocalStack) -> dict[str, str]:
 def envoy_hosts(stack: LocalStack) -> dict[str, str]:
     """model_servers hosts Envoy holds (from EDS) -> their health flags."""
     assert stack.envoy is not None
-    _, _, text = request(f"{stack.envoy.admin_url}/clusters")
-    hosts = {}
-    for line in text.decode().splitlines():
-        parts = line.split("::")
-        if parts[0] == "model_servers" and len(parts) == 4 and parts[2] == "health_flags":
-            hosts[parts[1]] = parts[3]
-    return hosts
+    return host_health(stack.envoy.admin_url, "model_servers")
 
 
 def served_by(stack: LocalStack) -> str:

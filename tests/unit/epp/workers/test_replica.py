@@ -1,0 +1,82 @@
+from pathlib import Path
+
+from epp.datastore import Datastore, Status
+from epp.types import Endpoint, Role
+from epp.workers import wire
+from epp.workers.replica import SUCCESS_EVERY_S, SharedSync, WorkerLink, apply_members
+
+A = Endpoint("10.0.0.1", 8000)
+B = Endpoint("10.0.0.2", 8000, Role.PREFILL)
+C = Endpoint("10.0.0.3", 8000)
+
+
+def statuses(store: Datastore) -> dict[str, Status]:
+    return {m.address: m.status for m in store.members()}
+
+
+def test_a_replica_follows_the_parents_membership_and_statuses() -> None:
+    parent, worker = Datastore(), Datastore()
+    parent.add(A)
+    parent.add(B)
+    parent.add(C, waiting=True)
+    apply_members(worker, wire.members(parent.version, parent.members()))
+    assert statuses(worker) == statuses(parent)
+    parent.eject(A.address)
+    parent.add(C)
+    apply_members(worker, wire.members(parent.version, parent.members()))
+    assert statuses(worker) == statuses(parent)
+    assert worker.snapshot().state(B.address) is not None
+    parent.reinstate(A.address)
+    parent.remove(B.address)
+    apply_members(worker, wire.members(parent.version, parent.members()))
+    assert statuses(worker) == statuses(parent)
+
+
+def test_a_member_the_parent_drops_drains_in_the_worker_while_it_has_requests() -> None:
+    parent, worker = Datastore(), Datastore()
+    parent.add(A)
+    apply_members(worker, wire.members(parent.version, parent.members()))
+    ticket = worker.acquire(A.address)
+    parent.remove(A.address)  # the parent routes nothing: gone at once there
+    apply_members(worker, wire.members(parent.version, parent.members()))
+    assert statuses(worker) == {A.address: Status.DRAINING}
+    apply_members(worker, wire.members(parent.version, parent.members()))  # again: still
+    assert statuses(worker) == {A.address: Status.DRAINING}
+    ticket.release()
+    assert statuses(worker) == {}
+
+
+def test_successes_are_passed_on_sparingly_and_the_first_after_a_failure_at_once() -> None:
+    class Sent:
+        def __init__(self) -> None:
+            self.messages: list[wire.Message] = []
+
+        def send(self, message: wire.Message) -> None:
+            self.messages.append(message)
+
+        def send_frame(self, frame: bytes) -> None:
+            raise AssertionError("not used")
+
+        async def receive(self) -> wire.Message | None:
+            return None
+
+        def close(self) -> None:
+            pass
+
+    now = [100.0]
+    channel = Sent()
+    link = WorkerLink(
+        Datastore(), Path("/unused"), 0, SharedSync(), channel=channel, clock=lambda: now[0]
+    )
+    for _ in range(5):
+        link.success(A.address)
+    link.failure(A.address, "HTTP 503", serving=True)
+    link.success(A.address)
+    now[0] += SUCCESS_EVERY_S * 1.5
+    link.success(A.address)
+    assert [(m.ok, m.reason) for m in channel.messages if isinstance(m, wire.Outcome)] == [
+        (True, ""),
+        (False, "HTTP 503"),
+        (True, ""),
+        (True, ""),
+    ]
