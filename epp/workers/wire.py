@@ -42,6 +42,8 @@ class WireMetrics(msgspec.Struct, frozen=True):
     max_lora: int | None
     block_size: int | None
     num_blocks: int | None
+    prefix_cache_queries: float | None
+    prefix_cache_hits: float | None
     orca: dict[str, float]
 
 
@@ -135,29 +137,33 @@ def status(wire: WireMember) -> Status:
 
 def wire_metrics(m: EndpointMetrics) -> WireMetrics:
     return WireMetrics(
-        m.updated_at,
-        m.waiting,
-        m.running,
-        m.kv_usage,
-        sorted(m.lora_running),
-        sorted(m.lora_waiting),
-        m.max_lora,
-        m.block_size,
-        m.num_blocks,
-        dict(m.orca),
+        updated_at=m.updated_at,
+        waiting=m.waiting,
+        running=m.running,
+        kv_usage=m.kv_usage,
+        lora_running=sorted(m.lora_running),
+        lora_waiting=sorted(m.lora_waiting),
+        max_lora=m.max_lora,
+        block_size=m.block_size,
+        num_blocks=m.num_blocks,
+        prefix_cache_queries=m.prefix_cache_queries,
+        prefix_cache_hits=m.prefix_cache_hits,
+        orca=dict(m.orca),
     )
 
 
 def metrics(wire: WireMetrics) -> EndpointMetrics:
     return EndpointMetrics(
-        wire.updated_at,
-        wire.waiting,
-        wire.running,
-        wire.kv_usage,
-        frozenset(wire.lora_running),
-        frozenset(wire.lora_waiting),
-        wire.max_lora,
-        wire.block_size,
-        wire.num_blocks,
-        dict(wire.orca),
+        updated_at=wire.updated_at,
+        waiting=wire.waiting,
+        running=wire.running,
+        kv_usage=wire.kv_usage,
+        lora_running=frozenset(wire.lora_running),
+        lora_waiting=frozenset(wire.lora_waiting),
+        max_lora=wire.max_lora,
+        block_size=wire.block_size,
+        num_blocks=wire.num_blocks,
+        prefix_cache_queries=wire.prefix_cache_queries,
+        prefix_cache_hits=wire.prefix_cache_hits,
+        orca=dict(wire.orca),
     )

@@ -1,4 +1,5 @@
 import asyncio
+import dataclasses
 
 import msgspec
 import pytest
@@ -21,6 +22,8 @@ metrics_st = st.builds(
     max_lora=st.none() | st.integers(0, 8),
     block_size=st.none() | st.integers(1, 64),
     num_blocks=st.none() | st.integers(0, 10**6),
+    prefix_cache_queries=st.none() | st.floats(0, 1e9),
+    prefix_cache_hits=st.none() | st.floats(0, 1e9),
     orca=st.dictionaries(st.text(max_size=8), st.floats(0, 1), max_size=3),
 )
 endpoint_st = st.builds(
@@ -39,6 +42,12 @@ def frame_body(message: wire.Message) -> bytes:
     (size,) = wire.HEADER.unpack(framed[: wire.HEADER.size])
     assert size == len(framed) - wire.HEADER.size
     return framed[wire.HEADER.size :]
+
+
+def test_every_field_of_endpoint_metrics_crosses_the_wire() -> None:
+    # a field added to EndpointMetrics must be added to WireMetrics (and the strategy)
+    names = [f.name for f in dataclasses.fields(EndpointMetrics)]
+    assert list(wire.WireMetrics.__struct_fields__) == names
 
 
 @given(metrics_st)
