@@ -1,6 +1,7 @@
 """The llm-d Router's ``epp serve`` flags that have no counterpart of ours, so that the
 argument list its chart renders starts this EPP unchanged (docs/llm-d-router.md):
-``--metrics-endpoint-auth`` (:mod:`epp.admin.metricsauth`), and two accepted without
+``--metrics-endpoint-auth`` (:mod:`epp.admin.metricsauth`),
+``--ha-enable-leader-election`` (:mod:`epp.leaderelection`), and one accepted without
 being implemented yet.
 
 The rest of its flags live beside the ones of ours they map onto: ``--pool-group``,
@@ -19,8 +20,6 @@ from epp.logsetup import add_router_logging
 # flag -> what it does here when true (each is accepted; false is our behaviour)
 NOT_YET = {
     "tracing": "no traces are exported yet (OpenTelemetry is not wired in)",
-    "ha_enable_leader_election": "there is no leader election: this replica serves "
-    "as if it were the leader",
 }
 
 
@@ -40,19 +39,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "checked with TokenReview and SubjectAccessReview; --kubeconfig or the pod's "
         "service account). Off by default here, unlike theirs (docs/llm-d-router.md)",
     )
-    for flag, what in (
-        ("--tracing", "emit OpenTelemetry traces"),
-        ("--ha-enable-leader-election", "leader election between replicas"),
-    ):
-        g.add_argument(
-            flag,
-            type=go_bool,
-            nargs="?",
-            const=True,
-            default=False,
-            metavar="BOOL",
-            help=f"{what}; accepted, not implemented yet: true only logs a warning",
-        )
+    g.add_argument(
+        "--ha-enable-leader-election",
+        type=go_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="active-passive replicas: they contend for a Lease and only the leader reports "
+        "ready (a standby takes over within the lease duration); needs --pool-name or "
+        "--endpoint-selector. Off: every replica is ready (active-active, docs/replicas.md)",
+    )
+    g.add_argument(
+        "--tracing",
+        type=go_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="emit OpenTelemetry traces; accepted, not implemented yet: true only logs a warning",
+    )
 
 
 def warnings(args: argparse.Namespace) -> list[str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epp import argtypes, config, lifecycle, membershipflags, routerflags
+from epp import argtypes, config, leaderelection, lifecycle, membershipflags, routerflags
 from epp.admin.auth import API_KEY_ENV, ApiKeyAuth
 from epp.admin.http import make_admin_app
 from epp.admin.instances import add_status_routes
@@ -42,6 +42,7 @@ from epp.extproc import tlsflags
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.flowcontrol import FlowController
 from epp.health import HealthBoard, ReadinessGate
+from epp.leaderelection import LeaderElection, LeaderOptions
 from epp.lifecycle import App, Component, Step
 from epp.listeners import Listeners
 from epp.logsetup import add_log_level
@@ -88,6 +89,7 @@ class ServeOptions:
     tls: ServerTls | None = None  # None: plaintext gRPC port
     metrics_auth: bool = False  # --metrics-endpoint-auth: /metrics for allowed identities
     kubeconfig: Path | None = None  # for it (discovery has its own in pool/selector)
+    leader: LeaderOptions | None = None  # --ha-enable-leader-election: ready only leading
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -170,6 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve_pool.add_arguments(parser)
     add_log_level(parser)
     routerflags.add_arguments(parser)
+    leaderelection.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         opts = replace(opts, endpoints=tuple(static.endpoints(args)))
         opts = replace(opts, pool=serve_pool.pool_ref(args))
         opts = replace(opts, selector=serve_pool.selector_ref(args))
+        opts = replace(opts, leader=leaderelection.options(args))
         tlsflags.check_flags(args)
         if args.config is not None and args.config_text is not None:
             raise ValueError("--config (--config-file) and --config-text exclude each other")
@@ -356,6 +360,9 @@ def build(
         membership=opts.membership,
     )
     before, after = _sources(discovery, ctx)
+    leader: list[Component] = []
+    if opts.leader is not None:
+        leader.append(LeaderElection(opts.leader, readiness.hold("leader-election")))
     listeners = Listeners(
         transport,
         eds,
@@ -384,6 +391,8 @@ def build(
         Step("readiness", readiness.publish),
         *before,
         listeners,
+        # stopped before the ports close: the lease is released at once
+        *leader,
         # stopped before the ports close: held requests are answered 503 at once
         Step("flow-control", on_stop=flow.close),
         *after,

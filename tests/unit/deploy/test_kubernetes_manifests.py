@@ -87,6 +87,7 @@ def test_rbac_grants_exactly_what_discovery_uses() -> None:
         ("", "pods"): ["get", "list", "watch"],
         ("inference.networking.k8s.io", "inferencepools"): ["get", "list", "watch"],
         ("", "events"): ["create"],
+        ("coordination.k8s.io", "leases"): ["create", "get", "update"],  # leader election
     }
     binding = DOCS[("RoleBinding", "qwen-epp")]
     assert binding["roleRef"] == {
@@ -135,6 +136,21 @@ def test_epp_args_ports_probes_and_service_agree() -> None:
         "grpc": (9002, 9002),
         "http": (9090, 9090),
     }
+
+
+def test_two_replicas_active_active_spread_and_never_all_down() -> None:
+    """docs/replicas.md: two replicas, both ready (no leader election), on different
+    nodes where possible; a rollout or a drain leaves one serving."""
+    assert EPP["spec"]["replicas"] == 2
+    assert epp_args().ha_enable_leader_election is False
+    assert EPP["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (spread,) = EPP["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    labels = EPP["spec"]["template"]["metadata"]["labels"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(spread["labelSelector"]["matchLabels"], labels)
+    budget = DOCS[("PodDisruptionBudget", "qwen-epp")]
+    assert budget["spec"]["minAvailable"] == 1
+    assert selects(budget["spec"]["selector"]["matchLabels"], labels)
 
 
 def test_pool_points_at_the_epp_service() -> None:
