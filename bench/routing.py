@@ -338,6 +338,11 @@ class Deployment(LocalStack):
         assert self.envoy is not None
         return f"http://127.0.0.1:{self.envoy.port}/v1/chat/completions"
 
+    @property
+    def replica_metrics_urls(self) -> list[str]:
+        """Every EPP replica's /metrics (none without an EPP)."""
+        return [f"http://127.0.0.1:{http}/metrics" for _, http in self.epp_ports]
+
     def pids(self) -> dict[str, list[int]]:
         assert self.envoy is not None
         pids = {
@@ -527,6 +532,23 @@ async def sim_stats(session: aiohttp.ClientSession, urls: list[str]) -> list[dic
     return list(await asyncio.gather(*(one(u) for u in urls)))
 
 
+async def replica_requests(session: aiohttp.ClientSession, urls: list[str]) -> list[int]:
+    """Each EPP replica's ``epp_requests_total`` (every label summed)."""
+
+    async def one(url: str) -> int:
+        async with session.get(url) as resp:
+            text = await resp.text()
+        return round(
+            sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith(("epp_requests_total{", "epp_requests_total "))
+            )
+        )
+
+    return list(await asyncio.gather(*(one(u) for u in urls)))
+
+
 def cpu_snapshot(pids: dict[str, list[int]]) -> dict[str, float]:
     snap = {name: sum(cpu_seconds(p) for p in ps) for name, ps in pids.items()}
     snap["_busy"], snap["_total"] = machine_cpu()
@@ -559,9 +581,12 @@ async def drive(
             warm.account(visits(warmup, records))
         for cell in cells:
             stats0, cpu0 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
+            handled0 = await replica_requests(session, dep.replica_metrics_urls)
             records = await run_cell(session, dep.url, cell, drain_timeout, oracle)
             stats1, cpu1 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
+            handled1 = await replica_requests(session, dep.replica_metrics_urls)
             row = summarize(dep.policy, cell, records, stats0, stats1, cpu0, cpu1)
+            row["replica_requests"] = [b - a for a, b in zip(handled0, handled1, strict=True)]
             count = warm.account(visits(cell, records))
             row |= {
                 "warm_requests": count.warm,

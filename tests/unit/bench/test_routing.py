@@ -78,3 +78,15 @@ def test_replicas_are_taken_out_of_the_epp_args(spec: str) -> None:
 def test_a_bad_replica_count_is_refused(spec: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="--replicas"):
         parse_policy(spec)
+
+
+def test_the_report_gives_each_replica_its_share_of_the_requests() -> None:
+    from bench.routing_report import replica_shares
+
+    rows = [
+        {"policy": "one", "rate": 10.0, "replica_requests": [40]},
+        {"policy": "two", "rate": 10.0, "replica_requests": [30, 10]},
+    ]
+    (blank, line) = replica_shares(rows)
+    assert blank == "" and line.endswith("two at 10 req/s 75%/25%.")
+    assert replica_shares(rows[:1]) == []
