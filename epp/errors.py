@@ -29,6 +29,7 @@ raises on purpose, and one branch of it is what a client may see.
         ├── OrcaParseError           (datalayer/orca.py)         a malformed ORCA report
         ├── KvEventDecodeError       (kvevents/wire.py)          an undecodable KV event
         ├── TokenizerError           (tokenization.py)           tokenizer files, a template
+        ├── LeaseError               (leaderelection.py)         a Lease call failed
         └── LegFailed                (disagg/legs.py)            prefill server unreachable
                                                                  or too slow
 

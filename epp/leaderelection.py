@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from epp import argtypes
 from epp.discovery.poolref import resolve_namespace
+from epp.errors import InternalError
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s
@@ -96,6 +97,10 @@ class LeaseApi(Protocol):
     async def read(self, ref: LeaseRef) -> SeenLease | None: ...
     async def create(self, ref: LeaseRef, body: dict[str, Any]) -> bool: ...
     async def replace(self, ref: LeaseRef, body: dict[str, Any]) -> bool: ...
+
+
+class LeaseError(InternalError):
+    """The API server could not be asked or answered an error other than 404/409."""
 
 
 class Outcome(Enum):
@@ -256,10 +261,6 @@ class LeaderElector:
             version=seen.version,
         )
         await self._api.replace(self.ref, body)
-
-
-class LeaseError(Exception):
-    """The API server could not be asked or answered an error other than 404/409."""
 
 
 class KubeLeases:
