@@ -104,6 +104,11 @@ MATRIX_POLICIES ?= --policy round-robin --policy least-request --policy default=
 # precise one (docs/kv-events.md), on the stress setting
 EVENTS_POLICIES ?= --policy round-robin --policy default= \
 	--policy "precise=--config configs/precise-prefix.yaml" --policy ideal-split
+# issue 17: two EPP replicas against the same simulators (docs/replicas.md), with the
+# servers' KV events (precise) and without (approximate), each beside one replica
+REPLICAS_POLICIES ?= --policy "precise=--config configs/precise-prefix.yaml" \
+	--policy "precise-2=--replicas 2 --config configs/precise-prefix.yaml" \
+	--policy default= --policy "default-2=--replicas 2"
 MATRIX_DURATION ?= 20
 MATRIX_CELLS ?= groups:1.6 control:1.6 groups:2.5 multi-turn:1.6
 
@@ -116,6 +121,9 @@ bench-routing: $(STAMP)
 	$(BIN)/python -m bench.routing $(MATRIX_SETTING) $(EVENTS_POLICIES) --kv-events \
 		--duration $(MATRIX_DURATION) --workload groups --prefix-copies 1.6 \
 		--name routing-zipf-groups-kv1.6-events
+	$(BIN)/python -m bench.routing $(MATRIX_SETTING) $(REPLICAS_POLICIES) --kv-events \
+		--duration $(MATRIX_DURATION) --workload groups --prefix-copies 1.6 \
+		--name routing-zipf-groups-kv1.6-replicas
 
 # Issue 21: the same 4 simulators aggregated and split (1P:3D, 2P:2D; nixl and sidecar;
 # the deciders on 1P:3D), prefill-heavy, decode-heavy and mixed workloads, six loads up

@@ -22,8 +22,11 @@ What runs. For each policy, in turn and against the same fresh simulators' setti
   so past ~0.7 of capacity that server queues and ``ideal`` stops being the best case.
 * ``NAME=ARGS`` (``--policy``, repeatable): Envoy + ``epp serve ARGS`` (shell-split), e.g.
   ``--policy "random=--config configs/random.yaml"``. ``NAME=`` is plain
-  ``epp serve``. Without ``--policy`` the policies are round-robin, least-request and
-  ``default=`` (plain ``epp serve``).
+  ``epp serve``. ``--replicas N`` among the ARGS starts N such ``epp serve`` processes
+  (active-active replicas, each its own endpoint of Envoy's ext_proc cluster, each
+  following the same simulators: docs/replicas.md), e.g. ``--policy "precise-2=--replicas 2
+  --config configs/precise-prefix.yaml"``. Without ``--policy`` the policies are
+  round-robin, least-request and ``default=`` (plain ``epp serve``).
 
 Every policy gets ``--servers`` *fresh* simulators (cold caches), then ``--warmup``
 seconds of unmeasured load at the lowest rate (so each policy fills the caches its own
@@ -170,6 +173,7 @@ class Policy:
     name: str
     epp_args: tuple[str, ...] | None  # None: Envoy alone (round robin, or an oracle)
     oracle: str | None = None  # ideal, ideal-split: the load generator names the server
+    replicas: int = 1  # `epp serve` processes side by side (--replicas N in the args)
 
     def describe(self) -> str:
         if self.oracle == "ideal-split":
@@ -187,7 +191,10 @@ class Policy:
             )
         if self.epp_args is None:
             return "Envoy alone, static ROUND_ROBIN cluster, no EPP"
-        return "Envoy + `epp serve" + "".join(f" {shlex.quote(a)}" for a in self.epp_args) + "`"
+        serve = "`epp serve" + "".join(f" {shlex.quote(a)}" for a in self.epp_args) + "`"
+        if self.replicas > 1:
+            return f"Envoy + {self.replicas} replicas of {serve}, Envoy spreading streams over them"
+        return f"Envoy + {serve}"
 
 
 def parse_policy(text: str) -> Policy:
@@ -209,9 +216,29 @@ def parse_policy(text: str) -> Policy:
             "or NAME=EPP_SERVE_ARGS"
         )
     try:
-        return Policy(name, tuple(shlex.split(rest)))
+        args = shlex.split(rest)
+        replicas = take_replicas(args)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"policy {name!r}: {exc}") from None
+    return Policy(name, tuple(args), replicas=replicas)
+
+
+def take_replicas(args: list[str]) -> int:
+    """Remove ``--replicas N`` (or ``--replicas=N``) from ``args``; N (1 without it).
+    ValueError unless N is a positive integer."""
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag != "--replicas":
+            continue
+        if not eq:
+            if i + 1 == len(args):
+                raise ValueError("--replicas needs a number")
+            value = args.pop(i + 1)
+        del args[i]
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--replicas {value!r}: give a positive integer")
+        return int(value)
+    return 1
 
 
 @dataclass(frozen=True)
@@ -301,6 +328,7 @@ class Deployment(LocalStack):
                 cluster="original-dst" if policy.oracle else "eds",
                 envoy_concurrency=1,
                 kv_events=kv_events,
+                replicas=policy.replicas,
             )
         )
         self.policy = policy
@@ -310,6 +338,11 @@ class Deployment(LocalStack):
         assert self.envoy is not None
         return f"http://127.0.0.1:{self.envoy.port}/v1/chat/completions"
 
+    @property
+    def replica_metrics_urls(self) -> list[str]:
+        """Every EPP replica's /metrics (none without an EPP)."""
+        return [f"http://127.0.0.1:{http}/metrics" for _, http in self.epp_ports]
+
     def pids(self) -> dict[str, list[int]]:
         assert self.envoy is not None
         pids = {
@@ -318,7 +351,7 @@ class Deployment(LocalStack):
             "loadgen": [os.getpid()],
         }
         if self.epp is not None:
-            pids["epp"] = [self.epp.pid]
+            pids["epp"] = [p.pid for p in (self.epp, *self.more_epps)]
         return pids
 
 
@@ -499,6 +532,23 @@ async def sim_stats(session: aiohttp.ClientSession, urls: list[str]) -> list[dic
     return list(await asyncio.gather(*(one(u) for u in urls)))
 
 
+async def replica_requests(session: aiohttp.ClientSession, urls: list[str]) -> list[int]:
+    """Each EPP replica's ``epp_requests_total`` (every label summed)."""
+
+    async def one(url: str) -> int:
+        async with session.get(url) as resp:
+            text = await resp.text()
+        return round(
+            sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith(("epp_requests_total{", "epp_requests_total "))
+            )
+        )
+
+    return list(await asyncio.gather(*(one(u) for u in urls)))
+
+
 def cpu_snapshot(pids: dict[str, list[int]]) -> dict[str, float]:
     snap = {name: sum(cpu_seconds(p) for p in ps) for name, ps in pids.items()}
     snap["_busy"], snap["_total"] = machine_cpu()
@@ -531,9 +581,12 @@ async def drive(
             warm.account(visits(warmup, records))
         for cell in cells:
             stats0, cpu0 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
+            handled0 = await replica_requests(session, dep.replica_metrics_urls)
             records = await run_cell(session, dep.url, cell, drain_timeout, oracle)
             stats1, cpu1 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
+            handled1 = await replica_requests(session, dep.replica_metrics_urls)
             row = summarize(dep.policy, cell, records, stats0, stats1, cpu0, cpu1)
+            row["replica_requests"] = [b - a for a, b in zip(handled0, handled1, strict=True)]
             count = warm.account(visits(cell, records))
             row |= {
                 "warm_requests": count.warm,
@@ -1010,7 +1063,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         + "".join(f" {shlex.quote(a)}" for a in (sys.argv[1:] if argv is None else argv)),
         "elapsed_s": round(elapsed, 1),
         "workdir": str(workdir),
-        "policies": {p.name: {"epp_args": p.epp_args, "describe": p.describe()} for p in policies},
+        "policies": {
+            p.name: {"epp_args": p.epp_args, "replicas": p.replicas, "describe": p.describe()}
+            for p in policies
+        },
         "servers": args.servers,
         "sim": sim.__dict__,
         "sim_argv": sim.argv(),

@@ -277,6 +277,7 @@ def write_results(
         "",
         f"Load generator: worst send lag behind schedule {lag:.1f} ms (p99 per cell ≤ "
         f"{max(r['client_lag_p99_ms'] for r in rows):.1f} ms).",
+        *replica_shares(rows),
         "",
         "## Reading the table",
         "",
@@ -289,6 +290,20 @@ def write_results(
     ]
     (out / f"{name}.md").write_text("\n".join(lines))
     print(f"wrote {out / name}.md, .json, _ttft.png, _load.png")
+
+
+def replica_shares(rows: list[dict[str, Any]]) -> list[str]:
+    """A line saying how Envoy spread the streams over each policy's EPP replicas (their
+    ``epp_requests_total``), when a policy ran more than one."""
+    cells = [
+        f"{r['policy']} at {r['rate']:g} req/s "
+        + "/".join(f"{n / max(sum(r['replica_requests']), 1):.0%}" for n in r["replica_requests"])
+        for r in rows
+        if len(r.get("replica_requests") or []) > 1
+    ]
+    if not cells:
+        return []
+    return ["", "Requests per EPP replica (their `epp_requests_total`): " + "; ".join(cells) + "."]
 
 
 def plot_ttft(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:

@@ -31,6 +31,7 @@ raises on purpose, and one branch of it is what a client may see.
         ├── KvEventDecodeError       (kvevents/wire.py)          an undecodable KV event
         ├── TokenizerError           (tokenization.py)           tokenizer files, a template
         ├── FetchError               (top/command.py)            `epp top` cannot read the EPP
+        ├── LeaseError               (leaderelection.py)         a Lease call failed
         └── LegFailed                (disagg/legs.py)            prefill server unreachable
                                                                  or too slow
 

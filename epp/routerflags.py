@@ -1,7 +1,7 @@
 """The llm-d Router's ``epp serve`` flags that have no counterpart of ours, so that the
 argument list its chart renders starts this EPP unchanged (docs/llm-d-router.md):
 ``--metrics-endpoint-auth`` (:mod:`epp.admin.metricsauth`), ``--tracing``
-(:mod:`epp.otel`), and one accepted without being implemented yet.
+(:mod:`epp.otel`) and ``--ha-enable-leader-election`` (:mod:`epp.leaderelection`).
 
 The rest of its flags live beside the ones of ours they map onto: ``--pool-group``,
 ``--endpoint-selector``, ``--endpoint-target-ports`` (:mod:`epp.discovery.serve_pool`),
@@ -15,12 +15,6 @@ import argparse
 
 from epp.argtypes import go_bool
 from epp.logsetup import add_router_logging
-
-# flag -> what it does here when true (each is accepted; false is our behaviour)
-NOT_YET = {
-    "ha_enable_leader_election": "there is no leader election: this replica serves "
-    "as if it were the leader",
-}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,15 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const=True,
         default=False,
         metavar="BOOL",
-        help="leader election between replicas; accepted, not implemented yet: true only "
-        "logs a warning",
+        help="active-passive replicas: they contend for a Lease and only the leader reports "
+        "ready (a standby takes over within the lease duration); needs --pool-name or "
+        "--endpoint-selector. Off: every replica is ready (active-active, docs/replicas.md)",
     )
-
-
-def warnings(args: argparse.Namespace) -> list[str]:
-    """What the flags ask for that this EPP does not do, as log lines."""
-    return [
-        f"--{name.replace('_', '-')}=true: {what}"
-        for name, what in NOT_YET.items()
-        if getattr(args, name)
-    ]

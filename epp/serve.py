@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epp import argtypes, config, lifecycle, membershipflags, routerflags
+from epp import argtypes, config, leaderelection, lifecycle, membershipflags, routerflags
 from epp.admin.auth import API_KEY_ENV, ApiKeyAuth
 from epp.admin.http import make_admin_app
 from epp.admin.instances import add_status_routes
@@ -43,6 +43,7 @@ from epp.extproc import tlsflags
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.flowcontrol import FlowController
 from epp.health import HealthBoard, ReadinessGate
+from epp.leaderelection import LeaderElection, LeaderOptions
 from epp.lifecycle import App, Component, Step
 from epp.listeners import Listeners
 from epp.logsetup import add_log_level
@@ -100,6 +101,7 @@ class ServeOptions:
     tracing: bool = False  # --tracing: OpenTelemetry spans over OTLP (docs/tracing.md)
     workers: WorkerOptions = field(default_factory=WorkerOptions)
     argv: tuple[str, ...] = ()  # the command line, which the parent of --workers reuses
+    leader: LeaderOptions | None = None  # --ha-enable-leader-election: ready only leading
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -183,6 +185,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve_pool.add_arguments(parser)
     add_log_level(parser)
     routerflags.add_arguments(parser)
+    leaderelection.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -214,17 +217,19 @@ def run(args: argparse.Namespace) -> int:
         opts = replace(opts, endpoints=tuple(static.endpoints(args)))
         opts = replace(opts, pool=serve_pool.pool_ref(args))
         opts = replace(opts, selector=serve_pool.selector_ref(args))
+        opts = replace(opts, leader=leaderelection.options(args))
         tlsflags.check_flags(args)
         opts.workers.check(
             opts.grpc_port, {"--grpc-health-port": opts.health_port, "--http-port": opts.http_port}
         )
         if args.config is not None and args.config_text is not None:
             raise ValueError("--config (--config-file) and --config-text exclude each other")
+        if opts.leader is not None and opts.workers.count > 1:
+            # each worker would contend for the lease (in Kubernetes, scale with replicas)
+            raise ValueError("--ha-enable-leader-election and --workers > 1 exclude each other")
     except ValueError as exc:
         log.error("%s", exc)
         return 2
-    for warning in routerflags.warnings(args):
-        log.warning("%s", warning)
 
     def with_flags(cfg: config.EppConfig) -> config.EppConfig:
         if not args.coordinator:
@@ -429,6 +434,9 @@ def build(
         certificates = live_pair(opts.tls, opts.http_tls)
         certs = CertReloader(certificates, opts.tls_reload_s)
         tls_reload.append(Step("tls-reload", certs.start, certs.stop))
+    leader: list[Component] = []
+    if opts.leader is not None:
+        leader.append(LeaderElection(opts.leader, readiness.hold("leader-election")))
     listeners = Listeners(
         transport,
         eds,
@@ -472,6 +480,8 @@ def build(
         *([group] if group is not None else []),
         listeners,
         *_worker_ready(link, listeners),
+        # stopped before the ports close: the lease is released at once
+        *leader,
         # stopped before the ports close: held requests are answered 503 at once
         Step("flow-control", on_stop=flow.close),
         *after,

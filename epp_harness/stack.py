@@ -111,6 +111,10 @@ class StackOptions:
     epp_env: dict[str, str] = field(default_factory=dict)  # added to the EPP's environment
     # EPP worker processes (epp serve --workers), each listed in Envoy's ext_proc cluster
     workers: int = 1
+    # `epp serve` processes side by side (active-active replicas, docs/replicas.md): the
+    # first on grpc_port/http_port, the others on free ports, every one an endpoint of
+    # Envoy's ext_proc cluster; each follows the same servers (and their KV events)
+    replicas: int = 1
 
 
 class LocalStack:
@@ -121,6 +125,8 @@ class LocalStack:
         self.sims: list[ManagedProcess] = []
         self.sidecars: list[ManagedProcess] = []
         self.epp: ManagedProcess | None = None
+        self.more_epps: list[ManagedProcess] = []  # replicas beyond the first
+        self.epp_ports: list[tuple[int, int]] = []  # every replica's (gRPC, HTTP) port
         self.envoy: EnvoyProcess | None = None
         self.sim_addresses: list[str] = []
         self.sim_urls: list[str] = []
@@ -198,14 +204,7 @@ class LocalStack:
                 epp_args, endpoint_args, published, self.tokenizer_dir, self.workdir
             )
             endpoint_args = []
-        self.epp = spawn_epp(
-            self.workdir,
-            "epp",
-            "serve",
-            "--grpc-port",
-            str(o.grpc_port),
-            "--http-port",
-            str(o.http_port),
+        serve_args = [
             "--grpc-health-port",
             "0",
             "--log-level",
@@ -217,11 +216,28 @@ class LocalStack:
             # further workers on free ports: Envoy's config lists whichever they got
             *(["--workers", str(o.workers), "--worker-base-port", "0"] if o.workers > 1 else []),
             *epp_args,
-            env=o.epp_env,
-        )
-        info = self.epp.wait_ready()
-        self.grpc_port, self.http_port = info["grpc_port"], info["http_port"]
-        self.grpc_ports = list(info["grpc_ports"])
+        ]
+        replica_ports = [(o.grpc_port, o.http_port)] + [(0, 0)] * (o.replicas - 1)
+        procs = [
+            spawn_epp(
+                self.workdir,
+                "epp" if i == 0 else f"epp-{i}",
+                "serve",
+                "--grpc-port",
+                str(grpc),
+                "--http-port",
+                str(http),
+                *serve_args,
+                env=o.epp_env,
+            )
+            for i, (grpc, http) in enumerate(replica_ports)
+        ]
+        self.epp, self.more_epps = procs[0], procs[1:]
+        for proc in procs:
+            info = proc.wait_ready()
+            self.epp_ports.append((info["grpc_port"], info["http_port"]))
+            self.grpc_ports.extend(info["grpc_ports"])  # each replica's workers
+        self.grpc_port, self.http_port = self.epp_ports[0]
         more = tuple((HOST, port) for port in self.grpc_ports[1:])
         config = epp_config(replace(envoy_opts, epp_port=self.grpc_port, more_epps=more))
         path = write_config(config, self.workdir / "envoy.yaml")
@@ -283,7 +299,7 @@ class LocalStack:
         Raises StackDown when Envoy or the EPP exited: those are not restarted (the
         EPP's state and Envoy's listener are what clients and servers hold on to)."""
         now = time.monotonic() if now is None else now
-        down = [p.name for p in (self.epp,) if p is not None and not p.alive()]
+        down = [p.name for p in (self.epp, *self.more_epps) if p is not None and not p.alive()]
         if self.envoy is not None and not self.envoy.process.alive():
             down.append("envoy")
         if down:
@@ -318,8 +334,8 @@ class LocalStack:
         """Stop in reverse order: Envoy first so no new traffic arrives."""
         if self.envoy is not None:
             self.envoy.stop()
-        if self.epp is not None:
-            self.epp.stop()
+        for epp in [*self.more_epps, *([self.epp] if self.epp is not None else [])]:
+            epp.stop()
         for proc in [*self.sidecars, *self.sims]:
             proc.stop()
 
@@ -443,6 +459,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "listed in Envoy's ext_proc cluster; docs/workers.md)",
     )
     parser.add_argument(
+        "--replicas",
+        type=argtypes.positive_int,
+        default=1,
+        help="EPP replicas side by side (active-active, docs/replicas.md): the first on "
+        "--grpc-port/--http-port, the others on free ports, each an endpoint of Envoy's "
+        "ext_proc cluster",
+    )
+    parser.add_argument(
         "--processing",
         choices=PROCESSING_MODES,
         default="full",
@@ -542,6 +566,7 @@ def run(args: argparse.Namespace) -> int:
             *(["--config", str(args.config)] if args.config else []),
         ],
         kv_events=args.kv_events,
+        replicas=args.replicas,
         epp_tls=args.epp_tls,
         fail_open=args.fail_open,
         first_byte_timeout_s=args.first_byte_timeout,
@@ -596,14 +621,18 @@ def banner(stack: LocalStack) -> str:
     servers = "\n".join(f"    {flag.lstrip('-'):<10} {address}" for flag, address in pairs)
     grpc_security = "TLS, self-signed" if stack.opts.epp_tls else "plaintext"
     workers = f", {stack.opts.workers} workers" if stack.opts.workers > 1 else ""
-    ports = ",".join(map(str, stack.grpc_ports))
+    ports = ",".join(map(str, stack.grpc_ports[: stack.opts.workers]))  # the first replica's
+    replicas = "".join(
+        f"  EPP replica {i}               gRPC {HOST}:{grpc}, HTTP http://{HOST}:{http}\n"
+        for i, (grpc, http) in enumerate(stack.epp_ports[1:], start=1)
+    )
     return f"""
 epp stack is up.
   Envoy (send requests here)  {url}
   EPP ext_proc gRPC           {HOST}:{ports} ({grpc_security}{workers})
   EPP metrics                 {stack.epp_http_url}/metrics
   EPP admin API               {stack.epp_http_url}/status, /instances/add|remove ({admin})
-  Envoy admin                 {stack.envoy.admin_url}
+{replicas}  Envoy admin                 {stack.envoy.admin_url}
   model servers               model {model}, coordinator {stack.opts.coordinator}
 {servers}
   logs and configs            {stack.workdir}

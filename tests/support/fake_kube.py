@@ -13,7 +13,9 @@ drives it unchanged:
 * ``labelSelector`` (``k=v``, ``k==v``, ``k!=v``) and ``fieldSelector``
   (``metadata.name``, ``metadata.namespace``); an object that stops (starts) matching a
   watch's selector is sent as DELETED (ADDED), like the API server's watch cache does;
-* ``POST .../events`` is stored, so tests can read what the client reported.
+* ``POST .../events`` is stored, so tests can read what the client reported;
+* ``coordination.k8s.io/v1`` Leases: read, create (409 if it exists) and replace (409
+  unless the body names the stored ``resourceVersion``), as leader election uses them.
 
 Every mutation bumps one global resourceVersion, like etcd's revision. Tests change
 state with :meth:`FakeKube.apply` / :meth:`delete` and break things with
@@ -40,7 +42,9 @@ KINDS = {
     "pods": ("v1", "Pod"),
     "inferencepools": ("inference.networking.k8s.io/v1", "InferencePool"),
     "inferenceobjectives": ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"),
+    "leases": ("coordination.k8s.io/v1", "Lease"),
 }
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 _DROP = object()  # queued to a watcher: cut its connection without a clean end
 _END = object()  # queued to a watcher: end its stream cleanly, as a timeout would
 
@@ -158,6 +162,9 @@ class FakeKube:
         )
         app.router.add_get(objectives, self._get("inferenceobjectives"))
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._post_event)
+        app.router.add_get(LEASES + "/{name}", self._read_lease)
+        app.router.add_post(LEASES, self._create_lease)
+        app.router.add_put(LEASES + "/{name}", self._replace_lease)
         app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
         app.router.add_post(
             "/apis/authorization.k8s.io/v1/subjectaccessreviews", self._access_review
@@ -263,6 +270,42 @@ class FakeKube:
             self._watches.discard(w)
         await response.write_eof()
         return response
+
+    def lease(self, namespace: str, name: str) -> Obj | None:
+        return self.objects.get(("leases", namespace, name))
+
+    async def _read_lease(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        self.requests.append(Seen("GET", "leases", dict(request.query)))
+        if self._failures:
+            code = self._failures.pop(0)
+            return _status(code, "InternalError", f"injected failure {code}")
+        lease = self.lease(ns, name)
+        if lease is None:
+            return _status(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+        return web.json_response(lease)
+
+    async def _create_lease(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(Seen("POST", "leases", dict(request.query)))
+        ns, name = request.match_info["ns"], body["metadata"]["name"]
+        if self.lease(ns, name) is not None:
+            return _status(409, "AlreadyExists", f'leases "{name}" already exists')
+        body["metadata"]["namespace"] = ns
+        return web.json_response(self.apply("leases", body), status=201)
+
+    async def _replace_lease(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(Seen("PUT", "leases", dict(request.query)))
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        stored = self.lease(ns, name)
+        if stored is None:
+            return _status(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+        version = body.get("metadata", {}).get("resourceVersion")
+        if version != stored["metadata"]["resourceVersion"]:
+            return _status(409, "Conflict", f'the object has been modified: "{name}"')
+        body["metadata"]["namespace"] = ns
+        return web.json_response(self.apply("leases", body))
 
     async def _post_event(self, request: web.Request) -> web.Response:
         body = await request.json()

@@ -61,3 +61,32 @@ def test_ideal_and_round_robin_take_no_epp_args() -> None:
     assert parse_policy("default=").epp_args == ()
     with pytest.raises(argparse.ArgumentTypeError):
         parse_policy("ideal=--config x.yaml")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["two=--replicas 2 --config c.yaml", "two=--config c.yaml --replicas=2"],
+)
+def test_replicas_are_taken_out_of_the_epp_args(spec: str) -> None:
+    policy = parse_policy(spec)
+    assert (policy.replicas, policy.epp_args) == (2, ("--config", "c.yaml"))
+    assert "2 replicas of `epp serve --config c.yaml`" in policy.describe()
+    assert parse_policy("one=--config c.yaml").replicas == 1
+
+
+@pytest.mark.parametrize("spec", ["x=--replicas", "x=--replicas 0", "x=--replicas=two"])
+def test_a_bad_replica_count_is_refused(spec: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="--replicas"):
+        parse_policy(spec)
+
+
+def test_the_report_gives_each_replica_its_share_of_the_requests() -> None:
+    from bench.routing_report import replica_shares
+
+    rows = [
+        {"policy": "one", "rate": 10.0, "replica_requests": [40]},
+        {"policy": "two", "rate": 10.0, "replica_requests": [30, 10]},
+    ]
+    (blank, line) = replica_shares(rows)
+    assert blank == "" and line.endswith("two at 10 req/s 75%/25%.")
+    assert replica_shares(rows[:1]) == []

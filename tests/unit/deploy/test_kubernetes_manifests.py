@@ -11,6 +11,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from epp import config
 from epp.admin.http import make_admin_app
 from epp.cli import build_parser
 from epp.datastore import Datastore
@@ -24,7 +25,8 @@ from epp.health import HEALTH_SERVICES
 from epp.metrics import EppMetrics
 from epp.types import Role
 
-DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
+ROOT = Path(__file__).resolve().parents[3]
+DEPLOY = ROOT / "deploy" / "kubernetes"
 Doc = dict[str, Any]
 
 
@@ -88,6 +90,7 @@ def test_rbac_grants_exactly_what_discovery_uses() -> None:
         ("inference.networking.k8s.io", "inferencepools"): ["get", "list", "watch"],
         ("inference.networking.x-k8s.io", "inferenceobjectives"): ["get", "list", "watch"],
         ("", "events"): ["create"],
+        ("coordination.k8s.io", "leases"): ["create", "get", "update"],  # leader election
     }
     binding = DOCS[("RoleBinding", "qwen-epp")]
     assert binding["roleRef"] == {
@@ -136,6 +139,64 @@ def test_epp_args_ports_probes_and_service_agree() -> None:
         "grpc": (9002, 9002),
         "http": (9090, 9090),
     }
+
+
+def test_two_replicas_active_active_spread_and_never_all_down() -> None:
+    """docs/replicas.md: two replicas, both ready (no leader election), on different
+    nodes where possible; a rollout or a drain leaves one serving."""
+    assert EPP["spec"]["replicas"] == 2
+    assert epp_args().ha_enable_leader_election is False
+    assert EPP["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (spread,) = EPP["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    labels = EPP["spec"]["template"]["metadata"]["labels"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(spread["labelSelector"]["matchLabels"], labels)
+    budget = DOCS[("PodDisruptionBudget", "qwen-epp")]
+    assert budget["spec"]["minAvailable"] == 1
+    assert selects(budget["spec"]["selector"]["matchLabels"], labels)
+
+
+def mounts(container: Doc) -> dict[str, str]:
+    return {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+
+
+def test_the_replicas_read_kv_events_with_the_shipped_precise_config() -> None:
+    """The ConfigMap is configs/precise-prefix.yaml with the tokenizer the init container
+    fetches, mounted where --config-file and the tokenizer parameter say."""
+    spec = EPP["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    (init,) = spec["initContainers"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    config_map = DOCS[("ConfigMap", volumes["config"]["configMap"]["name"])]
+    (key,) = config_map["data"]
+    assert Path(epp_args().config) == Path(mounts(container)["config"]) / key
+    text = config_map["data"][key]
+    shipped = yaml.safe_load((ROOT / "configs" / "precise-prefix.yaml").read_text())
+    ours = yaml.safe_load(text)
+    (precise,) = [p for p in ours["plugins"] if p["type"] == "precise-prefix-cache-scorer"]
+    tokenizer = precise["parameters"].pop("tokenizer")
+    assert ours == shipped
+    assert tokenizer == mounts(container)["tokenizer"] == mounts(init)["tokenizer"]
+    assert "emptyDir" in volumes["tokenizer"]
+    assert config.load_text(text, "ConfigMap").plugins  # validates as epp serve would
+
+
+@pytest.mark.parametrize("deployment", MODEL_SERVERS, ids=lambda d: d["metadata"]["name"])
+def test_every_model_server_publishes_where_its_endpoint_says(deployment: Doc) -> None:
+    template = deployment["spec"]["template"]
+    pod = {
+        "metadata": {"name": "p", "namespace": "default", **template["metadata"]},
+        "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    endpoints = pod_endpoints(parse_pool(POOL), pod, "vllm").endpoints
+    published = {}
+    for container in template["spec"]["containers"]:
+        args = dict(a.split("=", 1) for a in container["args"] if a.startswith("--"))
+        events = json.loads(args["--kv-events-config"])
+        assert events["enable_kv_cache_events"] is True and events["publisher"] == "zmq"
+        published[int(args["--port"])] = events["endpoint"].rsplit(":", 1)[1]
+    assert {e.port: e.labels["epp.dev/kv-events"] for e in endpoints} == published
+    assert len(set(published.values())) == len(published)  # one port per server in a pod
 
 
 def test_pool_points_at_the_epp_service() -> None:
