@@ -27,6 +27,7 @@ from epp.modelnames import ModelsConfig, Resolved, resolve
 from epp.placement import AdapterPlacement
 from epp.scheduling.base import Scheduler
 from epp.scheduling.flowqueue import FlowControlConfig, fairness_id, queue_timeout
+from epp.scheduling.holding import Hold
 from epp.scheduling.latency import Dispatch, slo_missed
 from epp.scheduling.saturation import Room
 from epp.types import InferenceRequest, SchedulingResult
@@ -158,15 +159,23 @@ class Router:
             if band < 0 and not scheduler.room(request, self.datastore.snapshot()):
                 raise _shed(band, cfg.retry_after_s)
             routed = self._dispatch(request, max_destinations, band, 0.0, True)
+            assert isinstance(routed, Routed)
             flow.observe(flow_id, band, DISPATCHED, 0.0)
             return routed
         if flow.idle:
             room = scheduler.room(request, self.datastore.snapshot())
-            if room:  # late binding: only where there is room
+            if room:  # late binding: only where there is room (or held for its home)
                 routed = self._dispatch(request, max_destinations, band, 0.0, room)
-                flow.observe(flow_id, band, DISPATCHED, 0.0)
-                return routed
-        if band < 0 and cfg.shed_sheddable:
+                if isinstance(routed, Routed):
+                    flow.observe(flow_id, band, DISPATCHED, 0.0)
+                    return routed
+            elif band < 0 and cfg.shed_sheddable:
+                raise _shed(band, cfg.retry_after_s)
+        elif (
+            band < 0
+            and cfg.shed_sheddable
+            and not scheduler.room(request, self.datastore.snapshot())
+        ):
             raise _shed(band, cfg.retry_after_s)
         try:
             limit_s = queue_timeout(request.headers, cfg)
@@ -179,7 +188,9 @@ class Router:
             flow_id,
             limit_s,
             lambda: self.scheduler.room(request, self.datastore.snapshot()),
-            lambda waited, room: self._dispatch(request, max_destinations, band, waited, room),
+            lambda waited, room, held_for: self._dispatch(
+                request, max_destinations, band, waited, room, held_for
+            ),
             Routed.release,
         )
 
@@ -190,15 +201,28 @@ class Router:
         band: int,
         waited_s: float,
         room: Room,
-    ) -> Routed:
-        """Route now, among the endpoints with room (``room``: all when True); a
-        sheddable request that cannot meet its SLO headers (by the latency model's
+        held_for: Mapping[str, int] | None = None,
+    ) -> Routed | Hold:
+        """Route now where it can run now (``room``: the endpoints with room, all when
+        True): to its preferred endpoint, or the best with room when waiting for that
+        one is predicted to cost more (``Hold``: it waits; the scheduler's dispatch);
+        a sheddable request that cannot meet its SLO headers (by the latency model's
         prediction plus the time it already waited) is refused instead."""
-        if room is not True:  # late binding: only where it can run now
-            assert room  # a frozenset of addresses
-            subset = room if request.subset is None else room & request.subset
-            request = replace(request, subset=subset)
-        routed = self.route(request, max_destinations)
+        cfg = self.flow.cfg
+        start = time.perf_counter()
+        decision = self.scheduler.dispatch(
+            request,
+            self.datastore.snapshot(),
+            room,
+            self.rng,
+            held_for=held_for,
+            waited_s=waited_s,
+            # a sheddable request that is shed without room does not wait for its home
+            keep_affinity=cfg.keep_affinity and not (band < 0 and cfg.shed_sheddable),
+        )
+        if isinstance(decision, Hold):
+            return decision
+        routed = self.route(request, max_destinations, decision, start)
         pred = routed.result.prediction
         if (
             band < 0
@@ -216,13 +240,22 @@ class Router:
             )
         return routed
 
-    def route(self, request: InferenceRequest, max_destinations: int = 1) -> Routed:
-        """Schedule ``request``; the result names at most ``max_destinations`` targets
-        (primary first), as many as the Envoy config can use."""
-        start = time.perf_counter()
+    def route(
+        self,
+        request: InferenceRequest,
+        max_destinations: int = 1,
+        result: SchedulingResult | None = None,
+        started: float | None = None,
+    ) -> Routed:
+        """Schedule ``request`` (unless ``result`` is its schedule, begun at
+        ``started`` by ``time.perf_counter``); the result names at most
+        ``max_destinations`` targets (primary first), as many as the Envoy config can
+        use."""
+        start = time.perf_counter() if started is None else started
         routed_at = self.clock()
         snapshot = self.datastore.snapshot()
-        result = self.scheduler.schedule(request, snapshot, self.rng)
+        if result is None:
+            result = self.scheduler.schedule(request, snapshot, self.rng)
         if len(result.targets) > max_destinations:
             result = replace(result, targets=result.targets[:max_destinations])
         if request.model is None:

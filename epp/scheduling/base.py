@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from epp.scheduling.columns import CandidateView, FloatArray, candidate_view
+from epp.scheduling.holding import Hold
 from epp.scheduling.latency import LatencyModel
 from epp.types import EndpointMetrics, EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
@@ -25,6 +26,22 @@ class Scheduler(Protocol):
         Contract: synchronous and free of I/O; every returned target is one of the
         snapshot's endpoints; raises :class:`epp.errors.NoEndpointError` when none fits.
         """
+        ...
+
+    def dispatch(
+        self,
+        request: InferenceRequest,
+        snapshot: Snapshot,
+        room: bool | frozenset[str],
+        rng: random.Random,
+        *,
+        held_for: Mapping[str, int] | None = None,
+        waited_s: float = 0.0,
+        keep_affinity: bool = True,
+    ) -> SchedulingResult | Hold:
+        """Flow control's pick for a request that may go now (``room`` is not False):
+        its result, or :class:`Hold` when it should wait for its preferred endpoint
+        (epp.scheduling.holding)."""
         ...
 
     def priority(self, request: InferenceRequest) -> int:

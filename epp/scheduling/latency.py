@@ -183,10 +183,15 @@ class EndpointLatency:
         """Below this many requests on it, a newcomer certainly finds a free slot."""
         return self.configured_slots or self.learned_slots or max(self.running_seen, 1)
 
-    def wait_s(self, load: float, waiting: float, running: float) -> float:
+    def wait_s(
+        self, load: float, waiting: float, running: float, limit: int | None = None
+    ) -> float:
         """Expected queue wait of a request arriving behind ``load`` requests (the
-        engine reporting ``waiting`` and ``running``, 0 when unknown)."""
+        engine reporting ``waiting`` and ``running``, 0 when unknown); ``limit``: a
+        concurrency the EPP keeps to (below the slots), for which it waits instead."""
         slots = self.slots
+        if limit is not None:
+            slots = min(slots, limit) if slots else limit
         if slots is not None:
             ahead = load - slots + 1
             return ahead * self.slot_s / slots if ahead > 0 else 0.0
@@ -300,15 +305,18 @@ class LatencyModel:
         metrics: EndpointMetrics | None,
         in_flight: int,
         uncached_tokens: int,
+        limit: int | None = None,
     ) -> Prediction:
         """TTFT of a request with ``uncached_tokens`` to prefill on this endpoint now
-        (``metrics``: its fresh report or None; ``in_flight``: the EPP's count there)."""
+        (``metrics``: its fresh report or None; ``in_flight``: the EPP's count there, or
+        more: requests held for it ahead of this one; ``limit``: the concurrency the EPP
+        keeps to there, when lower than its slots)."""
         model = self.endpoint(state)
         waiting = running = 0.0
         if metrics is not None and metrics.updated_at > model.last_done:
             waiting, running = _known(metrics.waiting), _known(metrics.running)
         load = max(in_flight, math.ceil(running + waiting))
-        wait = model.wait_s(load, waiting, running)
+        wait = model.wait_s(load, waiting, running, limit)
         slots = model.slots
         batch = min(load + 1, slots) if slots else load + 1
         return Prediction(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from epp.errors import NoEndpointError
 from epp.scheduling.base import (
@@ -15,7 +16,11 @@ from epp.scheduling.base import (
     ProfileRunner,
     RoutingObserver,
 )
+from epp.scheduling.deciders import CachedTokens, uncached_tokens
+from epp.scheduling.holding import Hold, waits_for_home
 from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
+from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
+from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.profile import Profile
 from epp.scheduling.saturation import (
     AdmissionConfig,
@@ -77,7 +82,59 @@ class ProfileScheduler:
     def schedule(
         self, request: InferenceRequest, snapshot: Snapshot, rng: random.Random
     ) -> SchedulingResult:
-        ctx = CycleContext(
+        ctx = self._context(request, snapshot, rng)
+        candidates = _candidates(request, snapshot)
+        result = self.handler.run(ctx, self.profiles, candidates)
+        return replace(result, prediction=self._predict(ctx, result))
+
+    def dispatch(
+        self,
+        request: InferenceRequest,
+        snapshot: Snapshot,
+        room: Room,
+        rng: random.Random,
+        *,
+        held_for: Mapping[str, int] | None = None,
+        waited_s: float = 0.0,
+        keep_affinity: bool = True,
+    ) -> SchedulingResult | Hold:
+        """Flow control's pick for a request that may go now (``room``: the endpoints
+        with room, True for all): its home (the pick over every endpoint it may go to)
+        when the home has room; else, with ``keep_affinity``, :class:`Hold` while
+        waiting for the home is predicted to cost less than a miss where there is room
+        (epp.scheduling.holding; ``held_for``: address -> requests already held for
+        it, ahead of this one; ``waited_s``: how long this one waited); else the best
+        endpoint with room."""
+        if room is True:
+            return self.schedule(request, snapshot, rng)
+        assert room  # a frozenset of addresses (flow control holds requests without)
+        subset = room if request.subset is None else room & request.subset
+        spill_request = replace(request, subset=subset)
+        if not keep_affinity:
+            return self.schedule(spill_request, snapshot, rng)
+        home = self.schedule(request, snapshot, rng)
+        address = home.primary.address
+        state = snapshot.state(address)
+        if address in room or state is None or home.prediction is None:
+            return home
+        spill = self.schedule(spill_request, snapshot, rng)
+        if spill.prediction is None:
+            return spill
+        ahead = snapshot.in_flight.get(address, 0) + (held_for or {}).get(address, 0)
+        metrics = state.metrics
+        if metrics is not None and self.clock() - metrics.updated_at > self.stale_after_s:
+            metrics = None
+        there = self.latency.predict(
+            state, metrics, ahead, home.prediction.uncached_tokens, self.saturation.max_concurrency
+        )
+        if waits_for_home(there.ttft_s, spill.prediction.ttft_s, waited_s):
+            return Hold(address, there.wait_s)
+        return spill
+
+    def _context(
+        self, request: InferenceRequest, snapshot: Snapshot, rng: random.Random
+    ) -> CycleContext:
+        return CycleContext(
             request,
             snapshot,
             self.clock(),
@@ -87,9 +144,6 @@ class ProfileScheduler:
             self.vectorize_from,
             self.latency,
         )
-        candidates = _candidates(request, snapshot)
-        result = self.handler.run(ctx, self.profiles, candidates)
-        return replace(result, prediction=self._predict(ctx, result))
 
     def priority(self, request: InferenceRequest) -> int:
         """The request's band (negative: sheddable)."""
@@ -105,15 +159,30 @@ class ProfileScheduler:
             snapshot, candidates, self.saturation, self.latency, self.clock(), self.stale_after_s
         )
 
+    @cached_property
+    def _cache_estimate(self) -> CachedTokens | None:
+        """The configured prefix-cache scorer (the precise one first), which estimates
+        what each endpoint caches; None without one."""
+        for kind in (PrecisePrefixCacheScorer, PrefixCacheScorer):
+            for plugin in self.plugins.values():
+                if isinstance(plugin, kind):
+                    return plugin
+        return None
+
     def _predict(self, ctx: CycleContext, result: SchedulingResult) -> Prediction | None:
         """The latency model's expectation on the primary target, with the uncached
-        tokens a latency scorer estimated there (else the whole prompt), and whether it
-        meets the request's SLO headers."""
+        tokens a latency scorer estimated there (else the prefix-cache scorer's
+        estimate, else the whole prompt), and whether it meets the request's SLO
+        headers."""
         primary = ctx.snapshot.state(result.primary.address)
         if primary is None:
             return None
         request = ctx.request
-        uncached = ctx.cache.get(UNCACHED_KEY, {}).get(primary.address, request.prompt_tokens)
+        scored = ctx.cache.get(UNCACHED_KEY)
+        if scored is not None:
+            uncached = scored.get(primary.address, request.prompt_tokens)
+        else:
+            uncached = uncached_tokens(self._cache_estimate, ctx, primary.address)
         in_flight = ctx.snapshot.in_flight.get(primary.address, 0)
         pred = self.latency.predict(primary, ctx.metrics(primary), in_flight, uncached)
         if request.slo_ttft_ms is None and request.slo_tpot_ms is None:
