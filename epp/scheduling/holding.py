@@ -7,8 +7,9 @@ home, its queue wait (behind the requests it runs and those already held for it)
 the prefill of what it does not cache; elsewhere, the prefill of what that endpoint
 does not cache (a miss, usually). The request waits for its home while the home is
 predicted to serve it no later than the miss would, and while it has not already
-waited as long as the miss takes (a bound on a wrong prediction: it never waits more
-than a miss's time for its home).
+waited for its home as long as the miss takes (a bound on a wrong prediction: it never
+waits more than a miss's time for its home; the time it waited for its turn before
+does not count).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ class Hold:
     wait_s: float
 
 
-def waits_for_home(home_ttft_s: float, spill_ttft_s: float, waited_s: float) -> bool:
-    """Whether a request that already waited ``waited_s`` keeps waiting for its home
-    (predicted TTFT there ``home_ttft_s``, queue wait included) rather than going where
-    there is room now (predicted TTFT ``spill_ttft_s``)."""
-    return home_ttft_s <= spill_ttft_s and waited_s < spill_ttft_s
+def waits_for_home(home_ttft_s: float, spill_ttft_s: float, held_s: float) -> bool:
+    """Whether a request that already waited ``held_s`` for its home keeps waiting for
+    it (predicted TTFT there ``home_ttft_s``, queue wait included) rather than going
+    where there is room now (predicted TTFT ``spill_ttft_s``)."""
+    return home_ttft_s <= spill_ttft_s and held_s < spill_ttft_s

@@ -351,6 +351,11 @@ class LatencyModel:
         ttft: FloatArray = wait + cols["overhead"][rows] + rate * uncached
         return ttft, load, rate, cols["decode_slope"][rows], slot_s
 
+    def slots_view(self, view: CandidateView) -> FloatArray:
+        """Each candidate's slots as :attr:`EndpointLatency.slots` says (0: unknown)."""
+        result: FloatArray = self._columns["slots"][self._rows(view)]
+        return result
+
     def _rows(self, view: CandidateView) -> IndexArray:
         """The model rows of ``view``'s candidates (creating missing endpoints), found
         once per column set and epoch: successive snapshots share their addresses."""

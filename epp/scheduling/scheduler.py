@@ -95,7 +95,7 @@ class ProfileScheduler:
         rng: random.Random,
         *,
         held_for: Mapping[str, int] | None = None,
-        waited_s: float = 0.0,
+        held_s: float = 0.0,
         keep_affinity: bool = True,
     ) -> SchedulingResult | Hold:
         """Flow control's pick for a request that may go now (``room``: the endpoints
@@ -103,8 +103,8 @@ class ProfileScheduler:
         when the home has room; else, with ``keep_affinity``, :class:`Hold` while
         waiting for the home is predicted to cost less than a miss where there is room
         (epp.scheduling.holding; ``held_for``: address -> requests already held for
-        it, ahead of this one; ``waited_s``: how long this one waited); else the best
-        endpoint with room."""
+        it, ahead of this one; ``held_s``: how long this one has waited for it already);
+        else the best endpoint with room."""
         if room is True:
             return self.schedule(request, snapshot, rng)
         assert room  # a frozenset of addresses (flow control holds requests without)
@@ -127,7 +127,7 @@ class ProfileScheduler:
         there = self.latency.predict(
             state, metrics, ahead, home.prediction.uncached_tokens, self.saturation.max_concurrency
         )
-        if waits_for_home(there.ttft_s, spill.prediction.ttft_s, waited_s):
+        if waits_for_home(there.ttft_s, spill.prediction.ttft_s, held_s):
             return Hold(address, there.wait_s)
         return spill
 
@@ -156,7 +156,13 @@ class ProfileScheduler:
         except NoEndpointError:
             return True  # scheduling answers the precise error at once
         return room(
-            snapshot, candidates, self.saturation, self.latency, self.clock(), self.stale_after_s
+            snapshot,
+            candidates,
+            self.saturation,
+            self.latency,
+            self.clock(),
+            self.stale_after_s,
+            self.vectorize_from,
         )
 
     @cached_property

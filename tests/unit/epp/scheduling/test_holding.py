@@ -80,7 +80,7 @@ def test_requests_held_ahead_for_the_home_lengthen_its_wait() -> None:
 
 def test_it_spills_after_waiting_a_miss_and_without_affinity() -> None:
     scheduler, datastore = pool(output_tokens=30)
-    late = dispatch(scheduler, datastore, waited_s=1.1)
+    late = dispatch(scheduler, datastore, held_s=1.1)
     assert isinstance(late, SchedulingResult) and late.primary.address == OTHER
     off = dispatch(scheduler, datastore, keep_affinity=False)
     assert isinstance(off, SchedulingResult) and off.primary.address == OTHER
