@@ -55,10 +55,9 @@ EVICTED_OTHER = "EvictedOther"
 class _Waiter(Generic[T]):
     future: asyncio.Future[T]
     room: Callable[[], Room]
-    dispatch: Callable[[float, Room, Mapping[str, int], float], T | Hold]
+    dispatch: Callable[[float, Room, Mapping[str, int]], T | Hold]
     fairness_id: str
     narrowed: bool  # it may go to some endpoints only (the proxy's subset hint)
-    held_since: float | None = None  # when it first stayed for its preferred endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +101,12 @@ class FlowController:
         fairness_id: str,
         limit_s: float,
         room: Callable[[], Room],
-        dispatch: Callable[[float, Room, Mapping[str, int], float], T | Hold],
+        dispatch: Callable[[float, Room, Mapping[str, int]], T | Hold],
         release: Callable[[T], None],
     ) -> T | Waiting[T]:
         """Hold the request until ``room()`` (which endpoints have room: none is falsy),
-        then ``dispatch(waited, room, held_for, held)`` it (``held_for``: address ->
-        requests ahead of it that wait for that endpoint; ``held``: how long it has
-        waited for its own, since it could first have gone elsewhere), unless that
-        answers :class:`Hold`. Its
+        then ``dispatch(waited, room, held_for)`` it (``held_for``: address -> requests
+        ahead of it that wait for that endpoint), unless that answers :class:`Hold`. Its
         result comes back at once if it could go at once (nothing ahead of it and room),
         else as :class:`Waiting`. ``release`` undoes a dispatch whose client left
         before it saw it. Raises QueueFullError when the request cannot be held."""
@@ -205,9 +202,8 @@ class FlowController:
                     return False  # no endpoint of the pool has room
                 continue  # its subset is full: the others may still go
             waited = now - item.enqueued_at
-            held = 0.0 if waiter.held_since is None else now - waiter.held_since
             try:
-                result = waiter.dispatch(waited, room, held_for, held)
+                result = waiter.dispatch(waited, room, held_for)
             except ClientVisibleError as error:
                 queues.pop(item)
                 self.observe(waiter.fairness_id, item.band, REJECTED_OTHER, waited)
@@ -223,8 +219,6 @@ class FlowController:
                 continue
             if isinstance(result, Hold):  # waits for its endpoint, ahead of later ones
                 held_for[result.address] = held_for.get(result.address, 0) + 1
-                if waiter.held_since is None:
-                    waiter.held_since = now
                 continue
             queues.pop(item)
             went += 1

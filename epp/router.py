@@ -188,8 +188,8 @@ class Router:
             flow_id,
             limit_s,
             lambda: self.scheduler.room(request, self.datastore.snapshot()),
-            lambda waited, room, held_for, held: self._dispatch(
-                request, max_destinations, band, waited, room, held_for, held
+            lambda waited, room, held_for: self._dispatch(
+                request, max_destinations, band, waited, room, held_for
             ),
             Routed.release,
         )
@@ -202,12 +202,11 @@ class Router:
         waited_s: float,
         room: Room,
         held_for: Mapping[str, int] | None = None,
-        held_s: float = 0.0,
     ) -> Routed | Hold:
         """Route now where it can run now (``room``: the endpoints with room, all when
-        True): to its preferred endpoint, or the best with room when waiting for that
-        one is predicted to cost more (``Hold``: it waits; the scheduler's dispatch;
-        ``held_for`` and ``held_s`` as there);
+        True): to the endpoint the scheduler prefers, or wait for it when it has no
+        room (``Hold``; the scheduler's dispatch, ``held_for`` as there), or without
+        ``keepAffinity`` to the best endpoint with room;
         a sheddable request that cannot meet its SLO headers (by the latency model's
         prediction plus the time it already waited) is refused instead."""
         cfg = self.flow.cfg
@@ -218,7 +217,6 @@ class Router:
             room,
             self.rng,
             held_for=held_for,
-            held_s=held_s,
             # a sheddable request that is shed without room does not wait for its home
             keep_affinity=cfg.keep_affinity and not (band < 0 and cfg.shed_sheddable),
         )

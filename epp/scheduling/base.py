@@ -36,7 +36,6 @@ class Scheduler(Protocol):
         rng: random.Random,
         *,
         held_for: Mapping[str, int] | None = None,
-        held_s: float = 0.0,
         keep_affinity: bool = True,
     ) -> SchedulingResult | Hold:
         """Flow control's pick for a request that may go now (``room`` is not False):

@@ -179,6 +179,12 @@ class EndpointLatency:
         return max(self.queued_at, self.running_seen) if self.queued_at else None
 
     @property
+    def reported_slots(self) -> int | None:
+        """Its slots as configured or reported (the running count while requests
+        waited), not inferred from a slow first token: what room is judged against."""
+        return self.configured_slots or self.learned_slots or None
+
+    @property
     def surely_free(self) -> int:
         """Below this many requests on it, a newcomer certainly finds a free slot."""
         return self.configured_slots or self.learned_slots or max(self.running_seen, 1)
@@ -221,7 +227,7 @@ class LatencyModel:
     rewritten whenever its endpoint learns something."""
 
     # slots: 0 = unknown; decode_slope: seconds per output token per running request
-    _COLUMNS = ("overhead", "rate", "slot_s", "slots", "last_done", "decode_slope")
+    _COLUMNS = ("overhead", "rate", "slot_s", "slots", "reported", "last_done", "decode_slope")
 
     def __init__(self, priors: LatencyPriors | None = None) -> None:
         self._epoch = 0  # bumped when rows are handed out or freed
@@ -286,6 +292,7 @@ class LatencyModel:
         cols["rate"][row] = model.prefill.b
         cols["slot_s"][row] = model.slot_s
         cols["slots"][row] = model.slots or 0
+        cols["reported"][row] = model.reported_slots or 0
         cols["last_done"][row] = model.last_done
         cols["decode_slope"][row] = model.decode.b
 
@@ -351,9 +358,9 @@ class LatencyModel:
         ttft: FloatArray = wait + cols["overhead"][rows] + rate * uncached
         return ttft, load, rate, cols["decode_slope"][rows], slot_s
 
-    def slots_view(self, view: CandidateView) -> FloatArray:
-        """Each candidate's slots as :attr:`EndpointLatency.slots` says (0: unknown)."""
-        result: FloatArray = self._columns["slots"][self._rows(view)]
+    def reported_slots_view(self, view: CandidateView) -> FloatArray:
+        """Each candidate's :attr:`EndpointLatency.reported_slots` (0: unknown)."""
+        result: FloatArray = self._columns["reported"][self._rows(view)]
         return result
 
     def _rows(self, view: CandidateView) -> IndexArray:

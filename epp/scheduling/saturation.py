@@ -97,7 +97,7 @@ def room(
         if s.endpoint.role is prefill_role:
             prefill.append(address)
             continue
-        limit = fixed or model(s).slots
+        limit = fixed or model(s).reported_slots
         m = s.metrics
         if m is not None and m.updated_at < oldest:
             m = None
@@ -137,7 +137,7 @@ def _room_view(
     if cfg.max_concurrency:
         limit = np.full(len(candidates), float(cfg.max_concurrency))
     else:  # slots not learned yet: a report of waiting requests makes running the limit
-        limit = latency.slots_view(view)
+        limit = latency.reported_slots_view(view)
         limit = np.where((limit == 0) & fresh & (waiting > 0), np.floor(running), limit)
     full = ~prefill & (reported_full | ((limit > 0) & (view.counts(snapshot.in_flight) >= limit)))
     if not full.any():

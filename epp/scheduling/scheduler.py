@@ -17,7 +17,7 @@ from epp.scheduling.base import (
     RoutingObserver,
 )
 from epp.scheduling.deciders import CachedTokens, uncached_tokens
-from epp.scheduling.holding import Hold, waits_for_home
+from epp.scheduling.holding import Hold, with_held
 from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
@@ -30,6 +30,11 @@ from epp.scheduling.saturation import (
     room,
 )
 from epp.types import EndpointState, InferenceRequest, Prediction, SchedulingResult, Snapshot
+
+
+def _within(request: InferenceRequest, room: frozenset[str]) -> InferenceRequest:
+    """``request`` picked only among the endpoints with room (in its subset, if any)."""
+    return replace(request, subset=room if request.subset is None else room & request.subset)
 
 
 def _candidates(request: InferenceRequest, snapshot: Snapshot) -> tuple[EndpointState, ...]:
@@ -95,41 +100,42 @@ class ProfileScheduler:
         rng: random.Random,
         *,
         held_for: Mapping[str, int] | None = None,
-        held_s: float = 0.0,
         keep_affinity: bool = True,
     ) -> SchedulingResult | Hold:
         """Flow control's pick for a request that may go now (``room``: the endpoints
-        with room, True for all): its home (the pick over every endpoint it may go to)
-        when the home has room; else, with ``keep_affinity``, :class:`Hold` while
-        waiting for the home is predicted to cost less than a miss where there is room
-        (epp.scheduling.holding; ``held_for``: address -> requests already held for
-        it, ahead of this one; ``held_s``: how long this one has waited for it already);
-        else the best endpoint with room."""
+        with room, True for all; epp.scheduling.holding): its pick over every endpoint
+        it may go to, the requests held ahead of it counted where they wait
+        (``held_for``: address -> requests); if that endpoint has no room, with
+        ``keep_affinity`` :class:`Hold` (it waits for it) while the latency model
+        predicts it sooner there than on the best endpoint with room, else the best
+        endpoint with room."""
         if room is True:
             return self.schedule(request, snapshot, rng)
         assert room  # a frozenset of addresses (flow control holds requests without)
-        subset = room if request.subset is None else room & request.subset
-        spill_request = replace(request, subset=subset)
-        if not keep_affinity:
-            return self.schedule(spill_request, snapshot, rng)
-        home = self.schedule(request, snapshot, rng)
-        address = home.primary.address
-        state = snapshot.state(address)
-        if address in room or state is None or home.prediction is None:
-            return home
-        spill = self.schedule(spill_request, snapshot, rng)
-        if spill.prediction is None:
+        if keep_affinity:
+            ahead = with_held(snapshot, held_for)
+            home = self.schedule(request, ahead, rng)
+            address = home.primary.address
+            state = snapshot.state(address)
+            if address in room or state is None:
+                return home
+            metrics = state.metrics
+            if metrics is not None and self.clock() - metrics.updated_at > self.stale_after_s:
+                metrics = None
+            pred = home.prediction
+            uncached = request.prompt_tokens if pred is None else pred.uncached_tokens
+            there = self.latency.predict(
+                state,
+                metrics,
+                ahead.in_flight.get(address, 0),
+                uncached,
+                self.saturation.max_concurrency,
+            )
+            spill = self.schedule(_within(request, room), snapshot, rng)
+            if spill.prediction is None or there.ttft_s <= spill.prediction.ttft_s:
+                return Hold(address, there.wait_s)
             return spill
-        ahead = snapshot.in_flight.get(address, 0) + (held_for or {}).get(address, 0)
-        metrics = state.metrics
-        if metrics is not None and self.clock() - metrics.updated_at > self.stale_after_s:
-            metrics = None
-        there = self.latency.predict(
-            state, metrics, ahead, home.prediction.uncached_tokens, self.saturation.max_concurrency
-        )
-        if waits_for_home(there.ttft_s, spill.prediction.ttft_s, held_s):
-            return Hold(address, there.wait_s)
-        return spill
+        return self.schedule(_within(request, room), snapshot, rng)
 
     def _context(
         self, request: InferenceRequest, snapshot: Snapshot, rng: random.Random

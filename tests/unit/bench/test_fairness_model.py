@@ -21,5 +21,5 @@ def test_flow_control_serves_the_light_tenant_ahead_of_the_flood() -> None:
     on, off = rows["on=configs/flow-control.yaml"], rows["off="]
     assert on["errors"] == off["errors"] == 0 and on["b_done"] == off["b_done"] > 0
     # B waits for the next free slot, not behind A's requests in the servers' queues
-    assert on["b_ttft_p90_ms"] < off["b_ttft_p90_ms"] / 3
+    assert on["b_ttft_p90_ms"] < off["b_ttft_p90_ms"] / 2
     assert on["total_rps"] > 0.9 * off["total_rps"]
