@@ -81,8 +81,6 @@ async def scenario(
 ) -> dict[str, Any]:
     pool = build_pool(setting, policy)
     loop = asyncio.get_running_loop()
-    slots = args.servers * args.slots
-    service_s, _ = capacity_of(args.servers, args.slots, args.tokens)
     start = loop.time() + args.warmup
     stop = start + args.duration
     counter = itertools.count()
@@ -97,10 +95,7 @@ async def scenario(
         if rec.error is not None:
             await asyncio.sleep(0.01)  # a closed loop must not spin on errors
 
-    async def stream(n: int) -> None:
-        if args.stagger:  # the first stream per slot starts at each 1/slots of a
-            # service time, so the slots free evenly; the others join a service time later
-            await asyncio.sleep((n % slots / slots + n // slots) * service_s)
+    async def stream() -> None:
         while loop.time() < stop:
             await send("tenant-a")
 
@@ -113,7 +108,7 @@ async def scenario(
 
     jobs = [poisson(random.Random(args.seed))]
     if with_a:
-        jobs += [stream(n) for n in range(args.flood)]
+        jobs += [stream() for _ in range(args.flood)]
     try:
         await asyncio.gather(*jobs)
     finally:
@@ -143,12 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("--duration", type=float, default=20.0, help="virtual seconds measured")
     add("--warmup", type=float, default=3.0)
     add("--seed", type=int, default=7, help="B's arrivals")
-    add(
-        "--stagger",
-        action="store_true",
-        help="A's streams start spread over one service time (bench.fairness starts them "
-        "together, so the pool's slots free in bursts)",
-    )
     add("--name", default="routing-model-fairness")
     add("--out", type=Path, default=RESULTS)
     return p
