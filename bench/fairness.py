@@ -27,11 +27,13 @@ import asyncio
 import random
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.host import git_state, machine_description
 from epp_harness.sim.config import SimConfig
@@ -118,6 +120,18 @@ async def poisson(host: str, port: int, rate: float, tokens: int, start: float, 
     await asyncio.gather(*tasks)
 
 
+def capacity_of(servers: int, slots: int, tokens: int) -> tuple[float, float]:
+    """(one request's service time in s, the pool's capacity in requests/s): its slots
+    over a request's prefill + ``tokens`` x the per-token time at a full batch, on the
+    simulator's default timings."""
+    sim = SimConfig()
+    service_s = (
+        sim.prefill_overhead_ms
+        + tokens * (sim.decode_ms_per_token + sim.itl_ms_per_running_seq * slots)
+    ) / 1000 * sim.time_scale  # fmt: skip
+    return service_s, servers * slots / service_s
+
+
 def p(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -162,11 +176,36 @@ def scenario(args: argparse.Namespace, name: str, config: str, with_a: bool,
     )  # fmt: skip
     with LocalStack(opts) as stack:
         row = asyncio.run(drive(stack, args, with_a, rate_b))
+        row.update(held_ms(stack.epp_http_url))
     row["scenario"] = name
     print(f"  {name}: B p90 {row['b_ttft_p90_ms']:.0f} ms (p50 {row['b_ttft_p50_ms']:.0f}, "
           f"{row['b_done']} done, errors {row['b_errors']}), A {row['a_rps']:.1f} rps "
-          f"(errors {row['a_errors']}), total {row['total_rps']:.1f} rps", flush=True)  # fmt: skip
+          f"(errors {row['a_errors']}), total {row['total_rps']:.1f} rps; held in the EPP "
+          f"on average: B {row['b_held_ms']:.0f} ms, A {row['a_held_ms']:.0f} ms",
+          flush=True)  # fmt: skip
     return row
+
+
+def held_ms(epp_http_url: str) -> dict[str, float]:
+    """Each tenant's mean time held in the EPP's flow control (ms; warm-up included),
+    from its queue-duration histogram: what of B's TTFT is spent waiting for room."""
+    with urllib.request.urlopen(f"{epp_http_url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    sums: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "llm_d_epp_flow_control_request_queue_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("outcome") != "Dispatched":
+                continue
+            kind = sample.name.rsplit("_", 1)[-1]  # sum | count
+            key = (sample.labels.get("fairness_id", ""), kind)
+            sums[key] = sums.get(key, 0.0) + sample.value
+    out = {}
+    for tenant, short in (("tenant-a", "a"), ("tenant-b", "b")):
+        count = sums.get((tenant, "count"), 0.0)
+        out[f"{short}_held_ms"] = 1000 * sums.get((tenant, "sum"), 0.0) / count if count else 0.0
+    return out
 
 
 def _command_line(argv: list[str]) -> str:
@@ -202,12 +241,7 @@ def main() -> int:
     args = parser.parse_args()
     slots = args.servers * args.slots
     args.flood = args.flood or 3 * slots
-    sim = SimConfig()
-    service_s = (
-        sim.prefill_overhead_ms
-        + args.tokens * (sim.decode_ms_per_token + sim.itl_ms_per_running_seq * args.slots)
-    ) / 1000 * sim.time_scale  # fmt: skip
-    capacity = slots / service_s
+    service_s, capacity = capacity_of(args.servers, args.slots, args.tokens)
     rate_b = args.b_share * capacity
     print(f"pool: {slots} slots, ~{service_s * 1000:.0f} ms per request, capacity "
           f"~{capacity:.0f} rps; A: {args.flood} streams; B: {rate_b:.1f} rps")  # fmt: skip
@@ -257,17 +291,20 @@ def main() -> int:
         f"per request of {args.tokens} streamed tokens, capacity ~{capacity:.0f} rps); "
         f"tenant A floods with {args.flood} closed-loop streams, tenant B sends "
         f"{rate_b:.1f} rps (Poisson, {args.b_share:.0%} of capacity); {args.duration:g} s "
-        "measured per scenario. TTFT: time to the first streamed chunk.",
+        "measured per scenario. TTFT: time to the first streamed chunk. *Held*: the mean "
+        "time a tenant's requests waited in the EPP's flow control (its queue-duration "
+        "histogram, warm-up included).",
         "",
-        "| scenario | B TTFT p50 ms | B TTFT p90 ms | B done | B errors | A rps | A errors "
-        "| total rps |",
-        "|---|---:|---:|---:|---|---:|---|---:|",
+        "| scenario | B TTFT p50 ms | B TTFT p90 ms | B held ms | B done | B errors | A rps "
+        "| A held ms | A errors | total rps |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['scenario']} | {r['b_ttft_p50_ms']:.0f} | {r['b_ttft_p90_ms']:.0f} "
-            f"| {r['b_done']} | {r['b_errors'] or '-'} | {r['a_rps']:.1f} "
-            f"| {r['a_errors'] or '-'} | {r['total_rps']:.1f} |"
+            f"| {r['b_held_ms']:.0f} | {r['b_done']} | {r['b_errors'] or '-'} "
+            f"| {r['a_rps']:.1f} | {r['a_held_ms']:.0f} | {r['a_errors'] or '-'} "
+            f"| {r['total_rps']:.1f} |"
         )
     lines += [
         "",

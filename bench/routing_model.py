@@ -13,7 +13,8 @@ the same numbers, however busy the machine is):
   bench.routing's pinned settings (SimSettings, the derived ``--kv-blocks``);
 * the **real scheduler**: ``epp.config.instantiate`` on a config file, behind the
   real ``epp.router.Router`` and ``epp.datastore.Datastore``, told what the EPP is
-  told on the request path: ``route`` (snapshot, schedule, ``on_routed``, in-flight
+  told on the request path: ``admit`` (flow control as the config sets it, holding
+  requests on the virtual clock, then snapshot, schedule, ``on_routed``, in-flight
   claim), the first token (``first_byte_seen``), the end with the server's ``usage``
   (``completed``: the latency model learns TTFT, cached tokens, slot time), the release
   and the response status;
@@ -75,11 +76,14 @@ from bench.warmth import WarmTracker
 from bench.workload import CHARS_PER_TOKEN, KINDS, WorkloadSpec, group_weights, system_prompts
 from epp.config import builtin_registry, instantiate, load_text
 from epp.datastore import Datastore
+from epp.errors import ClientVisibleError
+from epp.flowcontrol import FlowController, Waiting
 from epp.kvevents.index import PreciseIndex
 from epp.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from epp.metrics import EppMetrics
 from epp.requestparse import parse_request
 from epp.router import Router
+from epp.scheduling.flowqueue import FlowControlConfig
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, EndpointMetrics
@@ -192,9 +196,12 @@ class IndexSink:
         self._apply(AllBlocksCleared())
 
 
-def load_scheduler(policy: ModelPolicy, clock: Any, tokenizer_dir: Path | None) -> ProfileScheduler:
-    """The policy's scheduler, as ``epp serve --config`` builds it (precise scorers get
-    the simulators' tokenizer when none is configured, as ``epp stack --kv-events``)."""
+def load_scheduler(
+    policy: ModelPolicy, clock: Any, tokenizer_dir: Path | None
+) -> tuple[ProfileScheduler, FlowControlConfig]:
+    """The policy's scheduler and flow control, as ``epp serve --config`` builds them
+    (precise scorers get the simulators' tokenizer when none is configured, as ``epp
+    stack --kv-events``)."""
     text = "" if policy.config is None else policy.config.read_text()
     source = "<default>" if policy.config is None else str(policy.config)
     if tokenizer_dir is not None and text:
@@ -206,7 +213,8 @@ def load_scheduler(policy: ModelPolicy, clock: Any, tokenizer_dir: Path | None) 
                 plugin["parameters"] = params
         text = yaml.safe_dump(doc, sort_keys=False)
     registry = builtin_registry()
-    return instantiate(load_text(text, source, registry), registry, clock)
+    cfg = load_text(text, source, registry)
+    return instantiate(cfg, registry, clock), cfg.flow_control
 
 
 # ---------------------------------------------------------------- one policy's run
@@ -259,7 +267,7 @@ def build_pool(setting: Setting, policy: ModelPolicy) -> Pool:
     router = None
     indexes: list[PreciseIndex] = []
     if policy.kind == "epp":
-        scheduler = load_scheduler(policy, clock, setting.tokenizer_dir)
+        scheduler, flow_cfg = load_scheduler(policy, clock, setting.tokenizer_dir)
         indexes = [
             p.index for p in scheduler.plugins.values() if isinstance(p, PrecisePrefixCacheScorer)
         ]
@@ -269,13 +277,15 @@ def build_pool(setting: Setting, policy: ModelPolicy) -> Pool:
             datastore.add(Endpoint(host, int(port)))
             for index in indexes:
                 index.reset(address, clock(), complete=True)
+        metrics = EppMetrics(datastore, clock=clock)
         router = Router(
             datastore,
             scheduler,
-            EppMetrics(datastore, clock=clock),
+            metrics,
             max_body_bytes=1 << 24,
             rng=random.Random(0),
             clock=clock,
+            flow=FlowController(flow_cfg, metrics, clock=clock),
         )
     engines = []
     for i, address in enumerate(addresses):
@@ -319,7 +329,12 @@ async def one_request(
     if router is not None:
         headers = {**PATH_HEADERS, **p.headers}
         request, _ = parse_request(f"r{index}", headers, p.data)
-        routed = router.route(request, 1)
+        try:  # admission (flow control, when the config turns it on), then routing
+            admitted = router.admit(request, len(p.data))
+            routed = await admitted.result if isinstance(admitted, Waiting) else admitted
+        except ClientVisibleError as error:
+            rec.error, rec.status = error.code, error.status
+            return
         server = pool.addresses.index(routed.result.primary.address)
     elif policy.kind == "oracle":
         server = p.targets[policy.name]
@@ -426,11 +441,16 @@ async def run_policy(
             row["warm_miss_rate"] = count.miss_rate
             rows.append(row)
     finally:
-        pool.stop = True
-        for task in pool.scrapes:
-            task.cancel()
-        await asyncio.gather(*pool.scrapes, return_exceptions=True)
+        await stop_pool(pool)
     return rows
+
+
+async def stop_pool(pool: Pool) -> None:
+    """Stop the pool's scrapes."""
+    pool.stop = True
+    for task in pool.scrapes:
+        task.cancel()
+    await asyncio.gather(*pool.scrapes, return_exceptions=True)
 
 
 async def calibrate(setting: Setting, cell: Cell, mean_output: float) -> float:

@@ -6,8 +6,15 @@ and the counting.
 
 Room is looked at again when an in-flight request ends (the datastore says so), on a
 short poll while anything waits (load reports change room too), and at each arrival.
-When nothing waits and the pool has room, a request never comes here: the router
-routes it at once.
+When nothing waits and the pool has room, a request never comes here unless it waits
+for its preferred endpoint (:class:`~epp.scheduling.holding.Hold`).
+
+Each pass walks the held requests in their dispatch order (bands, fairness, deadline):
+one that can go, goes; one that waits for its preferred endpoint stays, counted as
+ahead of the later ones that want the same endpoint; one whose endpoints (its subset)
+have no room stays without stopping the others. A pass looks at ``SCAN`` requests at
+most, and ends early when the pool has no room at all; another follows while passes
+dispatch.
 """
 
 from __future__ import annotations
@@ -15,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from epp.errors import ClientVisibleError, NoEndpointError, QueueFullError, QueueTimeoutError
 from epp.metrics import EppMetrics
 from epp.scheduling.flowqueue import FlowControlConfig, FlowQueues, Held
+from epp.scheduling.holding import Hold
 from epp.scheduling.saturation import Room
 from epp.types import InferenceRequest
 
@@ -30,6 +38,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # while requests wait, room is checked at least this often (load reports free it too)
 POLL_S = 0.05
+# held requests one pass looks at (in dispatch order): bounds its work when many wait
+# for busy endpoints
+SCAN = 16
 # the llm-d Router's outcome names (the queue duration histogram's label)
 DISPATCHED = "Dispatched"
 REJECTED_CAPACITY = "RejectedCapacity"
@@ -44,8 +55,9 @@ EVICTED_OTHER = "EvictedOther"
 class _Waiter(Generic[T]):
     future: asyncio.Future[T]
     room: Callable[[], Room]
-    dispatch: Callable[[float, Room], T]  # called with the seconds waited and the room
+    dispatch: Callable[[float, Room, Mapping[str, int]], T | Hold]
     fairness_id: str
+    narrowed: bool  # it may go to some endpoints only (the proxy's subset hint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +101,12 @@ class FlowController:
         fairness_id: str,
         limit_s: float,
         room: Callable[[], Room],
-        dispatch: Callable[[float, Room], T],
+        dispatch: Callable[[float, Room, Mapping[str, int]], T | Hold],
         release: Callable[[T], None],
     ) -> T | Waiting[T]:
         """Hold the request until ``room()`` (which endpoints have room: none is falsy),
-        then ``dispatch(waited, room)`` it. Its
+        then ``dispatch(waited, room, held_for)`` it (``held_for``: address -> requests
+        ahead of it that wait for that endpoint), unless that answers :class:`Hold`. Its
         result comes back at once if it could go at once (nothing ahead of it and room),
         else as :class:`Waiting`. ``release`` undoes a dispatch whose client left
         before it saw it. Raises QueueFullError when the request cannot be held."""
@@ -107,7 +120,7 @@ class FlowController:
         slo = request.slo_ttft_ms
         due = now + (slo / 1000.0 if slo is not None else self.cfg.queue_timeout_s)
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(future, room, dispatch, fairness_id)
+        waiter = _Waiter(future, room, dispatch, fairness_id, request.subset is not None)
         item = Held(band, fairness_id, size, now, now + limit_s, due, waiter)
         try:
             displaced = self.queues.offer(item)
@@ -166,33 +179,52 @@ class FlowController:
                 ),
                 now,
             )
-        while (head := queues.peek()) is not None:
-            item = head
+        while self._pass(now):
+            pass
+        self._arm()
+
+    def _pass(self, now: float) -> bool:
+        """One walk over the first held requests in dispatch order (the module's
+        docstring); True when another may dispatch more (this one stopped at its
+        bound after dispatching some)."""
+        queues = self.queues
+        batch = queues.ordered(SCAN)
+        held_for: dict[str, int] = {}
+        went = 0
+        for item in batch:
             waiter: _Waiter[object] = item.payload
             if waiter.future.done():  # its client left; its coroutine removes it
                 queues.remove(item)
                 continue
             room = waiter.room()
             if not room:
-                break
-            queues.pop(item)
+                if not waiter.narrowed:
+                    return False  # no endpoint of the pool has room
+                continue  # its subset is full: the others may still go
             waited = now - item.enqueued_at
             try:
-                result = waiter.dispatch(waited, room)
+                result = waiter.dispatch(waited, room, held_for)
             except ClientVisibleError as error:
+                queues.pop(item)
                 self.observe(waiter.fairness_id, item.band, REJECTED_OTHER, waited)
                 waiter.future.set_exception(error)
                 continue
             except Exception:
+                queues.pop(item)
                 log.exception("flow control: dispatching a held request failed")
                 self.observe(waiter.fairness_id, item.band, EVICTED_OTHER, waited)
                 waiter.future.set_exception(
                     ClientVisibleError("internal error in the endpoint picker")
                 )
                 continue
+            if isinstance(result, Hold):  # waits for its endpoint, ahead of later ones
+                held_for[result.address] = held_for.get(result.address, 0) + 1
+                continue
+            queues.pop(item)
+            went += 1
             self.observe(waiter.fairness_id, item.band, DISPATCHED, waited)
             waiter.future.set_result(result)
-        self._arm()
+        return went > 0 and len(batch) == SCAN
 
     def _arm(self) -> None:
         """While anything waits, look again at the next time limit or after POLL_S."""

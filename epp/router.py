@@ -28,6 +28,7 @@ from epp.modelnames import ModelsConfig, Resolved, resolve
 from epp.placement import AdapterPlacement
 from epp.scheduling.base import Scheduler
 from epp.scheduling.flowqueue import FlowControlConfig, fairness_id, queue_timeout
+from epp.scheduling.holding import Hold
 from epp.scheduling.latency import Dispatch, slo_missed
 from epp.scheduling.saturation import Room
 from epp.tracing import Tracer
@@ -178,15 +179,23 @@ class Router:
             if band < 0 and not scheduler.room(request, self.datastore.snapshot()):
                 raise _shed(band, cfg.retry_after_s)
             routed = self._dispatch(request, max_destinations, band, 0.0, True)
+            assert isinstance(routed, Routed)
             flow.observe(flow_id, band, DISPATCHED, 0.0)
             return routed
         if flow.idle:
             room = scheduler.room(request, self.datastore.snapshot())
-            if room:  # late binding: only where there is room
+            if room:  # late binding: only where there is room (or held for its home)
                 routed = self._dispatch(request, max_destinations, band, 0.0, room)
-                flow.observe(flow_id, band, DISPATCHED, 0.0)
-                return routed
-        if band < 0 and cfg.shed_sheddable:
+                if isinstance(routed, Routed):
+                    flow.observe(flow_id, band, DISPATCHED, 0.0)
+                    return routed
+            elif band < 0 and cfg.shed_sheddable:
+                raise _shed(band, cfg.retry_after_s)
+        elif (
+            band < 0
+            and cfg.shed_sheddable
+            and not scheduler.room(request, self.datastore.snapshot())
+        ):
             raise _shed(band, cfg.retry_after_s)
         try:
             limit_s = queue_timeout(request.headers, cfg)
@@ -199,7 +208,9 @@ class Router:
             flow_id,
             limit_s,
             lambda: self.scheduler.room(request, self.datastore.snapshot()),
-            lambda waited, room: self._dispatch(request, max_destinations, band, waited, room),
+            lambda waited, room, held_for: self._dispatch(
+                request, max_destinations, band, waited, room, held_for
+            ),
             Routed.release,
         )
 
@@ -210,15 +221,28 @@ class Router:
         band: int,
         waited_s: float,
         room: Room,
-    ) -> Routed:
-        """Route now, among the endpoints with room (``room``: all when True); a
-        sheddable request that cannot meet its SLO headers (by the latency model's
+        held_for: Mapping[str, int] | None = None,
+    ) -> Routed | Hold:
+        """Route now where it can run now (``room``: the endpoints with room, all when
+        True): to the endpoint the scheduler prefers, or wait for it when it has no
+        room (``Hold``; the scheduler's dispatch, ``held_for`` as there), or without
+        ``keepAffinity`` to the best endpoint with room;
+        a sheddable request that cannot meet its SLO headers (by the latency model's
         prediction plus the time it already waited) is refused instead."""
-        if room is not True:  # late binding: only where it can run now
-            assert room  # a frozenset of addresses
-            subset = room if request.subset is None else room & request.subset
-            request = replace(request, subset=subset)
-        routed = self.route(request, max_destinations)
+        cfg = self.flow.cfg
+        start = time.perf_counter()
+        decision = self.scheduler.dispatch(
+            request,
+            self.datastore.snapshot(),
+            room,
+            self.rng,
+            held_for=held_for,
+            # a sheddable request that is shed without room does not wait for its home
+            keep_affinity=cfg.keep_affinity and not (band < 0 and cfg.shed_sheddable),
+        )
+        if isinstance(decision, Hold):
+            return decision
+        routed = self.route(request, max_destinations, decision, start)
         pred = routed.result.prediction
         if (
             band < 0
@@ -236,15 +260,23 @@ class Router:
             )
         return routed
 
-    def route(self, request: InferenceRequest, max_destinations: int = 1) -> Routed:
-        """Schedule ``request``; the result names at most ``max_destinations`` targets
-        (primary first), as many as the Envoy config can use. A disaggregated request
-        whose coordinator defers the decode pick holds a pending claim instead of one
-        on its decode endpoint until :meth:`pick_decode`."""
-        start = time.perf_counter()
+    def route(
+        self,
+        request: InferenceRequest,
+        max_destinations: int = 1,
+        result: SchedulingResult | None = None,
+        started: float | None = None,
+    ) -> Routed:
+        """Schedule ``request`` (unless ``result`` is its schedule, begun at
+        ``started`` by ``time.perf_counter``); the result names at most
+        ``max_destinations`` targets (primary first), as many as the Envoy config can
+        use. A disaggregated request whose coordinator defers the decode pick holds a
+        pending claim instead of one on its decode endpoint until :meth:`pick_decode`."""
+        start = time.perf_counter() if started is None else started
         routed_at = self.clock()
         snapshot = self.datastore.snapshot()
-        result = self.scheduler.schedule(request, snapshot, self.rng)
+        if result is None:
+            result = self.scheduler.schedule(request, snapshot, self.rng)
         if len(result.targets) > max_destinations:
             result = replace(result, targets=result.targets[:max_destinations])
         deferred = None

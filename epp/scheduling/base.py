@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from epp.scheduling.columns import CandidateView, FloatArray, candidate_view
+from epp.scheduling.holding import Hold
 from epp.scheduling.latency import LatencyModel
 from epp.types import EndpointMetrics, EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
@@ -37,6 +38,20 @@ class Scheduler(Protocol):
         """Deferred decode selection: the decode endpoints for ``request`` (its targets,
         primary first) once its prefill leg has run, from ``snapshot`` and outside
         ``exclude`` (the endpoint that prefilled). Same contract as :meth:`schedule`."""
+
+    def dispatch(
+        self,
+        request: InferenceRequest,
+        snapshot: Snapshot,
+        room: bool | frozenset[str],
+        rng: random.Random,
+        *,
+        held_for: Mapping[str, int] | None = None,
+        keep_affinity: bool = True,
+    ) -> SchedulingResult | Hold:
+        """Flow control's pick for a request that may go now (``room`` is not False):
+        its result, or :class:`Hold` when it should wait for its preferred endpoint
+        (epp.scheduling.holding)."""
         ...
 
     def priority(self, request: InferenceRequest) -> int:

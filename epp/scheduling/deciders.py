@@ -83,7 +83,7 @@ class PrefixBasedDecider:
         return total * (1.0 - share) >= self.non_cached_tokens
 
 
-def _uncached(estimate: CachedTokens | None, ctx: CycleContext, address: str) -> int:
+def uncached_tokens(estimate: CachedTokens | None, ctx: CycleContext, address: str) -> int:
     """The prompt tokens ``address`` does not cache (all of them without an estimate)."""
     share = 0.0 if estimate is None else estimate.cached_fraction(ctx, address)
     return round(_prompt_tokens(estimate, ctx) * (1.0 - share))
@@ -123,7 +123,7 @@ class BenefitDecider:
 
     def costs(self, ctx: CycleContext, decode: EndpointState) -> tuple[float, float | None]:
         """(local, remote) predicted cost in seconds; remote None: no prefill endpoint."""
-        uncached = _uncached(self._estimate, ctx, decode.address)
+        uncached = uncached_tokens(self._estimate, ctx, decode.address)
         if uncached <= 0:
             return 0.0, None
         model = ctx.latency.endpoint(decode)
@@ -141,7 +141,7 @@ class BenefitDecider:
         for state in ctx.snapshot.endpoints:
             if state.address == decode.address or state.endpoint.role is Role.DECODE:
                 continue
-            uncached_there = _uncached(self._estimate, ctx, state.address)
+            uncached_there = uncached_tokens(self._estimate, ctx, state.address)
             in_flight = ctx.snapshot.in_flight.get(state.address, 0)
             ttft = ctx.latency.predict(state, ctx.metrics(state), in_flight, uncached_there).ttft_s
             if state.endpoint.role is Role.PREFILL:

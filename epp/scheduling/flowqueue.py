@@ -106,6 +106,12 @@ class FlowControlConfig:
         "hold requests while no endpoint has room (off by default: it costs prefix-cache "
         "affinity near capacity, docs/flow-control.md)",
     )
+    keep_affinity: bool = setting(
+        True,
+        "keepAffinity",
+        "a held request waits for the endpoint the scheduler prefers while that is "
+        "predicted sooner than a miss where there is room; false: the best with room",
+    )
     fairness_policy: str = setting(
         "round-robin",
         "fairnessPolicy",
@@ -197,6 +203,45 @@ class FlowQueue:
         self.size -= item.size
         if not self.count:
             self._heap.clear()
+
+
+class _Preview(FlowQueue):
+    """A flow's held requests read in order without taking any out: a walk down its
+    heap (a frontier of the smallest entries not yet read)."""
+
+    __slots__ = ("_frontier", "_next")
+
+    def __init__(self, flow: FlowQueue) -> None:
+        super().__init__(flow.id)
+        self._heap = flow._heap
+        self.count = flow.count
+        self._frontier: list[tuple[float, int, int]] = []
+        if self._heap:
+            self._frontier.append((self._heap[0][0], self._heap[0][1], 0))
+        self._next: Held | None = None
+
+    def head(self) -> Held:
+        if self._next is None:
+            self._next = self._read()
+        return self._next
+
+    def take(self) -> Held:
+        item = self.head()
+        self._next = None
+        self.count -= 1
+        return item
+
+    def _read(self) -> Held:
+        heap, frontier = self._heap, self._frontier
+        while True:
+            _, _, i = heapq.heappop(frontier)
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    key, seq, _ = heap[child]
+                    heapq.heappush(frontier, (key, seq, child))
+            item = heap[i][2]
+            if item.queued:
+                return item
 
 
 @dataclass
@@ -292,6 +337,26 @@ class FlowQueues:
             return None
         band = self._bands[self._order[0]]
         return self.policy.pick(band.flows).head()
+
+    def ordered(self, limit: int) -> list[Held]:
+        """The first ``limit`` held requests in the order they would be dispatched,
+        none taken out: the fairness policy runs on a copy of each band's flows, so it
+        must keep its state in their order (as the built-in policies do)."""
+        out: list[Held] = []
+        for priority in self._order:
+            flows: OrderedDict[str, FlowQueue] = OrderedDict(
+                (flow_id, _Preview(flow)) for flow_id, flow in self._bands[priority].flows.items()
+            )
+            while flows:
+                if len(out) >= limit:
+                    return out
+                flow = self.policy.pick(flows)
+                assert isinstance(flow, _Preview)
+                out.append(flow.take())
+                if not flow.count:
+                    del flows[flow.id]
+                self.policy.dispatched(flows, flow)
+        return out
 
     def pop(self, item: Held) -> None:
         """``item`` (what :meth:`peek` returned) was dispatched."""

@@ -179,14 +179,25 @@ class EndpointLatency:
         return max(self.queued_at, self.running_seen) if self.queued_at else None
 
     @property
+    def reported_slots(self) -> int | None:
+        """Its slots as configured or reported (the running count while requests
+        waited), not inferred from a slow first token: what room is judged against."""
+        return self.configured_slots or self.learned_slots or None
+
+    @property
     def surely_free(self) -> int:
         """Below this many requests on it, a newcomer certainly finds a free slot."""
         return self.configured_slots or self.learned_slots or max(self.running_seen, 1)
 
-    def wait_s(self, load: float, waiting: float, running: float) -> float:
+    def wait_s(
+        self, load: float, waiting: float, running: float, limit: int | None = None
+    ) -> float:
         """Expected queue wait of a request arriving behind ``load`` requests (the
-        engine reporting ``waiting`` and ``running``, 0 when unknown)."""
+        engine reporting ``waiting`` and ``running``, 0 when unknown); ``limit``: a
+        concurrency the EPP keeps to (below the slots), for which it waits instead."""
         slots = self.slots
+        if limit is not None:
+            slots = min(slots, limit) if slots else limit
         if slots is not None:
             ahead = load - slots + 1
             return ahead * self.slot_s / slots if ahead > 0 else 0.0
@@ -216,7 +227,7 @@ class LatencyModel:
     rewritten whenever its endpoint learns something."""
 
     # slots: 0 = unknown; decode_slope: seconds per output token per running request
-    _COLUMNS = ("overhead", "rate", "slot_s", "slots", "last_done", "decode_slope")
+    _COLUMNS = ("overhead", "rate", "slot_s", "slots", "reported", "last_done", "decode_slope")
 
     def __init__(self, priors: LatencyPriors | None = None) -> None:
         self._epoch = 0  # bumped when rows are handed out or freed
@@ -281,6 +292,7 @@ class LatencyModel:
         cols["rate"][row] = model.prefill.b
         cols["slot_s"][row] = model.slot_s
         cols["slots"][row] = model.slots or 0
+        cols["reported"][row] = model.reported_slots or 0
         cols["last_done"][row] = model.last_done
         cols["decode_slope"][row] = model.decode.b
 
@@ -300,15 +312,18 @@ class LatencyModel:
         metrics: EndpointMetrics | None,
         in_flight: int,
         uncached_tokens: int,
+        limit: int | None = None,
     ) -> Prediction:
         """TTFT of a request with ``uncached_tokens`` to prefill on this endpoint now
-        (``metrics``: its fresh report or None; ``in_flight``: the EPP's count there)."""
+        (``metrics``: its fresh report or None; ``in_flight``: the EPP's count there, or
+        more: requests held for it ahead of this one; ``limit``: the concurrency the EPP
+        keeps to there, when lower than its slots)."""
         model = self.endpoint(state)
         waiting = running = 0.0
         if metrics is not None and metrics.updated_at > model.last_done:
             waiting, running = _known(metrics.waiting), _known(metrics.running)
         load = max(in_flight, math.ceil(running + waiting))
-        wait = model.wait_s(load, waiting, running)
+        wait = model.wait_s(load, waiting, running, limit)
         slots = model.slots
         batch = min(load + 1, slots) if slots else load + 1
         return Prediction(
@@ -342,6 +357,11 @@ class LatencyModel:
         rate = cols["rate"][rows]
         ttft: FloatArray = wait + cols["overhead"][rows] + rate * uncached
         return ttft, load, rate, cols["decode_slope"][rows], slot_s
+
+    def reported_slots_view(self, view: CandidateView) -> FloatArray:
+        """Each candidate's :attr:`EndpointLatency.reported_slots` (0: unknown)."""
+        result: FloatArray = self._columns["reported"][self._rows(view)]
+        return result
 
     def _rows(self, view: CandidateView) -> IndexArray:
         """The model rows of ``view``'s candidates (creating missing endpoints), found

@@ -12,11 +12,14 @@ the EPP instead of in an engine queue."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from epp.scheduling.base import CycleContext
+import numpy as np
+
+from epp.scheduling.base import VECTORIZE_FROM, CycleContext
+from epp.scheduling.columns import ROLES, candidate_view
 from epp.scheduling.latency import LatencyModel
 from epp.scheduling.sections import setting, setting_factory
 from epp.types import EndpointState, Role, Snapshot
@@ -56,6 +59,8 @@ def endpoint_saturation(ctx: CycleContext, state: EndpointState, cfg: Saturation
     return max((m.waiting or 0.0) / cfg.queue_threshold, (m.kv_usage or 0.0) / cfg.kv_threshold)
 
 
+PREFILL_CODE = ROLES.index(Role.PREFILL)
+
 # Room for a request: True (every endpoint it may go to has room), False (none has), or
 # the addresses of those that have (the pick is made among them)
 Room = bool | frozenset[str]
@@ -63,11 +68,12 @@ Room = bool | frozenset[str]
 
 def room(
     snapshot: Snapshot,
-    candidates: Iterable[EndpointState],
+    candidates: Sequence[EndpointState],
     cfg: SaturationConfig,
     latency: LatencyModel,
     now: float,
     stale_after_s: float,
+    vectorize_from: int = VECTORIZE_FROM,
 ) -> Room:
     """Which of ``candidates`` (prefill-only endpoints aside) can take a request now:
     its in-flight count under its limit (until its slots are known, the running count
@@ -75,7 +81,10 @@ def room(
     the queue and KV thresholds. An endpoint with neither a limit nor a fresh report has
     room: nothing says it is full. With no such endpoint at all, True: nothing to wait
     for (scheduling answers the error). A set of addresses includes the prefill-only
-    candidates (not judged here: a disaggregated request needs them)."""
+    candidates (not judged here: a disaggregated request needs them). From
+    ``vectorize_from`` candidates on, the same rule on the snapshot's numpy columns."""
+    if len(candidates) >= vectorize_from:
+        return _room_view(snapshot, candidates, cfg, latency, now - stale_after_s)
     in_flight = snapshot.in_flight.get
     fixed = cfg.max_concurrency
     model = latency.endpoint
@@ -90,7 +99,7 @@ def room(
         if s.endpoint.role is prefill_role:
             prefill.append(address)
             continue
-        limit = fixed or model(s).slots
+        limit = fixed or model(s).reported_slots
         m = s.metrics
         if m is not None and m.updated_at < oldest:
             m = None
@@ -108,6 +117,38 @@ def room(
     if not full:
         return True
     return frozenset(roomy + prefill) if roomy else False
+
+
+def _room_view(
+    snapshot: Snapshot,
+    candidates: Sequence[EndpointState],
+    cfg: SaturationConfig,
+    latency: LatencyModel,
+    stale_before: float,
+) -> Room:
+    """:func:`room` with numpy over many candidates: the same answer."""
+    view = candidate_view(snapshot, candidates, stale_before)
+    prefill = view.columns.roles[view.rows] == PREFILL_CODE
+    waiting = np.nan_to_num(view.metric("waiting"))  # NaN: unreported or stale
+    running = np.nan_to_num(view.metric("running"))
+    fresh = view.fresh()
+    with np.errstate(invalid="ignore"):
+        reported_full = fresh & (
+            (waiting >= cfg.queue_threshold) | (view.metric("kv_usage") >= cfg.kv_threshold)
+        )
+    if cfg.max_concurrency:
+        limit = np.full(len(candidates), float(cfg.max_concurrency))
+    else:  # slots not learned yet: a report of waiting requests makes running the limit
+        limit = latency.reported_slots_view(view)
+        limit = np.where((limit == 0) & fresh & (waiting > 0), np.floor(running), limit)
+    full = ~prefill & (reported_full | ((limit > 0) & (view.counts(snapshot.in_flight) >= limit)))
+    if not full.any():
+        return True
+    roomy = ~full
+    if not (roomy & ~prefill).any():
+        return False
+    addresses = view.addresses
+    return frozenset(addresses[i] for i in np.flatnonzero(roomy).tolist())
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from epp.errors import NoEndpointError
 from epp.scheduling.base import (
@@ -16,7 +17,11 @@ from epp.scheduling.base import (
     ProfileRunner,
     RoutingObserver,
 )
+from epp.scheduling.deciders import CachedTokens, uncached_tokens
+from epp.scheduling.holding import Hold, with_held
 from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
+from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
+from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.profile import Profile
 from epp.scheduling.saturation import (
     AdmissionConfig,
@@ -26,6 +31,11 @@ from epp.scheduling.saturation import (
     room,
 )
 from epp.types import EndpointState, InferenceRequest, Prediction, SchedulingResult, Snapshot
+
+
+def _within(request: InferenceRequest, room: frozenset[str]) -> InferenceRequest:
+    """``request`` picked only among the endpoints with room (in its subset, if any)."""
+    return replace(request, subset=room if request.subset is None else room & request.subset)
 
 
 def _candidates(request: InferenceRequest, snapshot: Snapshot) -> tuple[EndpointState, ...]:
@@ -104,6 +114,51 @@ class ProfileScheduler:
             picks = self.profiles[0].run(ctx, candidates)
         return SchedulingResult(tuple(s.endpoint for s in picks))
 
+    def dispatch(
+        self,
+        request: InferenceRequest,
+        snapshot: Snapshot,
+        room: Room,
+        rng: random.Random,
+        *,
+        held_for: Mapping[str, int] | None = None,
+        keep_affinity: bool = True,
+    ) -> SchedulingResult | Hold:
+        """Flow control's pick for a request that may go now (``room``: the endpoints
+        with room, True for all; epp.scheduling.holding): its pick over every endpoint
+        it may go to, the requests held ahead of it counted where they wait
+        (``held_for``: address -> requests); if that endpoint has no room, with
+        ``keep_affinity`` :class:`Hold` (it waits for it) while the latency model
+        predicts it sooner there than on the best endpoint with room, else the best
+        endpoint with room."""
+        if room is True:
+            return self.schedule(request, snapshot, rng)
+        assert room  # a frozenset of addresses (flow control holds requests without)
+        if keep_affinity:
+            ahead = with_held(snapshot, held_for)
+            home = self.schedule(request, ahead, rng)
+            address = home.primary.address
+            state = snapshot.state(address)
+            if address in room or state is None:
+                return home
+            metrics = state.metrics
+            if metrics is not None and self.clock() - metrics.updated_at > self.stale_after_s:
+                metrics = None
+            pred = home.prediction
+            uncached = request.prompt_tokens if pred is None else pred.uncached_tokens
+            there = self.latency.predict(
+                state,
+                metrics,
+                ahead.in_flight.get(address, 0),
+                uncached,
+                self.saturation.max_concurrency,
+            )
+            spill = self.schedule(_within(request, room), snapshot, rng)
+            if spill.prediction is None or there.ttft_s <= spill.prediction.ttft_s:
+                return Hold(address, there.wait_s)
+            return spill
+        return self.schedule(_within(request, room), snapshot, rng)
+
     def _context(
         self, request: InferenceRequest, snapshot: Snapshot, rng: random.Random
     ) -> CycleContext:
@@ -129,18 +184,39 @@ class ProfileScheduler:
         except NoEndpointError:
             return True  # scheduling answers the precise error at once
         return room(
-            snapshot, candidates, self.saturation, self.latency, self.clock(), self.stale_after_s
+            snapshot,
+            candidates,
+            self.saturation,
+            self.latency,
+            self.clock(),
+            self.stale_after_s,
+            self.vectorize_from,
         )
+
+    @cached_property
+    def _cache_estimate(self) -> CachedTokens | None:
+        """The configured prefix-cache scorer (the precise one first), which estimates
+        what each endpoint caches; None without one."""
+        for kind in (PrecisePrefixCacheScorer, PrefixCacheScorer):
+            for plugin in self.plugins.values():
+                if isinstance(plugin, kind):
+                    return plugin
+        return None
 
     def _predict(self, ctx: CycleContext, result: SchedulingResult) -> Prediction | None:
         """The latency model's expectation on the primary target, with the uncached
-        tokens a latency scorer estimated there (else the whole prompt), and whether it
-        meets the request's SLO headers."""
+        tokens a latency scorer estimated there (else the prefix-cache scorer's
+        estimate, else the whole prompt), and whether it meets the request's SLO
+        headers."""
         primary = ctx.snapshot.state(result.primary.address)
         if primary is None:
             return None
         request = ctx.request
-        uncached = ctx.cache.get(UNCACHED_KEY, {}).get(primary.address, request.prompt_tokens)
+        scored = ctx.cache.get(UNCACHED_KEY)
+        if scored is not None:
+            uncached = scored.get(primary.address, request.prompt_tokens)
+        else:
+            uncached = uncached_tokens(self._cache_estimate, ctx, primary.address)
         in_flight = ctx.snapshot.in_flight.get(primary.address, 0)
         pred = self.latency.predict(primary, ctx.metrics(primary), in_flight, uncached)
         if request.slo_ttft_ms is None and request.slo_tpot_ms is None:

@@ -157,3 +157,57 @@ def test_requests_without_a_body_are_never_held() -> None:
     router.datastore.acquire("10.0.0.1:8000")  # full
     models = InferenceRequest("r", None, "/v1/models")
     assert isinstance(router.admit(models, 0), Routed)
+
+
+def two_endpoints(clock: Clock, output_tokens: int = 30) -> Router:
+    """Two endpoints of one slot; a slot held 0.61 s by the latency model's priors."""
+    datastore = Datastore(clock=clock)
+    for host in ("10.0.0.1", "10.0.0.2"):
+        datastore.add(Endpoint(host, 8000))
+    metrics = EppMetrics(datastore)
+    scheduler = build_scheduler(
+        "saturationDetector: {maxConcurrency: 1}\n"
+        f"latencyModel: {{maxNumSeqs: 1, outputTokens: {output_tokens}}}\n",
+        clock,
+    )
+    flow = FlowController(FlowControlConfig(enabled=True), metrics, clock=clock)
+    return Router(datastore, scheduler, metrics, max_body_bytes=1 << 20, clock=clock, flow=flow)
+
+
+HOME, OTHER = "10.0.0.1:8000", "10.0.0.2:8000"
+LONG = "x" * 40_000  # cached where it was routed
+
+
+async def test_a_request_waits_for_its_home_while_a_later_one_goes_elsewhere() -> None:
+    clock = Clock()
+    router = two_endpoints(clock)
+    first = router.admit(replace(req(LONG), subset=frozenset({HOME})), 1)
+    assert isinstance(first, Routed) and first.ticket.address == HOME  # its prefix: HOME
+    same = router.admit(req(LONG + " more"), 1)  # the scheduler prefers HOME, full
+    assert isinstance(same, Waiting)
+    other = router.admit(req("another prompt"), 1)  # not behind it: OTHER has room
+    assert isinstance(other, Routed) and other.ticket.address == OTHER
+    task = asyncio.ensure_future(same.result)
+    await asyncio.sleep(0)
+    assert not task.done()
+    clock.now += 0.3
+    first.release()
+    routed = await asyncio.wait_for(task, 1)
+    assert routed.ticket.address == HOME  # kept its prefix's endpoint
+    routed.release()
+    other.release()
+
+
+async def test_a_request_whose_subset_is_full_does_not_block_later_ones() -> None:
+    clock = Clock()
+    router = two_endpoints(clock)
+    first = router.admit(replace(req("a"), subset=frozenset({HOME})), 1)
+    narrowed = router.admit(replace(req("b"), subset=frozenset({HOME})), 1)
+    assert isinstance(first, Routed) and isinstance(narrowed, Waiting)
+    later = router.admit(req("c"), 1)  # HOME is full, OTHER has room: it goes at once
+    assert isinstance(later, Routed) and later.ticket.address == OTHER
+    first.release()
+    routed = await asyncio.wait_for(narrowed.result, 1)
+    assert routed.ticket.address == HOME
+    routed.release()
+    later.release()

@@ -141,3 +141,19 @@ def test_fairness_id_and_queue_timeout_headers() -> None:
     for bad in ("soon", "0", "-5", "inf", "nan"):
         with pytest.raises(ValueError, match="x-epp-queue-timeout-ms"):
             queue_timeout({"x-epp-queue-timeout-ms": bad}, CFG)
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "global-edf"])
+def test_ordered_previews_the_dispatch_order_without_taking_any_out(policy: str) -> None:
+    q = FlowQueues(replace(CFG, fairness_policy=policy))
+    for i in range(7):
+        q.offer(held(f"A{i}", flow="A", at=i, due=100 - i if i % 3 == 0 else None))
+    for i, band in enumerate((0, 2, 0, -1)):
+        q.offer(held(f"B{i}", band, flow="B", at=10 + i))
+    removed = held("gone", flow="A", at=3)
+    q.offer(removed)
+    q.remove(removed)  # left lazily in its flow's heap: skipped
+    preview = [item.payload for item in q.ordered(100)]
+    assert [item.payload for item in q.ordered(4)] == preview[:4]
+    assert len(q) == len(preview) == 11
+    assert drain_order(q) == preview

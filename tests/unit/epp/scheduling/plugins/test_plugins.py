@@ -481,3 +481,31 @@ def test_prefix_score_is_withheld_from_an_endpoint_far_above_the_mean_load() -> 
     for s in states:
         unbounded.on_routed(req, SchedulingResult((s.endpoint,)), snap)
     assert unbounded.score(ctx(states, req, in_flight={states[0].address: 9}), states)[0] == 1.0
+
+
+def test_room_on_numpy_columns_agrees_with_the_loop() -> None:
+    rng = random.Random(5)
+    for case in range(40):
+        fixed = rng.choice([None, 2, 3])
+        text = f"saturationDetector: {{maxConcurrency: {fixed}}}" if fixed else "{}"
+        sched = build_scheduler(text, clock=lambda: NOW)
+        states = tuple(
+            state(
+                p,
+                rng.choice([Role.DECODE, Role.DECODE, Role.PREFILL]),
+                age=rng.choice([0.0, 0.0, 60.0]),  # some reports stale
+                waiting=rng.choice([None, 0.0, 0.0, 1.0, 6.0]),
+                running=float(rng.choice([0, 1, 2, 3])),
+                kv_usage=rng.choice([None, 0.1, 0.9]),
+            )
+            if rng.random() < 0.8
+            else state(p)  # never reported
+            for p in range(1, 9)
+        )
+        for s in states[: case % 3]:  # some endpoints' slots learned
+            sched.latency.observe_load(s, EndpointMetrics(updated_at=NOW, waiting=1, running=2))
+        snap = Snapshot(states, {s.address: rng.choice([0, 1, 2, 3]) for s in states})
+        request = InferenceRequest("r", "m", "/")
+        loop = sched.room(request, snap)
+        sched.vectorize_from = 1
+        assert sched.room(request, snap) == loop, case

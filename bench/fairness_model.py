@@ -1,0 +1,201 @@
+"""bench.fairness on the routing model's virtual clock: the same two tenants, pool and
+target, with the real router, flow control and scheduler and the real simulator
+engine, but no Envoy, HTTP or CPU contention (bench.routing_model, docs/routing-model.md).
+
+Run: ``.venv/bin/python -m bench.fairness_model`` (seconds). Writes
+bench/results/NAME.{md,json} (``--name``, default routing-model-fairness: listed with
+the routing model's files in the results index).
+
+It separates what the EPP's design gives from what a busy machine adds: the real
+benchmark (`make bench-fairness`) runs its load generator, Envoy, the EPP and four
+simulators on the same two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.fairness import FAIRNESS_HEADER, capacity_of
+from bench.routing import Planned, Record, SimSettings, Workload, pct
+from bench.routing_model import (
+    RESULTS,
+    ModelPolicy,
+    Setting,
+    build_pool,
+    one_request,
+    parse_model_policy,
+    stop_pool,
+)
+from bench.virtualtime import run_virtual
+from bench.workload import WorkloadSpec
+from epp_harness.sim.config import SimConfig
+
+# (scenario, policy spec, with tenant A)
+SCENARIOS = (
+    ("B alone", "on=configs/flow-control.yaml", False),
+    ("flood, flow control", "on=configs/flow-control.yaml", True),
+    ("flood, flow control, room dispatch", "room=configs/flow-control-room.yaml", True),
+    ("flood, no flow control", "off=", True),
+)
+
+
+def make_setting(servers: int, slots: int) -> Setting:
+    """bench.fairness's pool: ``epp sim``'s default timings, ``slots`` sequences each."""
+    sim = SimConfig()
+    settings = SimSettings(
+        max_num_seqs=slots,
+        kv_blocks=sim.kv_blocks,
+        block_size=sim.block_size,
+        prefill_overhead_ms=sim.prefill_overhead_ms,
+        prefill_ms_per_token=sim.prefill_ms_per_token,
+        decode_ms_per_token=sim.decode_ms_per_token,
+        itl_ms_per_running_seq=sim.itl_ms_per_running_seq,
+    )
+    spec = WorkloadSpec()
+    workload = Workload("control", spec, [], {}, servers)  # unused: requests are built here
+    return Setting(settings, servers, workload)
+
+
+def planned(tenant: str, i: int, tokens: int) -> Planned:
+    body = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": f"{tenant} {i} hello"}],
+        "max_tokens": tokens,
+        "stream": True,
+    }
+    return Planned(0.0, orjson.dumps(body), 0, tokens, {FAIRNESS_HEADER: tenant}, (), (), {})
+
+
+async def scenario(
+    setting: Setting, policy: ModelPolicy, args: argparse.Namespace, with_a: bool, rate_b: float
+) -> dict[str, Any]:
+    pool = build_pool(setting, policy)
+    loop = asyncio.get_running_loop()
+    start = loop.time() + args.warmup
+    stop = start + args.duration
+    counter = itertools.count()
+    measured: dict[str, list[Record]] = {"tenant-a": [], "tenant-b": []}
+
+    async def send(tenant: str) -> None:
+        index = next(counter)
+        rec = Record(0, args.tokens, loop.time())
+        await one_request(pool, setting, policy, planned(tenant, index, args.tokens), rec, index)
+        if start <= rec.due < stop:
+            measured[tenant].append(rec)
+        if rec.error is not None:
+            await asyncio.sleep(0.01)  # a closed loop must not spin on errors
+
+    async def stream() -> None:
+        while loop.time() < stop:
+            await send("tenant-a")
+
+    async def poisson(rng: random.Random) -> None:
+        tasks = []
+        while loop.time() < stop:
+            tasks.append(loop.create_task(send("tenant-b")))
+            await asyncio.sleep(rng.expovariate(rate_b))
+        await asyncio.gather(*tasks)
+
+    jobs = [poisson(random.Random(args.seed))]
+    if with_a:
+        jobs += [stream() for _ in range(args.flood)]
+    try:
+        await asyncio.gather(*jobs)
+    finally:
+        await stop_pool(pool)
+    a, b = measured["tenant-a"], measured["tenant-b"]
+    b_ttft = sorted(r.ttft_s * 1000 for r in b if r.error is None and r.ttft_s is not None)
+    a_done = sum(1 for r in a if r.error is None and r.e2e_s is not None)
+    b_done = len(b_ttft)
+    return {
+        "b_ttft_p50_ms": pct(b_ttft, 0.5),
+        "b_ttft_p90_ms": pct(b_ttft, 0.9),
+        "b_done": b_done,
+        "errors": sum(1 for r in a + b if r.error is not None),
+        "a_rps": a_done / args.duration,
+        "total_rps": (a_done + b_done) / args.duration,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.fairness_model", description=__doc__)
+    add = p.add_argument
+    add("--servers", type=int, default=4)
+    add("--slots", type=int, default=2, help="sequences per server")
+    add("--tokens", type=int, default=20, help="output tokens per request")
+    add("--flood", type=int, default=0, help="A's streams (0: 3 x slots)")
+    add("--b-share", type=float, default=0.2, help="B's rate / capacity")
+    add("--duration", type=float, default=20.0, help="virtual seconds measured")
+    add("--warmup", type=float, default=3.0)
+    add("--seed", type=int, default=7, help="B's arrivals")
+    add("--name", default="routing-model-fairness")
+    add("--out", type=Path, default=RESULTS)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    slots = args.servers * args.slots
+    args.flood = args.flood or 3 * slots
+    service_s, capacity = capacity_of(args.servers, args.slots, args.tokens)
+    rate_b = args.b_share * capacity
+    setting = make_setting(args.servers, args.slots)
+    rows = []
+    for name, spec, with_a in SCENARIOS:
+        policy = parse_model_policy(spec)
+        row = run_virtual(scenario(setting, policy, args, with_a, rate_b))
+        row["scenario"] = name
+        rows.append(row)
+        print(
+            f"  {name}: B p90 {row['b_ttft_p90_ms']:.0f} ms (p50 {row['b_ttft_p50_ms']:.0f}),"
+            f" A {row['a_rps']:.1f} rps, total {row['total_rps']:.1f} rps",
+            flush=True,
+        )
+    alone, fc = rows[0], rows[1]
+    gap_ms = 1000 / fc["total_rps"] if fc["total_rps"] else float("nan")
+    bound_ms = 2 * (alone["b_ttft_p90_ms"] + gap_ms)
+    command = "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
+    lines = [
+        "# Fairness under a flood: the virtual-time model",
+        "",
+        "bench.fairness's two tenants on the routing model's virtual clock (real router, "
+        "flow control, scheduler and simulator engine; no Envoy, HTTP or CPU contention): "
+        f"`python -m bench.fairness_model{command}`. {args.servers} servers of "
+        f"{args.slots} slots (~{service_s * 1000:.0f} ms per request of {args.tokens} "
+        f"tokens, capacity ~{capacity:.0f} rps); A: {args.flood} closed-loop streams; B: "
+        f"{rate_b:.1f} rps (Poisson); {args.duration:g} virtual s measured.",
+        "",
+        "| scenario | B TTFT p50 ms | B TTFT p90 ms | B done | A rps | total rps | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['scenario']} | {r['b_ttft_p50_ms']:.0f} | {r['b_ttft_p90_ms']:.0f} "
+            f"| {r['b_done']} | {r['a_rps']:.1f} | {r['total_rps']:.1f} | {r['errors']} |"
+        )
+    ok = "met" if fc["b_ttft_p90_ms"] <= bound_ms else "missed"
+    lines += [
+        "",
+        f"Target: B's p90 under the flood ≤ 2 x ({alone['b_ttft_p90_ms']:.0f} + {gap_ms:.0f})"
+        f" = {bound_ms:.0f} ms: **{ok}** ({fc['b_ttft_p90_ms']:.0f} ms).",
+    ]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    meta = {"command": command, "bound_ms": bound_ms, "b_rate": rate_b, "capacity": capacity}
+    (args.out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"wrote {args.out / (args.name + '.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
