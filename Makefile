@@ -127,4 +127,4 @@ bench-pd: $(STAMP)
 	$(BIN)/python -m bench.pd
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .cache/tiny-llama .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .venv-compose .cache/tiny-llama .cache/compose .pytest_cache .mypy_cache .ruff_cache

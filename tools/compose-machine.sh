@@ -56,6 +56,8 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
     . /etc/os-release
     rootfs=$WORK/rootfs
     say "building the stand-in for $BASE: debootstrap $VERSION_CODENAME into $rootfs (a few minutes)"
+    # an earlier run stopped mid-way may have left its /proc mounted
+    mountpoint -q "$rootfs/proc" && umount "$rootfs/proc"
     rm -rf "$rootfs"
     debootstrap --variant=minbase --include=python3,python3-pip,python3-venv,python-is-python3 \
         "$VERSION_CODENAME" "$rootfs" http://deb.debian.org/debian >"$WORK/debootstrap.log"
