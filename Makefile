@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm lint typecheck bench bench-overhead bench-decision bench-scrape \
+.PHONY: run test test-vllm test-compose lint typecheck bench bench-overhead bench-decision bench-scrape \
 	bench-kv-events bench-routing bench-lora bench-pd bench-fairness clean
 
 $(STAMP): pyproject.toml
@@ -54,6 +54,13 @@ test-vllm: $(STAMP) $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -c 'import peft' 2>/dev/null || $(VLLM_VENV)/bin/python -m pip install --quiet peft
 	EPP_VLLM_PYTHON=$(VLLM_VENV)/bin/python EPP_VLLM_MODEL=$(VLLM_MODEL) \
 		$(BIN)/python -m pytest -v tests/vllm --timeout 900
+
+# docker-compose.yml on a real Docker engine (docs/compose.md; opt-in, as root): Debian's
+# docker.io, a daemon, Compose v2 and a debootstrap stand-in for the base image, readied
+# by tools/compose-machine.sh (~10 minutes the first time), then tests/compose.
+test-compose: $(STAMP)
+	set -e; compose=$$(bash tools/compose-machine.sh); \
+		EPP_COMPOSE=$$compose $(BIN)/python -m pytest -v tests/compose --timeout 600
 
 # All benchmarks (~50 minutes); results land in bench/results/, and its README.md (the one
 # page that quotes figures) is rewritten from them last.
@@ -132,4 +139,4 @@ bench-pd: $(STAMP)
 	$(BIN)/python -m bench.pd
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .cache/tiny-llama .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .venv-compose .cache/tiny-llama .cache/compose .pytest_cache .mypy_cache .ruff_cache

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,43 @@ def published(service: str) -> set[int]:
 def test_the_services_are_envoy_the_epp_and_two_prefill_two_decode() -> None:
     assert sorted(SERVICES) == sorted(["envoy", "epp", *SIMS])
     for name, service in SERVICES.items():
-        assert service["image"] == "epp:dev" and service["build"] == ".", name
+        assert service["image"] == "epp:dev", name
+
+
+def test_the_image_is_built_once_and_never_pulled() -> None:
+    # one service builds epp:dev (`up --build`); the others use it as built, so Compose
+    # neither builds the same image once per service nor asks a registry for it
+    assert [name for name, s in SERVICES.items() if "build" in s] == ["epp"]
+    assert SERVICES["epp"]["build"] == "."
+    assert {s["pull_policy"] for s in SERVICES.values()} == {"never"}
+
+
+def probed_url(service: str) -> str:
+    """The URL the service's health check opens: a `python -c` urllib probe, since the
+    image has python and no curl."""
+    test = SERVICES[service]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"], service
+    compile(test[3], f"{service} healthcheck", "exec")
+    match = re.search(r"urlopen\('([^']+)'", test[3])
+    assert match, test[3]
+    return match.group(1)
+
+
+def test_every_service_is_health_checked_where_it_serves() -> None:
+    for name in SIMS:
+        args = parsed(name)
+        assert probed_url(name) == f"http://{args.host}:{args.port}/health"
+    assert probed_url("epp") == f"http://127.0.0.1:{parsed('epp').http_port}/health"
+    admin = ENVOY["admin"]["address"]["socket_address"]["port_value"]
+    assert probed_url("envoy") == f"http://127.0.0.1:{admin}/ready"
+
+
+def test_each_service_starts_once_what_it_needs_is_healthy() -> None:
+    needs = {"envoy": {"epp"}, "epp": set(SIMS)}
+    for name, service in SERVICES.items():
+        depends = service.get("depends_on", {})
+        assert set(depends) == needs.get(name, set()), name
+        assert all(d == {"condition": "service_healthy"} for d in depends.values()), name
 
 
 def test_dockerfile_installs_the_package_and_copies_only_what_exists() -> None:
