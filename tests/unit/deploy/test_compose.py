@@ -22,7 +22,13 @@ from epp_harness.stack import SIM_CONNECTOR
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-SERVICES: dict[str, Any] = COMPOSE["services"]
+# the stack itself; the `monitoring` profile's Prometheus and Grafana are checked apart
+SERVICES: dict[str, Any] = {
+    name: s for name, s in COMPOSE["services"].items() if "profiles" not in s
+}
+MONITORING: dict[str, Any] = {
+    name: s for name, s in COMPOSE["services"].items() if "monitoring" in s.get("profiles", [])
+}
 SIMS = ["prefill-1", "prefill-2", "decode-1", "decode-2"]
 
 
@@ -180,3 +186,26 @@ def test_dockerfile_exposes_every_port_in_use() -> None:
     epp = parsed("epp")
     in_use = {epp.grpc_port, epp.http_port, *published("envoy"), *(parsed(n).port for n in SIMS)}
     assert in_use <= exposed
+
+
+def test_the_monitoring_profile_scrapes_the_epp_and_provisions_the_dashboard() -> None:
+    assert sorted(COMPOSE["services"]) == sorted([*SERVICES, *MONITORING])
+    assert sorted(MONITORING) == ["grafana", "prometheus"]
+    prometheus, grafana = MONITORING["prometheus"], MONITORING["grafana"]
+    mounts = {m.split(":")[1]: ROOT / m.split(":")[0] for m in prometheus["volumes"]}
+    scrape = yaml.safe_load(mounts["/etc/prometheus/prometheus.yml"].read_text())
+    (job,) = scrape["scrape_configs"]
+    assert job["static_configs"][0]["targets"] == [f"epp:{parsed('epp').http_port}"]
+    assert prometheus["depends_on"] == {"epp": {"condition": "service_healthy"}}
+    mounts = {m.split(":")[1]: ROOT / m.split(":")[0] for m in grafana["volumes"]}
+    assert sorted(mounts["/var/lib/grafana/dashboards"].glob("*.json"))  # the dashboard
+    provisioning = mounts["/etc/grafana/provisioning"]
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())[
+        "datasources"
+    ]
+    assert source["type"] == "prometheus" and source["isDefault"]
+    assert source["url"] == "http://prometheus:9090"  # the container's own port
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "epp.yaml").read_text())[
+        "providers"
+    ]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
