@@ -356,14 +356,17 @@ def row_at(data: dict[str, Any], policy: str, rate: float) -> dict[str, Any]:
 
 
 def p90_table(data: dict[str, Any]) -> list[str]:
-    """p90 TTFT per policy and load, in ms and as a multiple of round robin's."""
+    """p90 TTFT per policy and load, in ms and as a multiple of round robin's (of the
+    first policy's where round robin did not run)."""
     loads = loads_by_rate(data)
+    listed = policies(data)
+    base = "round-robin" if "round-robin" in listed else listed[0]
     rows = []
-    for policy in policies(data):
+    for policy in listed:
         row = [policy]
         for rate in loads:
             r = row_at(data, policy, rate)
-            rr = row_at(data, "round-robin", rate)["ttft_p90_ms"]
+            rr = row_at(data, base, rate)["ttft_p90_ms"]
             warm = r.get("warm_miss_rate")
             miss = f", {warm:.0%} warm misses" if warm is not None else ""
             row.append(f"{r['ttft_p90_ms']:.0f} ({r['ttft_p90_ms'] / rr:.2f}x{miss})")
@@ -388,6 +391,8 @@ def routing_section() -> list[str]:
         note = POLICY_NOTES.get(str(meta.get("git", "")))
         if note:
             lines += ["", note]
+        if "round-robin" not in policies(data):
+            lines += ["", f"(Ratios to {policies(data)[0]}: round robin did not run here.)"]
         lines += ["", *p90_table(data)]
     lines += [
         "",
