@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,19 +14,17 @@ from epp_harness.stack import LocalStack, StackOptions
 from tests.support.http import request
 from tests.support.wait import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 LONG = "Background for the question that follows. " * 60  # disaggregated
 SHORT = "Hi there"  # decode only
 
 
 @contextmanager
 def stack_with_traffic() -> Iterator[LocalStack]:
-    """One prefill and one decode simulator (nixl), on ephemeral ports, flow control on
-    (its series), after one request of each kind."""
+    """One prefill and one decode simulator (nixl), on ephemeral ports, after one
+    request of each kind."""
     opts = StackOptions(
         servers=0, prefill=1, decode=1, envoy_port=0, envoy_admin_port=0, grpc_port=0,
         http_port=0, log_level="warning", sim_args=["--time-scale", "0.05"],
-        epp_args=["--config", str(ROOT / "configs" / "flow-control.yaml")],
     )  # fmt: skip
     with LocalStack(opts) as stack:
         url = f"{stack.envoy_url}/v1/completions"
