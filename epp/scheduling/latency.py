@@ -360,7 +360,8 @@ class LatencyModel:
 
     def reported_slots_view(self, view: CandidateView) -> FloatArray:
         """Each candidate's :attr:`EndpointLatency.reported_slots` (0: unknown)."""
-        result: FloatArray = self._columns["reported"][self._rows(view)]
+        rows = self._rows(view)  # first: new endpoints may grow (replace) the columns
+        result: FloatArray = self._columns["reported"][rows]
         return result
 
     def _rows(self, view: CandidateView) -> IndexArray:

@@ -402,3 +402,11 @@ def test_the_latency_scorer_gives_the_same_scores_with_numpy(
         c = CycleContext(req, snap, NOW, random.Random(0), 2.0, {}, vectorize_from, model)
         scores.append(unit(scorer.score(c, candidates)))
     assert scores[0] == pytest.approx(scores[1], rel=1e-9, abs=1e-12)
+
+
+def test_reported_slots_of_endpoints_the_model_meets_for_the_first_time() -> None:
+    # more new endpoints than the model's columns hold: finding their rows grows them
+    model = LatencyModel()
+    states = tuple(state(i + 1) for i in range(40))
+    view = candidate_view(Snapshot(states, {}), states, NOW - 2.0)
+    assert model.reported_slots_view(view).tolist() == [0.0] * 40  # none reported yet
