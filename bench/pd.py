@@ -16,7 +16,8 @@ decodes beside it; bench.routing pins the opposite), deployed as
   ``always``: every request's prefill runs on a prefill server, its KV moves to the
   decode server at the simulator's transfer cost;
 * the decider comparison (``--deciders``, at ``--decider-ratio`` with ``nixl``):
-  always, never, prefix-based and benefit on the same split pool;
+  always, never, prefix-based and benefit on the same split pool (``benefit:W``: benefit
+  with ``stallWeight`` W, to sweep the TTFT it trades for ITL);
 * with ``--defer-decode on`` (or ``both``: beside the others), the splits of the
   coordinators that can defer (nixl, kv-pool) pick their decode server after the
   prefill leg (``disaggregation.deferDecode``; named ``... deferred``).
@@ -46,6 +47,8 @@ import copy
 import json
 import math
 import random
+import shlex
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -230,10 +233,13 @@ def epp_config(decider: str, time_scale: float, defer: bool = False) -> dict[str
     for plugin in plugins:
         if plugin["type"] == "pd-profile-handler":
             params = plugin.setdefault("parameters", {})
-            params["decider"] = decider
-            if decider == "benefit":
+            name, _, stall_weight = decider.partition(":")
+            params["decider"] = name
+            if name == "benefit":
                 params["stepTokens"] = SIM["max-num-batched-tokens"]
                 params["transferMsPerToken"] = SIM["kv-transfer-ms-per-token"] * time_scale
+                if stall_weight:
+                    params["stallWeight"] = float(stall_weight)
     return {
         "plugins": plugins,
         "schedulingProfiles": list(defaults.PROFILES),
@@ -385,6 +391,23 @@ def deployments(args: argparse.Namespace) -> list[Deployment]:
 DEFERRING = ("nixl", "kv-pool")
 
 
+def decider(text: str) -> str:
+    name, sep, weight = text.partition(":")
+    if name not in DECIDERS or (sep and name != "benefit"):
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(DECIDERS)} or benefit:W (W: its stallWeight), got {text!r}"
+        )
+    try:
+        if sep and float(weight) < 0:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"benefit:W needs a number W >= 0, got {text!r}") from None
+    return text
+
+
+DECIDERS = ("always", "never", "prefix-based", "benefit")
+
+
 def ratio(text: str) -> str:
     p, sep, d = text.partition(":")
     if not sep or not p.isdigit() or not d.isdigit() or int(p) < 1 or int(d) < 1:
@@ -403,7 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--servers", type=int, default=4, help="simulators in every deployment")
     add("--ratios", type=ratio, nargs="+", default=["1:3", "2:2"], help="P:D splits")
     add("--coordinators", nargs="+", default=["nixl", "sidecar"], help="for the splits")
-    add("--deciders", nargs="+", default=["always", "never", "prefix-based", "benefit"])
+    add(
+        "--deciders",
+        type=decider,
+        nargs="+",
+        default=list(DECIDERS),
+        help="benefit:W runs benefit with stallWeight W (a sweep of its TTFT/ITL trade)",
+    )
     add("--decider-ratio", type=ratio, default="1:3", help="the split the deciders run on")
     add(
         "--defer-decode",
@@ -446,6 +475,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = {
         "name": name,
         "quick": args.quick,
+        "command": shlex.join(
+            ["python", "-m", "bench.pd", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "label": args.label,
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "minutes": round((time.time() - started) / 60, 1),

@@ -79,10 +79,26 @@ def reading(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
             f"({fmt(ttft)}x; target <= {TARGET_TTFT_P90}x): "
             f"**{'met' if met else 'not met'}**.",
         ]
+        per_request = []
+        for dep in meta["deployments"]:
+            r = cell(rows, dep["name"], "mixed", load)
+            if dep["decider"] in ("always", "never") or r is None or r["itl_p99_ms"] is None:
+                continue
+            met, itl, ttft = judged((dep["name"], r))
+            per_request.append(
+                f"`{dep['name']}` {fmt(itl)}x / {fmt(ttft)}x ({'met' if met else 'not met'})"
+            )
+        if per_request:
+            out.append(
+                "* The same target for the deciders that split per request (ITL p99 / TTFT "
+                "p90 against aggregated's): " + "; ".join(per_request) + "."
+            )
     deciders = decider_names(meta)
     if "benefit" in deciders:
         verdicts = []
         for wl in meta["workloads"]:
+            if not any(r["workload"] == wl for r in rows):
+                continue  # not run
             wins = []
             for load_level in meta["loads"]:
                 g = {d: cell(rows, n, wl, load_level) for d, n in deciders.items()}
@@ -143,7 +159,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "column is the whole machine's): few requests per cell, so p99s rest on a handful "
         "of samples. Read the direction, not the digits; `make bench-pd` is the full run."
         if meta["quick"]
-        else "A full run."
+        else f"{meta['duration_s']:g} s of arrivals per cell."
     )
     sim = ", ".join(f"--{k} {v}" for k, v in meta["sim"].items())
     lines = [
@@ -152,7 +168,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"{short} {meta['label']}".rstrip(),
         "",
         f"Run {meta['started']} ({meta['minutes']} min) at {meta['git']} on "
-        f"{meta['machine']}: `python -m bench.pd{' --quick' if meta['quick'] else ''}`. "
+        f"{meta['machine']}: `{command(meta)}`. "
         f"{meta['servers']} simulators per deployment, `{sim}`, `--time-scale "
         f"{meta['time_scale']:g}`; {meta['duration_s']:g} s of Poisson arrivals per cell. "
         "Latencies in simulated ms; load = offered rate / the aggregated pool's estimated "
@@ -181,6 +197,11 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         if any(r["workload"] == wl for r in rows):
             lines += table(meta, rows, wl)
     return "\n".join(lines)
+
+
+def command(meta: dict[str, Any]) -> str:
+    """The run's command line (older results recorded only whether it was --quick)."""
+    return str(meta.get("command") or f"python -m bench.pd{' --quick' if meta['quick'] else ''}")
 
 
 def plot(

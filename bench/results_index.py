@@ -506,7 +506,12 @@ def pd_section() -> list[str]:
     for name in names("pd"):
         data = load(name)
         meta = data["meta"]
-        kind = "a short run on a shared machine" if meta["quick"] else "the full run"
+        if meta["quick"]:
+            kind = "a short run on a shared machine"
+        elif meta.get("command", "python -m bench.pd") == "python -m bench.pd":
+            kind = "the full run"
+        else:
+            kind = "part of the matrix"
         out += [f"### {link(name)}: {kind}, {meta['started']}", ""]
         out += [line for line in pd_report.reading(meta, data["rows"]) if line.startswith("* ")]
         out.append("")

@@ -58,11 +58,24 @@ def test_goodput_needs_both_the_ttft_and_the_requests_own_itl() -> None:
     assert summarize([fast], 2.0, 2.0, 1500, 50)["ttft_p50_ms"] == 50.0
 
 
-@pytest.mark.parametrize("decider", ["always", "never", "prefix-based", "benefit"])
+@pytest.mark.parametrize("decider", ["always", "never", "prefix-based", "benefit", "benefit:0.25"])
 def test_every_decider_config_is_one_the_epp_accepts(decider: str) -> None:
     text = orjson.dumps(epp_config(decider, 1.0)).decode()
     scheduler = build_scheduler(text)
     assert scheduler is not None
+
+
+def test_benefit_w_sets_the_stall_weight_and_bad_spellings_are_refused() -> None:
+    args = build_parser().parse_args(["--deciders", "benefit:0.25", "never"])
+    assert args.deciders == ["benefit:0.25", "never"]
+    (handler,) = [
+        p for p in epp_config("benefit:0.25", 1.0)["plugins"] if p["type"] == "pd-profile-handler"
+    ]
+    assert handler["parameters"]["decider"] == "benefit"
+    assert handler["parameters"]["stallWeight"] == 0.25
+    for bad in ("benefit:x", "benefit:-1", "never:2", "sometimes"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--deciders", bad])
 
 
 def test_the_default_matrix() -> None:
