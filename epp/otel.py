@@ -142,10 +142,13 @@ class OtelRequestTrace:
         _PROPAGATOR.inject(carrier, trace.set_span_in_context(span))
         return carrier
 
-    def prefill_done(self, error: str | None = None) -> None:
+    def prefill_done(self, error: str | None = None, decode: Endpoint | None = None) -> None:
         span, self._prefill = self._prefill, None
         if span is None:
             return
+        if decode is not None:  # picked after the leg: the request went there instead
+            self._span.set_attribute("epp.endpoint", decode.address)
+            span.set_attribute("epp.decode_endpoint", decode.address)
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, error))
         span.end()

@@ -44,8 +44,9 @@ class RequestTrace(Protocol):
     def prefill(self, endpoint: Endpoint, coordinator: str) -> Mapping[str, str]:
         """A prefill leg starts; the headers that carry its span to the prefill server."""
 
-    def prefill_done(self, error: str | None = None) -> None:
-        """The prefill leg ended (``error``: what went wrong, answered to the client)."""
+    def prefill_done(self, error: str | None = None, decode: Endpoint | None = None) -> None:
+        """The prefill leg ended (``error``: what went wrong, answered to the client;
+        ``decode``: the decode endpoint picked after the leg, with deferred selection)."""
 
     def propagation(self) -> tuple[tuple[str, str], ...]:
         """The headers that carry the request's span to the model server."""

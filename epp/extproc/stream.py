@@ -436,7 +436,8 @@ class ExtProcStream:
         try:
             leg = await pending
             if self._trace is not None:
-                self._trace.prefill_done()
+                routed = self._req.routed  # its result is the deferred pick's, if any
+                self._trace.prefill_done(decode=None if routed is None else routed.result.primary)
             if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
                 if leg.prefill_ticket is not None:
                     leg.prefill_ticket.release()

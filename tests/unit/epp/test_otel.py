@@ -37,6 +37,7 @@ class HeldCoordinator:
     """Runs no leg: answers an empty decode leg once the test releases it."""
 
     name = "held"
+    defers = False
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
@@ -159,6 +160,40 @@ async def test_the_prefill_leg_is_a_span_whose_context_goes_to_the_prefill_serve
     (handoff,) = coordinator.handoffs
     assert handoff.request.headers["traceparent"] == f"00-{TRACE}-{hexes(leg)[1]}-01"
     assert m.set_headers(replies[0])["traceparent"] == f"00-{TRACE}-{hexes(request)[1]}-01"
+
+
+class DeferringCoordinator(HeldCoordinator):
+    """Runs no leg; once released, asks for the decode endpoint as a deferring one does."""
+
+    defers = True
+
+    async def hand_off(self, handoff: Handoff) -> DecodeLeg:
+        self.handoffs.append(handoff)
+        await self.release.wait()
+        handoff.choose_decode(handoff.prefill)
+        return DecodeLeg()
+
+
+async def test_a_deferred_decode_pick_is_where_the_request_span_says_it_went() -> None:
+    prefill = Endpoint("10.0.0.1", 8000, Role.PREFILL)
+    decodes = [Endpoint("10.0.0.2", 8000, Role.DECODE), Endpoint("10.0.0.3", 8000, Role.DECODE)]
+    coordinator = DeferringCoordinator()
+    router, exporter = traced("disaggregation: {deferDecode: true}", coordinator, prefill, *decodes)
+    stream = ExtProcStream(router)
+    long = orjson.dumps({"model": "m", "prompt": "a long prompt " * 200, "max_tokens": 5})
+    stream.on_message(m.request_headers({}))
+    task = asyncio.ensure_future(stream.on_message(m.request_body(long, True)))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    first = (spans(exporter)["epp.schedule"].attributes or {})["epp.endpoint"]
+    router.datastore.remove(str(first))  # gone during the leg: the pick must move
+    coordinator.release.set()
+    await asyncio.wait_for(task, 2)
+    stream.close()
+    (other,) = [e.address for e in decodes if e.address != first]
+    got = spans(exporter)
+    assert (got["epp.request"].attributes or {})["epp.endpoint"] == other
+    assert (got["epp.prefill"].attributes or {})["epp.decode_endpoint"] == other
+    assert (got["epp.schedule"].attributes or {})["epp.endpoint"] == first
 
 
 def test_without_tracing_nothing_of_opentelemetry_is_imported() -> None:
