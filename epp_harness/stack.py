@@ -228,6 +228,7 @@ class LocalStack:
                 "--http-port",
                 str(http),
                 *serve_args,
+                *self._peer_load_args(i),
                 env=o.epp_env,
             )
             for i, (grpc, http) in enumerate(replica_ports)
@@ -242,6 +243,17 @@ class LocalStack:
         config = epp_config(replace(envoy_opts, epp_port=self.grpc_port, more_epps=more))
         path = write_config(config, self.workdir / "envoy.yaml")
         self.envoy = EnvoyProcess(path, self.workdir, concurrency=o.envoy_concurrency).start()
+
+    def _peer_load_args(self, index: int) -> list[str]:
+        """Replica ``index`` shares its in-flight counts with the other replicas (unix
+        sockets in the work directory; docs/replicas.md). Replicas with workers share
+        only among their own workers (`epp serve` refuses both)."""
+        o = self.opts
+        if o.replicas < 2 or o.workers > 1:
+            return []
+        sockets = [f"ipc://{self.workdir}/peer-load-{i}" for i in range(o.replicas)]
+        others = [s for i, s in enumerate(sockets) if i != index]
+        return ["--peer-load-bind", sockets[index], "--peer-load-peers", ",".join(others)]
 
     def _plan(self) -> list[tuple[str, str, list[str]]]:
         """(name, `epp serve` flag, extra `epp sim` args) for every simulator."""
@@ -464,7 +476,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="EPP replicas side by side (active-active, docs/replicas.md): the first on "
         "--grpc-port/--http-port, the others on free ports, each an endpoint of Envoy's "
-        "ext_proc cluster",
+        "ext_proc cluster, sharing their in-flight counts",
     )
     parser.add_argument(
         "--processing",
