@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -126,6 +128,7 @@ class LocalStack:
         self.sidecars: list[ManagedProcess] = []
         self.epp: ManagedProcess | None = None
         self.more_epps: list[ManagedProcess] = []  # replicas beyond the first
+        self._peer_dir: Path | None = None  # the replicas' peer-load sockets
         self.epp_ports: list[tuple[int, int]] = []  # every replica's (gRPC, HTTP) port
         self.envoy: EnvoyProcess | None = None
         self.sim_addresses: list[str] = []
@@ -246,12 +249,14 @@ class LocalStack:
 
     def _peer_load_args(self, index: int) -> list[str]:
         """Replica ``index`` shares its in-flight counts with the other replicas (unix
-        sockets in the work directory; docs/replicas.md). Replicas with workers share
+        sockets in a directory of their own; docs/replicas.md). Replicas with workers share
         only among their own workers (`epp serve` refuses both)."""
         o = self.opts
         if o.replicas < 2 or o.workers > 1:
             return []
-        sockets = [f"ipc://{self.workdir}/peer-load-{i}" for i in range(o.replicas)]
+        if self._peer_dir is None:  # short: a unix socket's path has at most 107 bytes
+            self._peer_dir = Path(tempfile.mkdtemp(prefix="epp-peers-"))
+        sockets = [f"ipc://{self._peer_dir}/load-{i}" for i in range(o.replicas)]
         others = [s for i, s in enumerate(sockets) if i != index]
         return ["--peer-load-bind", sockets[index], "--peer-load-peers", ",".join(others)]
 
@@ -348,6 +353,8 @@ class LocalStack:
             self.envoy.stop()
         for epp in [*self.more_epps, *([self.epp] if self.epp is not None else [])]:
             epp.stop()
+        if self._peer_dir is not None:
+            shutil.rmtree(self._peer_dir, ignore_errors=True)
         for proc in [*self.sidecars, *self.sims]:
             proc.stop()
 

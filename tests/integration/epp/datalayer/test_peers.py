@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import signal
+import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +49,16 @@ def side(bind: str | None, *peers: str, expire_s: float = 3.5) -> Side:
 
 
 @pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[tuple[Side, Side]]:
-    a_addr, b_addr = f"ipc://{tmp_path}/a", f"ipc://{tmp_path}/b"
+def sockets() -> Iterator[Path]:
+    """A short directory for unix sockets (their paths have at most 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="epp-peers-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def pair(sockets: Path) -> AsyncIterator[tuple[Side, Side]]:
+    a_addr, b_addr = f"ipc://{sockets}/a", f"ipc://{sockets}/b"
     a, b = side(a_addr, b_addr), side(b_addr, a_addr)
     await a.peers.start()
     await b.peers.start()
@@ -90,8 +100,8 @@ async def test_a_request_held_on_one_side_shows_in_the_others_decisions(
     assert dict(a.datastore.peer_in_flight_table) == dict(b.datastore.peer_in_flight_table) == {}
 
 
-async def test_a_peer_that_stops_is_forgotten_at_once(tmp_path: Path) -> None:
-    a_addr = f"ipc://{tmp_path}/a"
+async def test_a_peer_that_stops_is_forgotten_at_once(sockets: Path) -> None:
+    a_addr = f"ipc://{sockets}/a"
     a, b = side(a_addr), side(None, a_addr)
     await a.peers.start()
     await b.peers.start()
@@ -108,10 +118,10 @@ async def test_a_peer_that_stops_is_forgotten_at_once(tmp_path: Path) -> None:
 
 
 async def test_a_silent_peer_expires_and_bad_frames_are_counted_and_dropped(
-    tmp_path: Path,
+    sockets: Path,
 ) -> None:
     """A peer that dies just stops sending: this test is that peer, on a raw socket."""
-    address = f"ipc://{tmp_path}/raw"
+    address = f"ipc://{sockets}/raw"
     context = zmq.asyncio.Context()
     pub = context.socket(zmq.PUB)
     pub.bind(address)
@@ -184,8 +194,10 @@ def start(tmp_path: Path, name: str, bind: str, peer: str) -> ManagedProcess:
     )  # fmt: skip
 
 
-def test_two_serve_processes_follow_each_other_and_forget_a_killed_one(tmp_path: Path) -> None:
-    a_addr, b_addr = f"ipc://{tmp_path}/a", f"ipc://{tmp_path}/b"
+def test_two_serve_processes_follow_each_other_and_forget_a_killed_one(
+    tmp_path: Path, sockets: Path
+) -> None:
+    a_addr, b_addr = f"ipc://{sockets}/a", f"ipc://{sockets}/b"
     procs = [start(tmp_path, "a", a_addr, b_addr), start(tmp_path, "b", b_addr, a_addr)]
     try:
         ports = [int(p.wait_ready()["http_port"]) for p in procs]
