@@ -39,9 +39,7 @@ def measure(endpoints: int) -> dict[str, float]:
             own.acquire(address, tokens=400)
 
     def publish() -> bytes:
-        table = LoadFrame(
-            "me", 1, nonzero(own.own_in_flight), nonzero(own.own_in_flight_tokens)
-        )
+        table = LoadFrame("me", 1, nonzero(own.own_in_flight), nonzero(own.own_in_flight_tokens))
         return encode(table)
 
     frame = publish()
@@ -63,7 +61,9 @@ def measure(endpoints: int) -> dict[str, float]:
         got = decode(frames[seq[0] % 2])
         got = LoadFrame(got.peer, seq[0], got.requests, got.tokens)
         diff = tables.apply(got, 0.0) or set()
-        receiver.set_peer_load({a: (tables.requests.get(a, 0), tables.tokens.get(a, 0)) for a in diff})
+        receiver.set_peer_load(
+            {a: (tables.requests.get(a, 0), tables.tokens.get(a, 0)) for a in diff}
+        )
 
     return {
         "bytes": float(len(frame)),

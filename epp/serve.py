@@ -24,13 +24,13 @@ from epp.admin.http import make_admin_app
 from epp.admin.instances import add_status_routes
 from epp.admin.lora import add_lora_routes
 from epp.admin.metricsauth import KubeReviewer, MetricsAuth
+from epp.datalayer import peers as peer_flags
 from epp.datalayer.ejection import Ejector
 from epp.datalayer.engines import engine_names
 from epp.datalayer.kvevents import kv_event_subscribers
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datalayer.peers import PeerLoad, PeerOptions
-from epp.datalayer import peers as peer_flags
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.settings import DataLayerConfig
 from epp.datastore import Datastore
@@ -225,7 +225,9 @@ def run(args: argparse.Namespace) -> int:
         opts = replace(opts, peers=peer_flags.from_args(args))
         if opts.peers.enabled and opts.workers.parent:
             # the workers share theirs among themselves (docs/workers.md)
-            raise ValueError("--peer-load-bind/--peer-load-peers and --workers > 1 exclude each other")
+            raise ValueError(
+                "--peer-load-bind/--peer-load-peers and --workers > 1 exclude each other"
+            )
         tlsflags.check_flags(args)
         opts.workers.check(
             opts.grpc_port, {"--grpc-health-port": opts.health_port, "--http-port": opts.http_port}

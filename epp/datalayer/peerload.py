@@ -107,9 +107,7 @@ class PeerTables:
         peer = self._peers.pop(name, None)
         if peer is None:
             return set()
-        return self._add(peer.requests, {}, self.requests) | self._add(
-            peer.tokens, {}, self.tokens
-        )
+        return self._add(peer.requests, {}, self.requests) | self._add(peer.tokens, {}, self.tokens)
 
     @staticmethod
     def _add(old: dict[str, int], new: dict[str, int], sums: dict[str, int]) -> set[str]:

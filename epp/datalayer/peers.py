@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import secrets
@@ -359,10 +360,8 @@ class PeerLoad:
             log.info("peer load: following %s", address)
         for address in sorted(followed.connected - addresses):
             followed.connected.discard(address)
-            try:
+            with contextlib.suppress(zmq.ZMQError):  # ZMQ had dropped it already
                 self._sub.disconnect(address)
-            except zmq.ZMQError:
-                pass  # ZMQ had dropped it already
             log.info("peer load: no longer following %s", address)
 
 

@@ -201,8 +201,9 @@ def test_two_serve_processes_follow_each_other_and_forget_a_killed_one(
     procs = [start(tmp_path, "a", a_addr, b_addr), start(tmp_path, "b", b_addr, a_addr)]
     try:
         ports = [int(p.wait_ready()["http_port"]) for p in procs]
-        for port in ports:
-            wait_for(lambda port=port: peers_gauge(port) == 1, what="each follows the other")
+        wait_for(
+            lambda: [peers_gauge(port) for port in ports] == [1, 1], what="each follows the other"
+        )
         os.kill(procs[0].pid, signal.SIGKILL)  # no bye: its heartbeats just stop
         began = time.monotonic()
         wait_for(lambda: peers_gauge(ports[1]) == 0, timeout=10, what="the killed one dropped")
