@@ -93,7 +93,8 @@ class PeerTables:
         empty: dict[str, int] = {}
         changed = self._add(peer.requests if peer else empty, frame.requests, self.requests)
         changed |= self._add(peer.tokens if peer else empty, frame.tokens, self.tokens)
-        self._peers[frame.peer] = _Peer(frame.seq, now, dict(frame.requests), dict(frame.tokens))
+        # the decoded frame's own dicts (nothing else holds them)
+        self._peers[frame.peer] = _Peer(frame.seq, now, frame.requests, frame.tokens)
         return changed
 
     def expire(self, now: float) -> set[str]:
@@ -112,17 +113,20 @@ class PeerTables:
     @staticmethod
     def _add(old: dict[str, int], new: dict[str, int], sums: dict[str, int]) -> set[str]:
         """Replace ``old`` by ``new`` in ``sums``; the addresses whose sum changed."""
-        changed: set[str] = set()
-        for address in old.keys() | new.keys():
-            delta = new.get(address, 0) - old.get(address, 0)
-            if delta:
-                changed.add(address)
-                total = sums.get(address, 0) + delta
-                if total > 0:
-                    sums[address] = total
-                else:
-                    sums.pop(address, None)
+        # the entries that differ, found by C-level set operations (a frame repeats
+        # most of the last one)
+        changed = {address for address, _ in old.items() ^ new.items()}
+        for address in changed:
+            _bump(sums, address, new.get(address, 0) - old.get(address, 0))
         return changed
+
+
+def _bump(sums: dict[str, int], address: str, delta: int) -> None:
+    total = sums.get(address, 0) + delta
+    if total > 0:
+        sums[address] = total
+    else:
+        sums.pop(address, None)
 
 
 def nonzero(counts: Mapping[str, int]) -> dict[str, int]:
