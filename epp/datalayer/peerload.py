@@ -17,6 +17,8 @@ from typing import Annotated
 
 import msgspec
 
+from epp.errors import InternalError
+
 TOPIC = b"epp-peer-load/1"  # the first ZMQ frame of every message (SUB filters on it)
 HEARTBEAT_S = 1.0  # a table is published at least this often, changed or not
 EXPIRE_S = 3.5  # a peer silent this long is dropped (three heartbeats and a margin)
@@ -36,7 +38,7 @@ class LoadFrame(msgspec.Struct, array_like=True, frozen=True):
     bye: bool = False  # the publisher is stopping: drop it now
 
 
-class FrameError(ValueError):
+class FrameError(InternalError, ValueError):
     """Bytes that are not a :class:`LoadFrame`."""
 
 
