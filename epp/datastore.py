@@ -17,6 +17,12 @@ Every source (static flags, Kubernetes discovery, the admin API) calls :meth:`ad
 one member whoever added it: the last ``add`` decides its role and labels, and a
 ``remove`` from any source removes it (documented in docs/architecture.md).
 
+In-flight counts come in two tables: this process's OWN (what it routed and has not
+seen end: :meth:`acquire` and tickets, drains, ``epp_in_flight_requests``, /status) and
+own plus what its peers report they have in flight (replicas and workers sharing their
+load, :mod:`epp.datalayer.peers`), which snapshots hand the scheduler. Without peers the
+two are equal.
+
 Writers call these methods on the event loop; the scheduler only reads snapshots.
 """
 
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from types import MappingProxyType
@@ -100,6 +106,15 @@ class Datastore:
         self._in_flight_view = MappingProxyType(self._in_flight)
         self._in_flight_tokens: dict[str, int] = {}
         self._in_flight_tokens_view = MappingProxyType(self._in_flight_tokens)
+        # what peers have in flight (summed over them), and own + peers: what snapshots
+        # show (an entry for every address either table has)
+        self._peer_in_flight: dict[str, int] = {}
+        self._peer_in_flight_view = MappingProxyType(self._peer_in_flight)
+        self._peer_tokens: dict[str, int] = {}
+        self._load: dict[str, int] = {}
+        self._load_view = MappingProxyType(self._load)
+        self._load_tokens: dict[str, int] = {}
+        self._load_tokens_view = MappingProxyType(self._load_tokens)
         # bumped when an address's counters are dropped with requests still open, so
         # their late releases are ignored
         self._epochs: dict[str, int] = {}
@@ -108,6 +123,7 @@ class Datastore:
         self._listeners: list[Callable[[], None]] = []
         self._metrics_listeners: list[Callable[[str, EndpointMetrics], None]] = []
         self._on_release: Callable[[], None] | None = None
+        self._on_own_change: Callable[[], None] | None = None
         self._pending = 0
 
     # -- membership ---------------------------------------------------------------
@@ -133,6 +149,7 @@ class Datastore:
         self._set(EndpointState(endpoint, metrics), status)
         self._in_flight.setdefault(endpoint.address, 0)
         self._in_flight_tokens.setdefault(endpoint.address, 0)
+        self._sync(endpoint.address)
         self._changed()
         log.info(
             "endpoint %s %s (role=%s)",
@@ -228,12 +245,21 @@ class Datastore:
         freed); one listener, the last set."""
         self._on_release = listener
 
+    def on_own_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every change of this process's own in-flight counts
+        (peer load publishes them); one listener, the last set."""
+        self._on_own_change = listener
+
     # -- load accounting ------------------------------------------------------------
     def acquire(self, address: str, tokens: int = 0) -> InFlightTicket:
         """Count one request (estimated at ``tokens`` prompt + output tokens) as in
         flight on ``address`` until the ticket is released."""
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
         self._in_flight_tokens[address] = self._in_flight_tokens.get(address, 0) + tokens
+        self._load[address] = self._load.get(address, 0) + 1  # own + peers, one more
+        self._load_tokens[address] = self._load_tokens.get(address, 0) + tokens
+        if self._on_own_change is not None:
+            self._on_own_change()
         return InFlightTicket(self, address, tokens, self._epochs.get(address, 0))
 
     def acquire_pending(self, tokens: int = 0) -> InFlightTicket:
@@ -261,19 +287,63 @@ class Datastore:
         if member is None and count == 0:  # a dropped member's last request
             self._in_flight.pop(address, None)
             self._in_flight_tokens.pop(address, None)
+            self._sync(address)
+            if self._on_own_change is not None:
+                self._on_own_change()
             return
         self._in_flight[address] = count
         self._in_flight_tokens[address] = max(self._in_flight_tokens.get(address, 0) - tokens, 0)
+        self._sync(address)
+        if self._on_own_change is not None:
+            self._on_own_change()
         if count == 0 and member is not None and member.status is Status.DRAINING:
             self._drop(address, "drained; removed")
         if self._on_release is not None:
             self._on_release()
 
     def in_flight(self, address: str) -> int:
+        """This process's own requests in flight on ``address``."""
         return self._in_flight.get(address, 0)
 
     def total_in_flight(self) -> int:
+        """This process's own requests in flight, over every endpoint."""
         return sum(self._in_flight.values())
+
+    @property
+    def own_in_flight(self) -> Mapping[str, int]:
+        """Address -> this process's own requests in flight (a live read-only view)."""
+        return self._in_flight_view
+
+    @property
+    def own_in_flight_tokens(self) -> Mapping[str, int]:
+        """Address -> the estimated tokens of this process's own requests in flight."""
+        return self._in_flight_tokens_view
+
+    # -- what peers have in flight -----------------------------------------------------
+    def set_peer_load(self, loads: Mapping[str, tuple[int, int]]) -> None:
+        """Set what peers have in flight on each address named (requests, tokens:
+        summed over every peer; (0, 0): none). Snapshots show it added to this
+        process's own counts; a decrease may free room (the release listener hears it)."""
+        freed = False
+        for address, (requests, tokens) in loads.items():
+            freed = freed or requests < self._peer_in_flight.get(address, 0)
+            for table, n in ((self._peer_in_flight, requests), (self._peer_tokens, tokens)):
+                if n > 0:
+                    table[address] = n
+                else:
+                    table.pop(address, None)
+            self._sync(address)
+        if freed and self._on_release is not None:
+            self._on_release()
+
+    def peer_in_flight(self, address: str) -> int:
+        """Requests peers report in flight on ``address``."""
+        return self._peer_in_flight.get(address, 0)
+
+    @property
+    def peer_in_flight_table(self) -> Mapping[str, int]:
+        """Address -> requests peers report in flight there (non-zero entries; live)."""
+        return self._peer_in_flight_view
 
     # -- the scheduler's view ---------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -281,8 +351,8 @@ class Datastore:
         if self._snapshot is None:
             self._snapshot = Snapshot(
                 endpoints=tuple(self._states.values()),
-                in_flight=self._in_flight_view,
-                in_flight_tokens=self._in_flight_tokens_view,
+                in_flight=self._load_view,
+                in_flight_tokens=self._load_tokens_view,
                 version=self._version,
                 by_address=self._states_view,
             )
@@ -319,9 +389,26 @@ class Datastore:
         self._states.pop(address, None)
         if self._in_flight.pop(address, 0):  # requests still open (drain deadline passed)
             self._epochs[address] = self._epochs.get(address, 0) + 1
+            if self._on_own_change is not None:
+                self._on_own_change()
         self._in_flight_tokens.pop(address, None)
+        self._sync(address)
         self._changed()
         log.info("endpoint %s %s", address, why)
+
+    def _sync(self, address: str) -> None:
+        """Own + peers for ``address`` into the tables snapshots show (an address that
+        neither counts leaves them; a member's stays, at 0)."""
+        for own, peer, load in (
+            (self._in_flight, self._peer_in_flight, self._load),
+            (self._in_flight_tokens, self._peer_tokens, self._load_tokens),
+        ):
+            mine = own.get(address)
+            theirs = peer.get(address, 0)
+            if mine is None and not theirs:
+                load.pop(address, None)
+            else:
+                load[address] = (mine or 0) + theirs
 
     def _changed(self) -> None:
         self._version += 1

@@ -29,6 +29,7 @@ raises on purpose, and one branch of it is what a client may see.
         ├── MetricsParseError        (datalayer/prometheus.py)   a malformed /metrics page
         ├── OrcaParseError           (datalayer/orca.py)         a malformed ORCA report
         ├── KvEventDecodeError       (kvevents/wire.py)          an undecodable KV event
+        ├── FrameError               (datalayer/peerload.py)     an unreadable peer-load frame
         ├── TokenizerError           (tokenization.py)           tokenizer files, a template
         ├── FetchError               (top/command.py)            `epp top` cannot read the EPP
         ├── LeaseError               (leaderelection.py)         a Lease call failed

@@ -273,7 +273,9 @@ class _PoolCollector(Collector):
         reports = [s.metrics for s in snapshot.endpoints if s.metrics is not None]
         kv = [float(m.kv_usage) for m in reports if m.kv_usage is not None]
         queue = [float(m.waiting) for m in reports if m.waiting is not None]
-        running = [float(snapshot.in_flight.get(s.address, 0)) for s in snapshot.endpoints]
+        # this process's own (the workers' pages are summed; peers would count twice)
+        own = self._datastore.own_in_flight
+        running = [float(own.get(s.address, 0)) for s in snapshot.endpoints]
         series: list[tuple[str, str | None, str, Callable[[], float]]] = [
             ("average_kv_cache_utilization", f"{POOL}_average_kv_cache_utilization",
              "Mean KV-cache utilization (0..1) over the pool's endpoints that report it.",

@@ -331,10 +331,11 @@ class _DatastoreCollector(Collector):
         yield endpoints
         in_flight = GaugeMetricFamily(
             "epp_in_flight_requests",
-            "Requests routed to an endpoint and not yet finished.",
+            "Requests this process routed to an endpoint and not yet finished (its "
+            "peers' are in epp_peer_in_flight_requests).",
             labels=["endpoint"],
         )
-        for address, n in sorted(snapshot.in_flight.items()):
+        for address, n in sorted(self._datastore.own_in_flight.items()):
             in_flight.add_metric([address], n)
         yield in_flight
         yield GaugeMetricFamily(

@@ -24,11 +24,13 @@ from epp.admin.http import make_admin_app
 from epp.admin.instances import add_status_routes
 from epp.admin.lora import add_lora_routes
 from epp.admin.metricsauth import KubeReviewer, MetricsAuth
+from epp.datalayer import peers as peer_flags
 from epp.datalayer.ejection import Ejector
 from epp.datalayer.engines import engine_names
 from epp.datalayer.kvevents import kv_event_subscribers
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
 from epp.datalayer.orca_oob import OrcaStreams
+from epp.datalayer.peers import PeerLoad, PeerOptions
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.settings import DataLayerConfig
 from epp.datastore import Datastore
@@ -102,6 +104,7 @@ class ServeOptions:
     workers: WorkerOptions = field(default_factory=WorkerOptions)
     argv: tuple[str, ...] = ()  # the command line, which the parent of --workers reuses
     leader: LeaderOptions | None = None  # --ha-enable-leader-election: ready only leading
+    peers: PeerOptions = field(default_factory=PeerOptions)  # --peer-load-*: shared counts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,6 +182,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM, how long open requests may take to finish before they are cut",
     )
     worker_options.add_arguments(parser)
+    peer_flags.add_arguments(parser)
     tlsflags.add_arguments(parser)
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default event loop")
     membershipflags.add_arguments(parser)
@@ -218,6 +222,12 @@ def run(args: argparse.Namespace) -> int:
         opts = replace(opts, pool=serve_pool.pool_ref(args))
         opts = replace(opts, selector=serve_pool.selector_ref(args))
         opts = replace(opts, leader=leaderelection.options(args))
+        opts = replace(opts, peers=peer_flags.from_args(args))
+        if opts.peers.enabled and opts.workers.parent:
+            # the workers share theirs among themselves (docs/workers.md)
+            raise ValueError(
+                "--peer-load-bind/--peer-load-peers and --workers > 1 exclude each other"
+            )
         tlsflags.check_flags(args)
         opts.workers.check(
             opts.grpc_port, {"--grpc-health-port": opts.health_port, "--http-port": opts.http_port}
@@ -473,6 +483,8 @@ def build(
         # the parent scrapes for its workers; each worker subscribes to KV events itself
         *(_data_layer(datastore, metrics, dl, ejector) if link is None else []),
         *(_kv_events(datastore, metrics, scheduler) if group is None else []),
+        # stopped after the ports close: the peers hear this process's last requests end
+        *(_peer_load(datastore, metrics, opts.peers) if group is None else []),
         _GcWatch(metrics),
         Step("readiness", readiness.publish),
         *before,
@@ -602,6 +614,15 @@ def _kv_events(
     a reload cannot add or change such a plugin (epp.reload), so these stay right."""
     subscribers = kv_event_subscribers(datastore, metrics.registry, scheduler.plugins)
     return [Step(f"kv-events:{name}", s.start, s.stop) for name, s in subscribers.items()]
+
+
+def _peer_load(datastore: Datastore, metrics: EppMetrics, opts: PeerOptions) -> list[Component]:
+    """In-flight counts shared with the peers the flags name (docs/replicas.md)."""
+    if not opts.enabled:
+        return []
+    peers = PeerLoad(datastore, opts)
+    peers.register(metrics.registry)
+    return [peers]
 
 
 def _data_layer(

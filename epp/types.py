@@ -97,7 +97,8 @@ class Snapshot:
 
     ``endpoints`` is an immutable tuple rebuilt only when membership or endpoint state
     changes. ``in_flight`` (address -> requests the EPP has routed there and not seen
-    finish) and ``in_flight_tokens`` (their estimated prompt + output tokens) change on
+    finish, its peers' included when they share their load: docs/replicas.md) and
+    ``in_flight_tokens`` (their estimated prompt + output tokens) change on
     every request, so they are read-only views of the live counters rather than copies:
     scheduling is synchronous on the event loop, so the views cannot change during one
     scheduling call. Tests pass plain dicts.

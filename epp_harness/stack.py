@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -126,6 +128,7 @@ class LocalStack:
         self.sidecars: list[ManagedProcess] = []
         self.epp: ManagedProcess | None = None
         self.more_epps: list[ManagedProcess] = []  # replicas beyond the first
+        self._peer_dir: Path | None = None  # the replicas' peer-load sockets
         self.epp_ports: list[tuple[int, int]] = []  # every replica's (gRPC, HTTP) port
         self.envoy: EnvoyProcess | None = None
         self.sim_addresses: list[str] = []
@@ -228,6 +231,7 @@ class LocalStack:
                 "--http-port",
                 str(http),
                 *serve_args,
+                *self._peer_load_args(i),
                 env=o.epp_env,
             )
             for i, (grpc, http) in enumerate(replica_ports)
@@ -242,6 +246,19 @@ class LocalStack:
         config = epp_config(replace(envoy_opts, epp_port=self.grpc_port, more_epps=more))
         path = write_config(config, self.workdir / "envoy.yaml")
         self.envoy = EnvoyProcess(path, self.workdir, concurrency=o.envoy_concurrency).start()
+
+    def _peer_load_args(self, index: int) -> list[str]:
+        """Replica ``index`` shares its in-flight counts with the other replicas (unix
+        sockets in a directory of their own; docs/replicas.md). Replicas with workers share
+        only among their own workers (`epp serve` refuses both)."""
+        o = self.opts
+        if o.replicas < 2 or o.workers > 1:
+            return []
+        if self._peer_dir is None:  # short: a unix socket's path has at most 107 bytes
+            self._peer_dir = Path(tempfile.mkdtemp(prefix="epp-peers-"))
+        sockets = [f"ipc://{self._peer_dir}/load-{i}" for i in range(o.replicas)]
+        others = [s for i, s in enumerate(sockets) if i != index]
+        return ["--peer-load-bind", sockets[index], "--peer-load-peers", ",".join(others)]
 
     def _plan(self) -> list[tuple[str, str, list[str]]]:
         """(name, `epp serve` flag, extra `epp sim` args) for every simulator."""
@@ -336,6 +353,8 @@ class LocalStack:
             self.envoy.stop()
         for epp in [*self.more_epps, *([self.epp] if self.epp is not None else [])]:
             epp.stop()
+        if self._peer_dir is not None:
+            shutil.rmtree(self._peer_dir, ignore_errors=True)
         for proc in [*self.sidecars, *self.sims]:
             proc.stop()
 
@@ -464,7 +483,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="EPP replicas side by side (active-active, docs/replicas.md): the first on "
         "--grpc-port/--http-port, the others on free ports, each an endpoint of Envoy's "
-        "ext_proc cluster",
+        "ext_proc cluster, sharing their in-flight counts",
     )
     parser.add_argument(
         "--processing",

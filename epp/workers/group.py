@@ -6,7 +6,8 @@ Workers are fresh interpreters (``python -m epp serve`` with the parent's own fl
 the hidden ``--worker-link``/``--worker-index``), never forks: the parent may have
 started gRPC or other threads. Each connects back over a unix socket in a private
 directory and gets the whole membership and every member's newest load at once, then
-every change as it happens."""
+every change as it happens. The workers share their in-flight counts among themselves
+(:mod:`epp.datalayer.peers`, unix sockets in the same directory)."""
 
 from __future__ import annotations
 
@@ -211,6 +212,17 @@ class WorkerGroup:
         return True
 
     # -- processes -----------------------------------------------------------------
+    def peer_load_args(self, index: int) -> list[str]:
+        """Worker ``index``'s peer-load flags: it publishes its in-flight counts on a
+        unix socket in the parent's directory and follows every other worker's."""
+        assert self._dir is not None
+
+        def socket(i: int) -> str:
+            return f"ipc://{self._dir}/load-{i}"
+
+        others = [socket(w.index) for w in self.workers if w.index != index]
+        return ["--peer-load-bind", socket(index), "--peer-load-peers", ",".join(others)]
+
     def _command(self, w: Worker, path: Path) -> list[str]:
         # the parent's own flags, then the ones that make it worker w (the last wins)
         return [
@@ -226,6 +238,7 @@ class WorkerGroup:
             str(w.port),
             "--http-port",
             "0",
+            *self.peer_load_args(w.index),
         ]
 
     async def _supervise(self, w: Worker, path: Path) -> None:

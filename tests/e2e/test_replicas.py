@@ -56,3 +56,12 @@ def test_two_replicas_agree_on_a_prefix_home_through_their_kv_events(tmp_path: P
         streams = [sample(t, "epp_requests_total") for t in texts]
         assert sum(streams) == len(questions) + 1 and min(streams) >= 2, streams
         assert all(sample(t, "epp_in_flight_requests") == 0 for t in texts)
+        # they share their in-flight counts (docs/replicas.md): each follows the other,
+        # and what it heard from it is back to zero too
+        assert all(sample(t, "epp_peers") == 1 for t in texts)
+        wait_for(
+            lambda: all(
+                sample(t, "epp_peer_in_flight_requests") == 0 for t in replica_metrics(stack)
+            ),
+            what="the peers' counts back to zero (the last release's frame)",
+        )

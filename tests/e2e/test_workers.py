@@ -66,10 +66,8 @@ def streams(worker: dict[str, Any]) -> float:
     return sum(v for (name, _), v in worker_metrics(worker).items() if name == "epp_requests_total")
 
 
-def in_flight(worker: dict[str, Any]) -> float:
-    return sum(
-        v for (name, _), v in worker_metrics(worker).items() if name == "epp_in_flight_requests"
-    )
+def in_flight(worker: dict[str, Any], name: str = "epp_in_flight_requests") -> float:
+    return sum(v for (n, _), v in worker_metrics(worker).items() if n == name)
 
 
 def epp_hosts(stack: LocalStack) -> dict[int, str]:
@@ -115,6 +113,12 @@ def test_requests_spread_over_both_workers_and_in_flight_returns_to_zero(
     listed = workers(stack)
     before = [streams(w) for w in listed]
     with Load(f"{stack.envoy_url}/v1/completions", [BODY] * 8) as load:
+        # each worker counts the other's requests too (docs/workers.md)
+        wait_for(
+            lambda: all(in_flight(w, "epp_peer_in_flight_requests") > 0 for w in listed),
+            timeout=30,
+            what="each worker seeing the other's requests in flight",
+        )
         wait_for(lambda: len(load.results) >= 200, timeout=60, what="200 requests")
     assert load.errors() == []
     counts = [streams(w) - b for w, b in zip(listed, before, strict=True)]
@@ -122,6 +126,11 @@ def test_requests_spread_over_both_workers_and_in_flight_returns_to_zero(
     print(f"requests per worker: {counts} (worker 0: {share:.0%})")
     assert all(c > 0 for c in counts) and 0.2 < share < 0.8
     wait_for(lambda: [in_flight(w) for w in listed] == [0, 0], what="in-flight to drain")
+    wait_for(
+        lambda: [in_flight(w, "epp_peer_in_flight_requests") for w in listed] == [0, 0],
+        what="the peers' counts to drain",
+    )
+    assert [in_flight(w, "epp_peers") for w in listed] == [1, 1]
     # the parent's page sums both workers' counters
     _, _, text = request(f"{stack.epp_http_url}/metrics")
     merged = {

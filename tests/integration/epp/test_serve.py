@@ -129,6 +129,9 @@ def test_unreadable_kubeconfig_exits_1_naming_it(tmp_path: Path) -> None:
         ),
         (["--config-text", "{}", "--config-file", "x"], "--config-text exclude each other"),
         (["--zap-encoder", "xml"], "invalid choice: 'xml'"),
+        (["--workers", "2", "--peer-load-bind", "ipc://x"], "and --workers > 1 exclude each"),
+        (["--peer-load-bind", "localhost:9004"], "give tcp://HOST:PORT or ipc://PATH"),
+        (["--peer-load-peers", "tcp://a:1,udp://b:2"], "--peer-load-peers: 'udp://b:2': give"),
         (["-v", "-1"], "must be >= 0, got -1"),
     ],
 )

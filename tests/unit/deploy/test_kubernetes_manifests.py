@@ -109,7 +109,7 @@ def test_epp_args_ports_probes_and_service_agree() -> None:
     assert args.pool_name == POOL["metadata"]["name"]
     assert args.pool_namespace is None  # the pod's own namespace, like the pool's
     ports = container_ports(EPP)
-    assert ports == {"grpc": args.grpc_port, "http": args.http_port}
+    assert ports == {"grpc": args.grpc_port, "http": args.http_port, "peer-load": 9004}
     assert (args.grpc_port, args.http_port) == (9002, 9090)
     (container,) = EPP["spec"]["template"]["spec"]["containers"]
     tls = args.tls_self_signed or args.tls_cert_file is not None
@@ -154,6 +154,21 @@ def test_two_replicas_active_active_spread_and_never_all_down() -> None:
     budget = DOCS[("PodDisruptionBudget", "qwen-epp")]
     assert budget["spec"]["minAvailable"] == 1
     assert selects(budget["spec"]["selector"]["matchLabels"], labels)
+
+
+def test_the_replicas_share_their_in_flight_counts() -> None:
+    """docs/replicas.md: each replica publishes its counts on the peer-load port and
+    follows every pod of a headless Service that selects the replicas."""
+    args = epp_args()
+    assert args.peer_load_bind == f"tcp://0.0.0.0:{container_ports(EPP)['peer-load']}"
+    (peers,) = args.peer_load_peers
+    service = DOCS[("Service", "qwen-epp-peers")]
+    assert peers == f"tcp://qwen-epp-peers:{service['spec']['ports'][0]['port']}"
+    assert service["spec"]["clusterIP"] == "None"  # a name that lists every pod
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert selects(service["spec"]["selector"], EPP["spec"]["template"]["metadata"]["labels"])
+    (port,) = service["spec"]["ports"]
+    assert container_ports(EPP)[port["targetPort"]] == port["port"] == 9004
 
 
 def mounts(container: Doc) -> dict[str, str]:

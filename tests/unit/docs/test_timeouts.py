@@ -8,6 +8,7 @@ from pathlib import Path
 
 from epp import metrics, router
 from epp.cli import build_parser
+from epp.datalayer import peerload
 from epp.datalayer.settings import DataLayerConfig
 from epp.disagg.settings import DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
@@ -55,6 +56,7 @@ def test_every_value_in_the_table_is_the_codes() -> None:
         "scrape": seconds(DataLayerConfig().scrape_timeout_s),
         "metrics stale after": seconds(DataLayerConfig().stale_after_s),
         "readiness check": seconds(ReadinessProbe().timeout_s),
+        "peer load expiry": seconds(peerload.EXPIRE_S),
         "drain": seconds(serve.drain_timeout_seconds),
         "EPP shutdown grace": seconds(serve.shutdown_grace_seconds),
         "endpoint series after removal": seconds(metrics.SERIES_GRACE_S),

@@ -117,3 +117,53 @@ def test_role_parse_accepts_both_alias_and_names_the_choices() -> None:
     assert Role.parse("prefill-decode") is Role.BOTH
     with pytest.raises(ValueError, match="use one of: decode, prefill, prefill-decode, both"):
         Role.parse("chef")
+
+
+def test_snapshots_add_what_peers_have_in_flight_to_the_own_counts() -> None:
+    """docs/replicas.md: the scheduler sees own + peers; what is own stays own."""
+    ds = Datastore()
+    a, b = ep(1), ep(2)
+    ds.add(a)
+    ds.add(b)
+    snapshot = ds.snapshot()
+    ticket = ds.acquire(a.address, tokens=10)
+    ds.set_peer_load({a.address: (2, 50), "10.9.9.9:1": (1, 5)})
+    # the same snapshot object: its views are live
+    assert snapshot.in_flight == {a.address: 3, b.address: 0, "10.9.9.9:1": 1}
+    assert snapshot.in_flight_tokens[a.address] == 60
+    assert dict(ds.own_in_flight) == {a.address: 1, b.address: 0}
+    assert ds.in_flight(a.address) == 1 and ds.total_in_flight() == 1
+    assert ds.peer_in_flight(a.address) == 2
+    ticket.release()
+    assert snapshot.in_flight[a.address] == 2 and snapshot.in_flight_tokens[a.address] == 50
+    ds.set_peer_load({a.address: (0, 0), "10.9.9.9:1": (0, 0)})
+    assert snapshot.in_flight == {a.address: 0, b.address: 0}
+    assert dict(ds.peer_in_flight_table) == {}
+
+
+def test_a_member_with_only_peer_requests_is_removed_at_once_and_keeps_their_count() -> None:
+    ds = Datastore()
+    a = ep(1)
+    ds.add(a)
+    ds.set_peer_load({a.address: (2, 0)})
+    assert ds.remove(a.address)
+    assert ds.member(a.address) is None  # no drain: none of its requests are ours
+    assert ds.snapshot().in_flight == {a.address: 2}
+    ds.add(a)
+    assert ds.snapshot().in_flight[a.address] == 2
+
+
+def test_peers_freeing_requests_is_heard_as_a_release_and_own_changes_are_told() -> None:
+    ds = Datastore()
+    a = ep(1)
+    ds.add(a)
+    releases: list[int] = []
+    changes: list[int] = []
+    ds.on_release(lambda: releases.append(1))
+    ds.on_own_change(lambda: changes.append(1))
+    ds.set_peer_load({a.address: (3, 0)})
+    assert releases == [] and changes == []
+    ds.set_peer_load({a.address: (1, 0)})
+    assert releases == [1] and changes == []
+    ds.acquire(a.address).release()
+    assert changes == [1, 1]
