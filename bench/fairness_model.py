@@ -8,7 +8,10 @@ the routing model's files in the results index).
 
 It separates what the EPP's design gives from what a busy machine adds: the real
 benchmark (`make bench-fairness`) runs its load generator, Envoy, the EPP and four
-simulators on the same two cores.
+simulators on the same two cores. It also gives the floor under each flood (:func:`floor`:
+the first slot freed after each of B's arrivals), and the same floods with A's streams
+started spread over one service time (bench.fairness starts them together, so with
+alike requests the pool's slots free in bursts).
 """
 
 from __future__ import annotations

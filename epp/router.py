@@ -208,8 +208,8 @@ class Router:
             flow_id,
             limit_s,
             lambda: self.scheduler.room(request, self.datastore.snapshot()),
-            lambda waited, room, held_for: self._dispatch(
-                request, max_destinations, band, waited, room, flow_id, held_for
+            lambda waited, room, held_for, spill: self._dispatch(
+                request, max_destinations, band, waited, room, flow_id, held_for, spill
             ),
             Routed.release,
         )
@@ -223,10 +223,11 @@ class Router:
         room: Room,
         flow_id: str | None,
         held_for: Mapping[str, int] | None = None,
+        spill: bool = True,
     ) -> Routed | Hold:
         """Route now where it can run now (``room``: the endpoints with room, all when
         True): to the endpoint the scheduler prefers, or wait for it when it has no
-        room (``Hold``; the scheduler's dispatch, ``held_for`` as there), or without
+        room (``Hold``; the scheduler's dispatch, ``held_for`` and ``spill`` as there), or without
         ``keepAffinity`` to the best endpoint with room;
         a sheddable request that cannot meet its SLO headers (by the latency model's
         prediction plus the time it already waited) is refused instead. With flow
@@ -242,6 +243,7 @@ class Router:
             held_for=held_for,
             # a sheddable request that is shed without room does not wait for its home
             keep_affinity=cfg.keep_affinity and not (band < 0 and cfg.shed_sheddable),
+            spill=spill,
         )
         if isinstance(decision, Hold):
             return decision

@@ -246,3 +246,25 @@ async def test_a_request_whose_subset_is_full_does_not_block_later_ones() -> Non
     assert routed.ticket.address == HOME
     routed.release()
     later.release()
+
+
+async def test_a_free_slot_goes_to_a_request_that_prefers_it_before_a_spill() -> None:
+    clock = Clock()
+    router = two_endpoints(clock, output_tokens=100)  # a slot held 2 s > a 1 s miss
+    cached_other = "y" * 40_000
+    at_home = router.admit(replace(req(LONG), subset=frozenset({HOME})), 1)
+    at_other = router.admit(replace(req(cached_other), subset=frozenset({OTHER})), 1)
+    assert isinstance(at_home, Routed) and isinstance(at_other, Routed)
+    spills = router.admit(req(LONG + " more"), 1)  # first in line; HOME's wait > a miss
+    prefers_other = router.admit(req(cached_other + " more"), 1)
+    assert isinstance(spills, Waiting) and isinstance(prefers_other, Waiting)
+    first, second = (
+        asyncio.ensure_future(spills.result),
+        asyncio.ensure_future(prefers_other.result),
+    )
+    await asyncio.sleep(0)
+    at_other.release()  # OTHER frees: the request whose prefix is there takes it
+    routed = await asyncio.wait_for(second, 1)
+    assert routed.ticket.address == OTHER and not first.done()
+    at_home.release()
+    assert (await asyncio.wait_for(first, 1)).ticket.address == HOME
