@@ -15,9 +15,8 @@ stays, counted as ahead of the later ones that want the same endpoint, and is as
 again after the rest of its band, when it may go to the best endpoint still with room
 (a free slot goes to a request that prefers it before one that would miss its cache
 there); one whose endpoints (its subset) have no room stays without stopping the
-others. A pass looks at ``SCAN`` requests at
-most, and ends early when the pool has no room at all; another follows while passes
-dispatch.
+others. A pass looks at ``SCAN`` requests at most, and ends early when the pool has no
+room at all; another follows while passes dispatch.
 """
 
 from __future__ import annotations

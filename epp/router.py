@@ -227,8 +227,8 @@ class Router:
     ) -> Routed | Hold:
         """Route now where it can run now (``room``: the endpoints with room, all when
         True): to the endpoint the scheduler prefers, or wait for it when it has no
-        room (``Hold``; the scheduler's dispatch, ``held_for`` and ``spill`` as there), or without
-        ``keepAffinity`` to the best endpoint with room;
+        room (``Hold``; the scheduler's dispatch, ``held_for`` and ``spill`` as
+        there), or without ``keepAffinity`` to the best endpoint with room;
         a sheddable request that cannot meet its SLO headers (by the latency model's
         prediction plus the time it already waited) is refused instead. With flow
         control on (``flow_id``), the request counts as its flow's in flight until it

@@ -66,7 +66,7 @@ class RoundRobin:
             flows.move_to_end(flow.id)
 
 
-class FairShare:
+class FairShare(RoundRobin):
     """Round robin that counts the flows' requests in flight: the flow with the fewest
     dispatched and not yet ended goes first (ties: round robin's order). While flows
     are backlogged they share the pool's slots equally (max-min fair), whatever the
@@ -76,13 +76,6 @@ class FairShare:
 
     def pick(self, flows: OrderedDict[str, FlowQueue]) -> FlowQueue:
         return min(flows.values(), key=lambda f: f.in_flight)
-
-    def activated(self, flows: OrderedDict[str, FlowQueue], flow: FlowQueue) -> None:
-        flows.move_to_end(flow.id, last=False)
-
-    def dispatched(self, flows: OrderedDict[str, FlowQueue], flow: FlowQueue) -> None:
-        if flow.id in flows:
-            flows.move_to_end(flow.id)
 
 
 class GlobalEdf:
