@@ -370,6 +370,7 @@ class Record:
     e2e_s: float | None = None
     error: str | None = None
     cached_tokens: int | None = None  # from the final usage chunk; None: none seen
+    sent_s: float | None = None  # from due to leaving for its server (bench.routing_model)
 
 
 @dataclass(frozen=True, slots=True)

@@ -346,6 +346,7 @@ async def one_request(
     else:
         server = pool.counter % len(pool.engines)
         pool.counter += 1
+    rec.sent_s = loop.time() - rec.due  # the time held in flow control, if any
     if setting.hop_s:
         await asyncio.sleep(setting.hop_s)
     engine = pool.engines[server]

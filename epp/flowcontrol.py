@@ -10,11 +10,13 @@ When nothing waits and the pool has room, a request never comes here unless it w
 for its preferred endpoint (:class:`~epp.scheduling.holding.Hold`).
 
 Each pass walks the held requests in their dispatch order (bands, fairness, deadline):
-one that can go, goes; one that waits for its preferred endpoint stays, counted as
-ahead of the later ones that want the same endpoint; one whose endpoints (its subset)
-have no room stays without stopping the others. A pass looks at ``SCAN`` requests at
-most, and ends early when the pool has no room at all; another follows while passes
-dispatch.
+one whose preferred endpoint has room goes; one that waits for its preferred endpoint
+stays, counted as ahead of the later ones that want the same endpoint, and is asked
+again after the rest of its band, when it may go to the best endpoint still with room
+(a free slot goes to a request that prefers it before one that would miss its cache
+there); one whose endpoints (its subset) have no room stays without stopping the
+others. A pass looks at ``SCAN`` requests at most, and ends early when the pool has no
+room at all; another follows while passes dispatch.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ EVICTED_OTHER = "EvictedOther"
 class _Waiter(Generic[T]):
     future: asyncio.Future[T]
     room: Callable[[], Room]
-    dispatch: Callable[[float, Room, Mapping[str, int]], T | Hold]
+    dispatch: Callable[[float, Room, Mapping[str, int], bool], T | Hold]
     fairness_id: str
     narrowed: bool  # it may go to some endpoints only (the proxy's subset hint)
 
@@ -101,12 +103,13 @@ class FlowController:
         fairness_id: str,
         limit_s: float,
         room: Callable[[], Room],
-        dispatch: Callable[[float, Room, Mapping[str, int]], T | Hold],
+        dispatch: Callable[[float, Room, Mapping[str, int], bool], T | Hold],
         release: Callable[[T], None],
     ) -> T | Waiting[T]:
         """Hold the request until ``room()`` (which endpoints have room: none is falsy),
-        then ``dispatch(waited, room, held_for)`` it (``held_for``: address -> requests
-        ahead of it that wait for that endpoint), unless that answers :class:`Hold`. Its
+        then ``dispatch(waited, room, held_for, spill)`` it (``held_for``: address ->
+        requests ahead of it that wait for that endpoint; ``spill`` False: answer
+        :class:`Hold` rather than go elsewhere), unless that answers :class:`Hold`. Its
         result comes back at once if it could go at once (nothing ahead of it and room),
         else as :class:`Waiting`. ``release`` undoes a dispatch whose client left
         before it saw it. Raises QueueFullError when the request cannot be held."""
@@ -186,12 +189,20 @@ class FlowController:
     def _pass(self, now: float) -> bool:
         """One walk over the first held requests in dispatch order (the module's
         docstring); True when another may dispatch more (this one stopped at its
-        bound after dispatching some)."""
+        bound after dispatching some). Inside a band, a request whose preferred
+        endpoint is full is asked again only after the requests behind it had theirs
+        (:meth:`_spill`): a free slot goes to a request that prefers it before one
+        that would go there for want of its own."""
         queues = self.queues
         batch = queues.ordered(SCAN)
         held_for: dict[str, int] = {}
         went = 0
+        deferred: list[tuple[Held, dict[str, int], str]] = []
+        band = None
         for item in batch:
+            if item.band != band:  # the band above is done: its spills go first
+                went += self._spill(deferred, now, held_for)
+                deferred, band = [], item.band
             waiter: _Waiter[object] = item.payload
             if waiter.future.done():  # its client left; its coroutine removes it
                 queues.remove(item)
@@ -201,30 +212,69 @@ class FlowController:
                 if not waiter.narrowed:
                     return False  # no endpoint of the pool has room
                 continue  # its subset is full: the others may still go
-            waited = now - item.enqueued_at
-            try:
-                result = waiter.dispatch(waited, room, held_for)
-            except ClientVisibleError as error:
-                queues.pop(item)
-                self.observe(waiter.fairness_id, item.band, REJECTED_OTHER, waited)
-                waiter.future.set_exception(error)
-                continue
-            except Exception:
-                queues.pop(item)
-                log.exception("flow control: dispatching a held request failed")
-                self.observe(waiter.fairness_id, item.band, EVICTED_OTHER, waited)
-                waiter.future.set_exception(
-                    ClientVisibleError("internal error in the endpoint picker")
-                )
-                continue
-            if isinstance(result, Hold):  # waits for its endpoint, ahead of later ones
-                held_for[result.address] = held_for.get(result.address, 0) + 1
-                continue
-            queues.pop(item)
-            went += 1
-            self.observe(waiter.fairness_id, item.band, DISPATCHED, waited)
-            waiter.future.set_result(result)
+            outcome = self._try(item, now, room, held_for, False)
+            if isinstance(outcome, Hold):  # waits for its endpoint, ahead of later ones
+                deferred.append((item, dict(held_for), outcome.address))
+                held_for[outcome.address] = held_for.get(outcome.address, 0) + 1
+            else:
+                went += outcome
+        went += self._spill(deferred, now, held_for)
         return went > 0 and len(batch) == SCAN
+
+    def _spill(
+        self, deferred: list[tuple[Held, dict[str, int], str]], now: float, held_for: dict[str, int]
+    ) -> int:
+        """The second look at a band's requests that wait for a full endpoint (each
+        with the requests held ahead of it then, and that endpoint): in order, each
+        waits on or goes to the best endpoint that still has room. Returns how many
+        went."""
+        went = 0
+        left: dict[str, int] = {}  # requests that no longer wait for an endpoint
+        for item, ahead, home in deferred:
+            waiter: _Waiter[object] = item.payload
+            if waiter.future.done():
+                continue
+            room = waiter.room()
+            if not room:
+                if not waiter.narrowed:
+                    break
+                continue
+            still = {a: n - left.get(a, 0) for a, n in ahead.items()}
+            outcome = self._try(item, now, room, still, True)
+            if isinstance(outcome, Hold):
+                continue
+            went += outcome
+            held_for[home] -= 1
+            left[home] = left.get(home, 0) + 1
+        return went
+
+    def _try(
+        self, item: Held, now: float, room: Room, held_for: Mapping[str, int], spill: bool
+    ) -> Hold | bool:
+        """Dispatch ``item`` (taken out and answered: True) unless it waits for an
+        endpoint (:class:`Hold`); False when it was refused (answered its error)."""
+        queues = self.queues
+        waiter: _Waiter[object] = item.payload
+        waited = now - item.enqueued_at
+        try:
+            result = waiter.dispatch(waited, room, held_for, spill)
+        except ClientVisibleError as error:
+            queues.pop(item)
+            self.observe(waiter.fairness_id, item.band, REJECTED_OTHER, waited)
+            waiter.future.set_exception(error)
+            return False
+        except Exception:
+            queues.pop(item)
+            log.exception("flow control: dispatching a held request failed")
+            self.observe(waiter.fairness_id, item.band, EVICTED_OTHER, waited)
+            waiter.future.set_exception(ClientVisibleError("internal error in the endpoint picker"))
+            return False
+        if isinstance(result, Hold):
+            return result
+        queues.pop(item)
+        self.observe(waiter.fairness_id, item.band, DISPATCHED, waited)
+        waiter.future.set_result(result)
+        return True
 
     def _arm(self) -> None:
         """While anything waits, look again at the next time limit or after POLL_S."""

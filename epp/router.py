@@ -178,14 +178,14 @@ class Router:
         if not cfg.enabled:  # routing as without flow control: room matters for shedding
             if band < 0 and not scheduler.room(request, self.datastore.snapshot()):
                 raise _shed(band, cfg.retry_after_s)
-            routed = self._dispatch(request, max_destinations, band, 0.0, True)
+            routed = self._dispatch(request, max_destinations, band, 0.0, True, None)
             assert isinstance(routed, Routed)
             flow.observe(flow_id, band, DISPATCHED, 0.0)
             return routed
         if flow.idle:
             room = scheduler.room(request, self.datastore.snapshot())
             if room:  # late binding: only where there is room (or held for its home)
-                routed = self._dispatch(request, max_destinations, band, 0.0, room)
+                routed = self._dispatch(request, max_destinations, band, 0.0, room, flow_id)
                 if isinstance(routed, Routed):
                     flow.observe(flow_id, band, DISPATCHED, 0.0)
                     return routed
@@ -208,8 +208,8 @@ class Router:
             flow_id,
             limit_s,
             lambda: self.scheduler.room(request, self.datastore.snapshot()),
-            lambda waited, room, held_for: self._dispatch(
-                request, max_destinations, band, waited, room, held_for
+            lambda waited, room, held_for, spill: self._dispatch(
+                request, max_destinations, band, waited, room, flow_id, held_for, spill
             ),
             Routed.release,
         )
@@ -221,14 +221,18 @@ class Router:
         band: int,
         waited_s: float,
         room: Room,
+        flow_id: str | None,
         held_for: Mapping[str, int] | None = None,
+        spill: bool = True,
     ) -> Routed | Hold:
         """Route now where it can run now (``room``: the endpoints with room, all when
         True): to the endpoint the scheduler prefers, or wait for it when it has no
-        room (``Hold``; the scheduler's dispatch, ``held_for`` as there), or without
-        ``keepAffinity`` to the best endpoint with room;
+        room (``Hold``; the scheduler's dispatch, ``held_for`` and ``spill`` as
+        there), or without ``keepAffinity`` to the best endpoint with room;
         a sheddable request that cannot meet its SLO headers (by the latency model's
-        prediction plus the time it already waited) is refused instead."""
+        prediction plus the time it already waited) is refused instead. With flow
+        control on (``flow_id``), the request counts as its flow's in flight until it
+        is released (the fair-share policy reads it)."""
         cfg = self.flow.cfg
         start = time.perf_counter()
         decision = self.scheduler.dispatch(
@@ -239,6 +243,7 @@ class Router:
             held_for=held_for,
             # a sheddable request that is shed without room does not wait for its home
             keep_affinity=cfg.keep_affinity and not (band < 0 and cfg.shed_sheddable),
+            spill=spill,
         )
         if isinstance(decision, Hold):
             return decision
@@ -258,7 +263,21 @@ class Router:
                 code="slo_unattainable",
                 retry_after_s=self.flow.cfg.retry_after_s,
             )
+        if flow_id is not None:
+            self._count_in_flight(flow_id, routed)
         return routed
+
+    def _count_in_flight(self, flow_id: str, routed: Routed) -> None:
+        queues = self.flow.queues
+        queues.started(flow_id)
+        then = routed.on_release
+
+        def ended() -> None:
+            queues.ended(flow_id)
+            if then is not None:
+                then()
+
+        routed.on_release = ended
 
     def route(
         self,

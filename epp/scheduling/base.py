@@ -48,10 +48,11 @@ class Scheduler(Protocol):
         *,
         held_for: Mapping[str, int] | None = None,
         keep_affinity: bool = True,
+        spill: bool = True,
     ) -> SchedulingResult | Hold:
         """Flow control's pick for a request that may go now (``room`` is not False):
         its result, or :class:`Hold` when it should wait for its preferred endpoint
-        (epp.scheduling.holding)."""
+        (epp.scheduling.holding; without ``spill``, also instead of going elsewhere)."""
         ...
 
     def priority(self, request: InferenceRequest) -> int:

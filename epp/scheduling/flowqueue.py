@@ -66,6 +66,18 @@ class RoundRobin:
             flows.move_to_end(flow.id)
 
 
+class FairShare(RoundRobin):
+    """Round robin that counts the flows' requests in flight: the flow with the fewest
+    dispatched and not yet ended goes first (ties: round robin's order). While flows
+    are backlogged they share the pool's slots equally (max-min fair), whatever the
+    length of their requests; a flow that sends below its share has its requests, a
+    burst included, dispatched at the next free slots, and the flows above it get the
+    rest."""
+
+    def pick(self, flows: OrderedDict[str, FlowQueue]) -> FlowQueue:
+        return min(flows.values(), key=lambda f: f.in_flight)
+
+
 class GlobalEdf:
     """No fairness between flows: the band's most urgent request first (FCFS when no
     request has an objective)."""
@@ -84,6 +96,7 @@ class GlobalEdf:
 # calls it from its entry point's module, like a plugin type)
 FAIRNESS_POLICIES: dict[str, Callable[[], FairnessPolicy]] = {
     "round-robin": RoundRobin,
+    "fair-share": FairShare,
     "global-edf": GlobalEdf,
 }
 
@@ -173,15 +186,17 @@ class Held:
 
 
 class FlowQueue:
-    """One flow's held requests, earliest deadline first."""
+    """One flow's held requests, earliest deadline first; ``in_flight``: the flow's
+    requests dispatched and not yet ended (over all bands)."""
 
-    __slots__ = ("_heap", "count", "id", "size")
+    __slots__ = ("_heap", "count", "id", "in_flight", "size")
 
-    def __init__(self, flow_id: str) -> None:
+    def __init__(self, flow_id: str, in_flight: int = 0) -> None:
         self.id = flow_id
         self._heap: list[tuple[float, int, Held]] = []
         self.count = 0
         self.size = 0
+        self.in_flight = in_flight
 
     def push(self, item: Held) -> None:
         heapq.heappush(self._heap, (item.key, item.seq, item))
@@ -212,7 +227,7 @@ class _Preview(FlowQueue):
     __slots__ = ("_frontier", "_next")
 
     def __init__(self, flow: FlowQueue) -> None:
-        super().__init__(flow.id)
+        super().__init__(flow.id, flow.in_flight)
         self._heap = flow._heap
         self.count = flow.count
         self._frontier: list[tuple[float, int, int]] = []
@@ -262,9 +277,33 @@ class FlowQueues:
         self._seq = itertools.count()
         self.count = 0
         self.size = 0
+        self._in_flight: dict[str, int] = {}  # flow -> requests dispatched, not ended
 
     def __len__(self) -> int:
         return self.count
+
+    # -- in flight -------------------------------------------------------------------------
+    def started(self, flow_id: str) -> None:
+        """A request of ``flow_id`` was dispatched (from the queue or at once)."""
+        self._count(flow_id, 1)
+
+    def ended(self, flow_id: str) -> None:
+        """A request of ``flow_id`` that :meth:`started` is no longer in flight."""
+        self._count(flow_id, -1)
+
+    def in_flight(self, flow_id: str) -> int:
+        return self._in_flight.get(flow_id, 0)
+
+    def _count(self, flow_id: str, delta: int) -> None:
+        n = self._in_flight.get(flow_id, 0) + delta
+        if n > 0:
+            self._in_flight[flow_id] = n
+        else:
+            self._in_flight.pop(flow_id, None)
+        for band in self._bands.values():
+            flow = band.flows.get(flow_id)
+            if flow is not None:
+                flow.in_flight = max(n, 0)
 
     # -- in ------------------------------------------------------------------------------
     def offer(self, item: Held) -> list[Held]:
@@ -321,7 +360,7 @@ class FlowQueues:
             self._order = sorted(self._bands, reverse=True)
         flow = band.flows.get(item.flow)
         if flow is None:
-            flow = band.flows[item.flow] = FlowQueue(item.flow)
+            flow = band.flows[item.flow] = FlowQueue(item.flow, self.in_flight(item.flow))
             self.policy.activated(band.flows, flow)
         flow.push(item)
         band.count += 1
@@ -353,6 +392,7 @@ class FlowQueues:
                 flow = self.policy.pick(flows)
                 assert isinstance(flow, _Preview)
                 out.append(flow.take())
+                flow.in_flight += 1  # as once it is dispatched
                 if not flow.count:
                     del flows[flow.id]
                 self.policy.dispatched(flows, flow)

@@ -109,7 +109,9 @@ def room(
                 full += 1
                 continue
             if limit is None and waiting and m.running:
-                limit = int(m.running)  # slots not learned yet: it queues beyond these
+                # slots not learned yet: it queues beyond these, so these are its slots
+                latency.observe_load(s, m)
+                limit = int(m.running)
         if limit is not None and in_flight(address, 0) >= limit:
             full += 1
         else:
@@ -140,7 +142,11 @@ def _room_view(
         limit = np.full(len(candidates), float(cfg.max_concurrency))
     else:  # slots not learned yet: a report of waiting requests makes running the limit
         limit = latency.reported_slots_view(view)
-        limit = np.where((limit == 0) & fresh & (waiting > 0), np.floor(running), limit)
+        learn = (limit == 0) & fresh & (waiting > 0) & (running >= 1)
+        if learn.any():  # rare: these are its slots (room learns them, as scheduling)
+            for i in np.flatnonzero(learn).tolist():
+                latency.observe_load(candidates[i], candidates[i].metrics)
+            limit = np.where(learn, np.floor(running), limit)
     full = ~prefill & (reported_full | ((limit > 0) & (view.counts(snapshot.in_flight) >= limit)))
     if not full.any():
         return True

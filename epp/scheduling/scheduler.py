@@ -123,6 +123,7 @@ class ProfileScheduler:
         *,
         held_for: Mapping[str, int] | None = None,
         keep_affinity: bool = True,
+        spill: bool = True,
     ) -> SchedulingResult | Hold:
         """Flow control's pick for a request that may go now (``room``: the endpoints
         with room, True for all; epp.scheduling.holding): its pick over every endpoint
@@ -130,7 +131,8 @@ class ProfileScheduler:
         (``held_for``: address -> requests); if that endpoint has no room, with
         ``keep_affinity`` :class:`Hold` (it waits for it) while the latency model
         predicts it sooner there than on the best endpoint with room, else the best
-        endpoint with room."""
+        endpoint with room; without ``spill``, :class:`Hold` then (asked again once
+        the requests behind it had their preferred endpoints)."""
         if room is True:
             return self.schedule(request, snapshot, rng)
         assert room  # a frozenset of addresses (flow control holds requests without)
@@ -153,10 +155,12 @@ class ProfileScheduler:
                 uncached,
                 self.saturation.max_concurrency,
             )
-            spill = self.schedule(_within(request, room), snapshot, rng)
-            if spill.prediction is None or there.ttft_s <= spill.prediction.ttft_s:
+            if not spill:
                 return Hold(address, there.wait_s)
-            return spill
+            best = self.schedule(_within(request, room), snapshot, rng)
+            if best.prediction is None or there.ttft_s <= best.prediction.ttft_s:
+                return Hold(address, there.wait_s)
+            return best
         return self.schedule(_within(request, room), snapshot, rng)
 
     def _context(

@@ -3,8 +3,12 @@ real router and flow control."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from bench.fairness import capacity_of
-from bench.fairness_model import build_parser, make_setting, scenario
+from bench.fairness_model import build_parser, make_setting, oracle_waits, scenario
 from bench.routing_model import parse_model_policy
 from bench.virtualtime import run_virtual
 
@@ -23,3 +27,8 @@ def test_flow_control_serves_the_light_tenant_ahead_of_the_flood() -> None:
     # B waits for the next free slot, not behind A's requests in the servers' queues
     assert on["b_ttft_p90_ms"] < off["b_ttft_p90_ms"] / 2
     assert on["total_rps"] > 0.9 * off["total_rps"]
+
+
+def test_the_floor_takes_the_first_slot_freed_that_no_earlier_arrival_took() -> None:
+    waits = oracle_waits([1.0, 1.1, 1.2, 5.0], [0.5, 1.5, 1.5, 2.0])
+    assert waits[:3] == pytest.approx([0.5, 0.4, 0.8]) and math.isnan(waits[3])

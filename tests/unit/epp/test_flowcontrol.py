@@ -129,6 +129,41 @@ async def test_priority_band_goes_ahead_and_fairness_ids_alternate() -> None:
     assert order == ["crit", "B0", "A0", "A1", "A2"]  # B had nothing waiting: first
 
 
+async def test_fair_share_counts_each_flows_requests_in_flight() -> None:
+    clock = Clock()
+    router = make_router(clock, FlowControlConfig(enabled=True, fairness_policy="fair-share"), 4)
+    queues = router.flow.queues
+    a_id, b_id = {"x-llm-d-inference-fairness-id": "A"}, {"x-llm-d-inference-fairness-id": "B"}
+    running = [router.admit(req(f"A{i}", **a_id), 1) for i in range(4)]  # at once: room
+    assert all(isinstance(r, Routed) for r in running) and queues.in_flight("A") == 4
+    names = ("A4", "B0", "B1")
+    held = [router.admit(req(n, **(a_id if n[0] == "A" else b_id)), 1) for n in names]
+    order: list[str] = []
+    routed: list[Routed] = []
+
+    async def wait(name: str, waiting: Routed | Waiting[Routed]) -> None:
+        assert isinstance(waiting, Waiting)
+        routed.append(await waiting.result)
+        order.append(name)
+
+    tasks = [asyncio.ensure_future(wait(n, h)) for n, h in zip(names, held, strict=True)]
+    await asyncio.sleep(0)
+    for r in running[:2]:
+        assert isinstance(r, Routed)
+        r.release()
+    await asyncio.sleep(0.01)
+    # both free slots to B's burst: it has fewer in flight (round robin: B0, then A4)
+    assert order == ["B0", "B1"]
+    assert queues.in_flight("A") == 2 and queues.in_flight("B") == 2
+    routed[0].release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 1)
+    assert order[-1] == "A4" and queues.in_flight("A") == 3 and queues.in_flight("B") == 1
+    for r in [*routed[1:], *running[2:]]:
+        assert isinstance(r, Routed)
+        r.release()
+    assert queues.in_flight("A") == queues.in_flight("B") == 0
+
+
 async def test_sheddable_and_disabled_and_shutdown() -> None:
     clock = Clock()
     shed = make_router(clock, FlowControlConfig(enabled=True, shed_sheddable=True))
@@ -211,3 +246,25 @@ async def test_a_request_whose_subset_is_full_does_not_block_later_ones() -> Non
     assert routed.ticket.address == HOME
     routed.release()
     later.release()
+
+
+async def test_a_free_slot_goes_to_a_request_that_prefers_it_before_a_spill() -> None:
+    clock = Clock()
+    router = two_endpoints(clock, output_tokens=100)  # a slot held 2 s > a 1 s miss
+    cached_other = "y" * 40_000
+    at_home = router.admit(replace(req(LONG), subset=frozenset({HOME})), 1)
+    at_other = router.admit(replace(req(cached_other), subset=frozenset({OTHER})), 1)
+    assert isinstance(at_home, Routed) and isinstance(at_other, Routed)
+    spills = router.admit(req(LONG + " more"), 1)  # first in line; HOME's wait > a miss
+    prefers_other = router.admit(req(cached_other + " more"), 1)
+    assert isinstance(spills, Waiting) and isinstance(prefers_other, Waiting)
+    first, second = (
+        asyncio.ensure_future(spills.result),
+        asyncio.ensure_future(prefers_other.result),
+    )
+    await asyncio.sleep(0)
+    at_other.release()  # OTHER frees: the request whose prefix is there takes it
+    routed = await asyncio.wait_for(second, 1)
+    assert routed.ticket.address == OTHER and not first.done()
+    at_home.release()
+    assert (await asyncio.wait_for(first, 1)).ticket.address == HOME

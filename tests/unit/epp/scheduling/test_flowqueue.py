@@ -57,6 +57,25 @@ def test_round_robin_across_flows_fcfs_inside_each() -> None:
     assert drain_order(q) == ["B2", "A1", "A2", "A3"]
 
 
+def test_fair_share_sends_the_flow_with_fewer_in_flight_first() -> None:
+    q = FlowQueues(replace(CFG, fairness_policy="fair-share"))
+    for _ in range(3):
+        q.started("A")  # A has 3 requests running, B none
+    for i in range(3):
+        q.offer(held(f"A{i}", flow="A", at=i))
+    q.offer(held("B0", flow="B", at=10))
+    q.offer(held("B1", flow="B", at=11))
+    # B's burst goes while B has fewer in flight than A (round robin: B0, A0, B1)
+    assert [item.payload for item in q.ordered(5)] == ["B0", "B1", "A0", "A1", "A2"]
+    for _ in range(3):
+        q.ended("A")
+    q.started("B")
+    assert q.in_flight("A") == 0 and q.in_flight("B") == 1
+    assert [item.payload for item in q.ordered(3)] == ["A0", "B0", "A1"]  # A first now
+    q.ended("B")
+    assert q.in_flight("B") == 0 and [i.payload for i in q.ordered(2)] == ["B0", "A0"]
+
+
 def test_global_edf_policy_ignores_flows() -> None:
     q = FlowQueues(replace(CFG, fairness_policy="global-edf"))
     for i in range(3):

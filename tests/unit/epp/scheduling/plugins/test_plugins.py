@@ -344,6 +344,22 @@ def test_subset_hint_and_room() -> None:
     assert mapped.priority(InferenceRequest("r", "m", "/", headers=both)) == 7
 
 
+@pytest.mark.parametrize("vectorize_from", [1, 1000])
+def test_room_learns_slots_from_a_queue_it_sees(vectorize_from: int) -> None:
+    # slots unknown: a report of requests waiting makes the running count the limit, and
+    # room learns it then, not only when a request is routed there (after the queue has
+    # drained, the next report says 0 waiting and would leave the endpoint unlimited)
+    sched = build_scheduler("{}", clock=lambda: NOW)
+    sched.vectorize_from = vectorize_from
+    request = InferenceRequest("r", "m", "/")
+    other = state(2, waiting=0.0, running=1.0)
+    queued = Snapshot((state(1, waiting=1.0, running=2.0), other), {"10.0.0.1:1": 3})
+    assert sched.room(request, queued) == frozenset({other.address})
+    drained = (state(1, waiting=0.0, running=2.0), other)
+    assert sched.room(request, Snapshot(drained, {"10.0.0.1:1": 2})) == frozenset({other.address})
+    assert sched.room(request, Snapshot(drained, {"10.0.0.1:1": 1})) is True
+
+
 def test_objective_maps_to_priority() -> None:
     sched = build_scheduler("admission: {objectives: {batch: -1}}", clock=lambda: NOW)
     batch = InferenceRequest("r", "m", "/", headers={"x-gateway-inference-objective": "batch"})
