@@ -334,9 +334,10 @@ def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]
 
 def _epp_code(key: str) -> tuple[list[str], dict[str, str]]:
     """An EPP key's flags, and its environment: ``KEY@DIR`` runs the epp package of the
-    checkout DIR (first on PYTHONPATH; its workers inherit it)."""
+    checkout DIR (first on PYTHONPATH, and the current directory, which ``python -m``
+    would put before it, left out; its workers inherit both)."""
     name, _, checkout = key.partition("@")
-    return EPPS[name], ({"PYTHONPATH": checkout} if checkout else {})
+    return EPPS[name], ({"PYTHONPATH": checkout, "PYTHONSAFEPATH": "1"} if checkout else {})
 
 
 def write_results(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
