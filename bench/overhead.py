@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from epp_harness.envoyconfig import (
     epp_config,
 )
 from epp_harness.envoyproc import EnvoyProcess, write_config
-from epp_harness.procs import ManagedProcess, start_epp
+from epp_harness.procs import ManagedProcess, spawn_epp
 from epp_harness.stack import LocalStack, StackOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -77,13 +77,19 @@ class Path_:
     http_port: int = 0
 
 
-def start_epp_for(stack: LocalStack, name: str, extra: list[str]) -> ManagedProcess:
+def spawn_epp_for(stack: LocalStack, key: str) -> ManagedProcess:
+    """Start the EPP process ``key`` names (:func:`_epp_code`) on the simulators;
+    returns at once (call wait_ready())."""
+    flags, env = _epp_code(key)
     endpoints = [a for addr in stack.sim_addresses for a in ("--endpoint", addr)]
-    return start_epp(
-        stack.workdir, name, "serve", "--grpc-port", "0", "--http-port", "0",
-        "--grpc-health-port", "0",
-        "--log-level", "warning", *endpoints, *extra,
+    return spawn_epp(
+        stack.workdir, _file_name(key), "serve", "--grpc-port", "0", "--http-port", "0",
+        "--grpc-health-port", "0", "--log-level", "warning", *endpoints, *flags, env=env,
     )  # fmt: skip
+
+
+def _file_name(key: str) -> str:
+    return key.replace("/", "_")
 
 
 def start_envoy(stack: LocalStack, name: str, config: dict[str, Any]) -> EnvoyProcess:
@@ -118,9 +124,9 @@ def measure(
     group = workers.group(path.http_port) if path.workers > 1 else []
     if group:
         pids["epp"] += [w["pid"] for w in group]
+    seen0 = [workers.requests_seen(w["http_port"]) for w in group]  # not in the CPU counted
     before = {k: sum(cpu_seconds(p) for p in ps) for k, ps in pids.items()}
     process_cpu0 = [cpu_seconds(p) for p in pids["epp"]] if path.workers else []
-    seen0 = [workers.requests_seen(w["http_port"]) for w in group]
     client0 = children_cpu_seconds()
     busy0, total0 = machine_cpu()
     start = time.monotonic()
@@ -180,6 +186,20 @@ def main() -> int:
     parser.add_argument("--prompt-bytes", type=int, default=1000, help="prompt size per request")
     parser.add_argument("--name", default="overhead", help="results file name (without .md)")
     parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=[s.key for s in PATHS],
+        help="run only these paths (default: all); Envoy alone, the tables' base, always runs",
+    )
+    parser.add_argument(
+        "--also-from",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also run each chosen EPP path on the epp package of another checkout of this "
+        "repository (e.g. `git worktree add /tmp/base COMMIT`), rows marked with its name: "
+        "before and after a change in one run",
+    )
+    parser.add_argument(
         "--server-ms",
         type=float,
         nargs="+",
@@ -195,88 +215,108 @@ def main() -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class PathSpec:
+    """One row: which EPP process (a key of :data:`EPPS`; None: Envoy alone) and how
+    its Envoy talks to it."""
+
+    key: str  # --paths names it
+    name: str
+    epp: str | None
+    processing: Processing = "full"
+    cluster: ClusterKind = "eds"
+    graceful_close: bool = True
+    workers: int = 0  # a worker row (its processes listed): how many; 0 = not one
+
+
+# each EPP process's `epp serve` flags; started only if a chosen path uses it
+EPPS = {
+    "grpcio": ["--transport", "grpcio"],
+    "asyncio": ["--transport", "grpcio", "--no-uvloop"],
+    "grpclib": ["--transport", "grpclib"],
+    # its own process: the garbage the resets leave must not slow other rows
+    "grpclib-resets": ["--transport", "grpclib"],
+    "grpclib-2-workers": ["--transport", "grpclib", "--workers", "2", "--worker-base-port", "0"],
+}
+BASELINE = PathSpec("alone", "Envoy alone (round robin)", None)
+PATHS = [
+    PathSpec("grpcio-full", "EPP grpcio, full", "grpcio"),
+    PathSpec("grpcio-lean", "EPP grpcio, lean", "grpcio", "lean"),
+    PathSpec("grpclib-full", "EPP grpclib, full", "grpclib", workers=1),
+    PathSpec("grpclib-full-2-workers", "EPP grpclib, full, 2 workers", "grpclib-2-workers",
+             workers=2),
+    PathSpec("grpclib-lean", "EPP grpclib, lean", "grpclib", "lean"),
+    PathSpec("grpclib-lean-odst", "EPP grpclib, lean, ORIGINAL_DST (no EDS/failover)",
+             "grpclib", "lean", "original-dst"),
+    PathSpec("grpclib-buffered", "EPP grpclib, buffered", "grpclib", "buffered"),
+    PathSpec("grpcio-buffered", "EPP grpcio, buffered", "grpcio", "buffered"),
+    PathSpec("grpcio-full-asyncio", "EPP grpcio, full, asyncio loop (no uvloop)", "asyncio"),
+    PathSpec("grpclib-full-resets",
+             "EPP grpclib, full, Envoy resets streams (no graceful close)", "grpclib-resets",
+             graceful_close=False),
+]  # fmt: skip
+
+
+def chosen_paths(keys: list[str] | None, also_from: Path | None) -> list[PathSpec]:
+    """The baseline, then the chosen paths (all by default) in :data:`PATHS`' order;
+    with ``also_from`` each EPP path again right after it, on that checkout's code."""
+    picked = [s for s in PATHS if keys is None or s.key in keys]
+    out = [BASELINE]
+    for spec in picked:
+        out.append(spec)
+        if also_from is not None:
+            out.append(
+                replace(
+                    spec,
+                    key=f"{spec.key}@{also_from.name}",
+                    name=f"{spec.name} ({also_from.name})",
+                    epp=f"{spec.epp}@{also_from.resolve()}",
+                )
+            )
+    return out
+
+
 def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]]:
-    """Every path at every concurrency, against simulators taking ``server_ms``."""
+    """The chosen paths at every concurrency, against simulators taking ``server_ms``."""
     opts = StackOptions(
         servers=args.servers, envoy_port=0, envoy_admin_port=0, grpc_port=0, http_port=0,
         sim_args=sim_args(server_ms, args.prompt_bytes, max(args.concurrency)),
-        epp_args=["--transport", "grpcio"], log_level="warning",
+        epp=False, log_level="warning",
     )  # fmt: skip
-    extra: list[ManagedProcess] = []
+    specs = chosen_paths(args.paths, args.also_from)
+    epps: dict[str, ManagedProcess] = {}
     envoys: list[EnvoyProcess] = []
     rows = []
     print(f"starting {args.servers} simulators ({server_ms:g} ms per completion), "
           "EPPs and Envoys...", flush=True)  # fmt: skip
     with LocalStack(opts) as stack:
         try:
-            assert stack.epp is not None
-            epp_asyncio = start_epp_for(
-                stack, "epp-asyncio", ["--transport", "grpcio", "--no-uvloop"]
-            )
-            epp_grpclib = start_epp_for(stack, "epp-grpclib", ["--transport", "grpclib"])
-            # its own process: the garbage the resets leave must not slow other rows
-            epp_resets = start_epp_for(stack, "epp-grpclib-resets", ["--transport", "grpclib"])
-            epp_two = start_epp_for(
-                stack,
-                "epp-grpclib-2-workers",
-                ["--transport", "grpclib", "--workers", "2", "--worker-base-port", "0"],
-            )
-            extra += [epp_asyncio, epp_grpclib, epp_resets, epp_two]
             servers = [(h, int(p)) for h, p in (a.split(":") for a in stack.sim_addresses)]
             sim_pids = [sim.pid for sim in stack.sims]
+            for key in dict.fromkeys(s.epp for s in specs if s.epp is not None):
+                epps[key] = spawn_epp_for(stack, key)
+            for proc in epps.values():
+                proc.wait_ready()
 
-            def via_epp(
-                name: str,
-                port: int,
-                processing: Processing,
-                cluster: ClusterKind = "eds",
-                graceful_close: bool = True,
-                more: tuple[int, ...] = (),
-            ) -> EnvoyProcess:
+            def start_path(spec: PathSpec) -> Path_:
+                workdir = _file_name(spec.key)
+                if spec.epp is None:
+                    config = baseline_config(EnvoyOptions(listen_port=0, admin_port=0), servers)
+                    envoys.append(start_envoy(stack, workdir, config))
+                    return Path_(spec.name, envoys[-1], None)
+                epp = epps[spec.epp]
+                ports = epp.info["grpc_ports"]
                 opts = EnvoyOptions(
-                    listen_port=0, admin_port=0, epp_port=port, processing=processing,
-                    cluster=cluster, graceful_close=graceful_close,
-                    more_epps=tuple(("127.0.0.1", p) for p in more),
+                    listen_port=0, admin_port=0, epp_port=epp.info["grpc_port"],
+                    processing=spec.processing, cluster=spec.cluster,
+                    graceful_close=spec.graceful_close,
+                    more_epps=tuple(("127.0.0.1", p) for p in ports[1:]),
                 )  # fmt: skip
-                envoy = start_envoy(stack, name, epp_config(opts))
-                envoys.append(envoy)
-                return envoy
+                envoys.append(start_envoy(stack, workdir, epp_config(opts)))
+                http_port = int(epp.info["http_port"]) if spec.workers > 1 else 0
+                return Path_(spec.name, envoys[-1], epp.pid, spec.workers, http_port)
 
-            base_opts = EnvoyOptions(listen_port=0, admin_port=0)
-            envoys.append(start_envoy(stack, "alone", baseline_config(base_opts, servers)))
-            paths = [
-                Path_("Envoy alone (round robin)", envoys[0], None),
-                Path_("EPP grpcio, full", via_epp("full", stack.grpc_port, "full"),
-                      stack.epp.pid),
-                Path_("EPP grpcio, lean", via_epp("lean", stack.grpc_port, "lean"),
-                      stack.epp.pid),
-                Path_("EPP grpclib, full",
-                      via_epp("grpclib-full", epp_grpclib.info["grpc_port"], "full"),
-                      epp_grpclib.pid, workers=1),
-                Path_("EPP grpclib, full, 2 workers",
-                      via_epp("grpclib-full-2-workers", epp_two.info["grpc_port"], "full",
-                              more=tuple(epp_two.info["grpc_ports"][1:])),
-                      epp_two.pid, workers=2, http_port=int(epp_two.info["http_port"])),
-                Path_("EPP grpclib, lean",
-                      via_epp("grpclib-lean", epp_grpclib.info["grpc_port"], "lean"),
-                      epp_grpclib.pid),
-                Path_("EPP grpclib, lean, ORIGINAL_DST (no EDS/failover)",
-                      via_epp("grpclib-lean-odst", epp_grpclib.info["grpc_port"], "lean",
-                              "original-dst"),
-                      epp_grpclib.pid),
-                Path_("EPP grpclib, buffered",
-                      via_epp("grpclib-buffered", epp_grpclib.info["grpc_port"], "buffered"),
-                      epp_grpclib.pid),
-                Path_("EPP grpcio, buffered",
-                      via_epp("grpcio-buffered", stack.grpc_port, "buffered"), stack.epp.pid),
-                Path_("EPP grpcio, full, asyncio loop (no uvloop)",
-                      via_epp("full-asyncio", epp_asyncio.info["grpc_port"], "full"),
-                      epp_asyncio.pid),
-                Path_("EPP grpclib, full, Envoy resets streams (no graceful close)",
-                      via_epp("grpclib-full-reset", epp_resets.info["grpc_port"], "full",
-                              graceful_close=False),
-                      epp_resets.pid),
-            ]  # fmt: skip
+            paths = [start_path(spec) for spec in specs]
             for c in args.concurrency:
                 for path in paths:
                     print(f"  c={c:<3} {path.name} ...", end="", flush=True)
@@ -287,9 +327,17 @@ def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]
         finally:
             for envoy in envoys:
                 envoy.stop()
-            for proc in extra:
+            for proc in epps.values():
                 proc.stop()
     return rows
+
+
+def _epp_code(key: str) -> tuple[list[str], dict[str, str]]:
+    """An EPP key's flags, and its environment: ``KEY@DIR`` runs the epp package of the
+    checkout DIR (first on PYTHONPATH, and the current directory, which ``python -m``
+    would put before it, left out; its workers inherit both)."""
+    name, _, checkout = key.partition("@")
+    return EPPS[name], ({"PYTHONPATH": checkout, "PYTHONSAFEPATH": "1"} if checkout else {})
 
 
 def write_results(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace) -> None:

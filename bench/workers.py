@@ -102,9 +102,9 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def message_costs(sizes: tuple[int, ...] = (4, 100, 1000)) -> list[str]:
-    """CPU per message of the parent-worker link: a scrape report (EndpointData)
-    encoded, decoded and applied to a worker's datastore, and the whole membership
-    (Members) for pools of each size."""
+    """CPU per message of the parent-worker link: load reports (Loads) encoded,
+    decoded and applied to a worker's datastore, one alone and every member's at once,
+    and the whole membership (Members) for pools of each size."""
     return [_message_cost(size) for size in sizes]
 
 
@@ -127,20 +127,26 @@ def _message_cost(size: int) -> str:
         assert isinstance(message, wire.Members)
         apply_members(worker, message)
 
-    address = parent.members()[0].address
     report = EndpointMetrics(time.monotonic(), waiting=1.0, running=3.0, kv_usage=0.4)
 
-    def data() -> None:
-        sent = wire.EndpointData(address, wire.wire_metrics(report))
-        message = wire.decode(wire.encode(sent)[wire.HEADER.size :])
-        assert isinstance(message, wire.EndpointData)
-        worker.update_metrics(message.address, wire.metrics(message.metrics))
+    def loads(addresses: list[str]) -> Callable[[], None]:
+        def send() -> None:
+            sent = wire.Loads([wire.EndpointData(a, wire.wire_metrics(report)) for a in addresses])
+            message = wire.decode(wire.encode(sent)[wire.HEADER.size :])
+            assert isinstance(message, wire.Loads)
+            for r in message.reports:
+                worker.update_metrics(r.address, wire.metrics(r.metrics))
+
+        return send
 
     members()  # the first apply adds every member; time the steady state
+    every = [m.address for m in parent.members()]
     return (
         f"{size} endpoints: membership {len(frame):,} bytes, "
         f"{_per_call_us(members, max(20, 20_000 // size)):.0f} µs to encode, decode and "
-        f"apply; one load report {_per_call_us(data, 20_000):.1f} µs"
+        f"apply; one load report {_per_call_us(loads(every[:1]), 20_000):.1f} µs alone, "
+        f"{_per_call_us(loads(every), max(20, 20_000 // size)) / size:.1f} µs each when "
+        "every member's go together"
     )
 
 

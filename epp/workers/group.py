@@ -43,6 +43,9 @@ RESTART_BACKOFF_S = (0.5, 10.0)  # first wait before a restart, longest
 STEADY_S = 10.0  # a worker up this long restarts after the shortest wait again
 FLUSH_TIMEOUT_S = 5.0
 METRICS_TIMEOUT_S = 2.0  # a worker's /metrics, asked by the parent's
+# load reports are gathered this long and sent together (one frame per worker): each
+# frame wakes every worker, and each changes its scheduler's snapshot
+LOADS_EVERY_S = 0.02
 
 
 @dataclass
@@ -80,6 +83,8 @@ class WorkerGroup:
         self._stopping = False
         self._synced = False
         self._acks = asyncio.Condition()
+        self._loads: dict[str, EndpointMetrics] = {}  # address -> newest, not yet sent
+        self._loads_timer: asyncio.TimerHandle | None = None
         datastore.on_change(self._members_changed)
         datastore.on_metrics(self._metrics_changed)
 
@@ -116,6 +121,8 @@ class WorkerGroup:
     async def stop(self) -> None:
         """SIGTERM every worker (each drains its open streams), then wait for them."""
         self._stopping = True
+        if self._loads_timer is not None:
+            self._loads_timer.cancel()
         for w in self.workers:
             self._signal(w, signal.SIGTERM)
         if self._tasks:
@@ -285,11 +292,8 @@ class WorkerGroup:
         w = self.workers[hello.index]
         w.channel = channel
         channel.send(wire.members(self._datastore.version, self._datastore.members()))
-        for member in self._datastore.members():
-            if member.state.metrics is not None:
-                channel.send(
-                    wire.EndpointData(member.address, wire.wire_metrics(member.state.metrics))
-                )
+        loads = {m.address: m.state.metrics for m in self._datastore.members()}
+        channel.send(_loads({a: m for a, m in loads.items() if m is not None}))
         if self._synced:
             channel.send(wire.Synced())
         try:
@@ -343,4 +347,16 @@ class WorkerGroup:
         self._broadcast(wire.members(self._datastore.version, self._datastore.members()))
 
     def _metrics_changed(self, address: str, metrics: EndpointMetrics) -> None:
-        self._broadcast(wire.EndpointData(address, wire.wire_metrics(metrics)))
+        self._loads[address] = metrics
+        if self._loads_timer is None:
+            loop = asyncio.get_running_loop()
+            self._loads_timer = loop.call_later(LOADS_EVERY_S, self._send_loads)
+
+    def _send_loads(self) -> None:
+        self._loads_timer = None
+        loads, self._loads = self._loads, {}
+        self._broadcast(_loads(loads))
+
+
+def _loads(reports: dict[str, EndpointMetrics]) -> wire.Loads:
+    return wire.Loads([wire.EndpointData(a, wire.wire_metrics(m)) for a, m in reports.items()])

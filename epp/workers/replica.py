@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 # how long a starting worker waits for the parent's first membership
 FIRST_MEMBERS_TIMEOUT_S = 30.0
 # successes on one endpoint passed on at most this often, unless a failure came between
-# (the ejector needs the first success after failures, and a recent one for its grace)
-SUCCESS_EVERY_S = 0.1
+# (the ejector needs the first success after failures, and one within its slow grace,
+# 30 s by default); each message wakes the parent, so not per request
+SUCCESS_EVERY_S = 1.0
 
 
 def apply_members(datastore: Datastore, message: wire.Members) -> None:
@@ -163,7 +164,8 @@ class WorkerLink:
         if isinstance(message, wire.Members):
             apply_members(self._datastore, message)
             self.send(wire.Ack(message.version))
-        elif isinstance(message, wire.EndpointData):
-            self._datastore.update_metrics(message.address, wire.metrics(message.metrics))
+        elif isinstance(message, wire.Loads):
+            for report in message.reports:
+                self._datastore.update_metrics(report.address, wire.metrics(report.metrics))
         elif isinstance(message, wire.Synced):
             EnvoySync.acknowledged(self._sync)

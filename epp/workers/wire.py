@@ -55,11 +55,19 @@ class Members(msgspec.Struct, frozen=True, tag=True):
     members: list[WireMember]
 
 
-class EndpointData(msgspec.Struct, frozen=True, tag=True):
+class EndpointData(msgspec.Struct, frozen=True):
     """One member's newest reported load (a scrape or ORCA report in the parent)."""
 
     address: str
     metrics: WireMetrics
+
+
+class Loads(msgspec.Struct, frozen=True, tag=True):
+    """The members whose load changed since the last such message, each with its
+    newest report (the parent sends them together: one frame and one wake-up per
+    worker for many reports)."""
+
+    reports: list[EndpointData]
 
 
 class Synced(msgspec.Struct, frozen=True, tag=True):
@@ -92,7 +100,7 @@ class Outcome(msgspec.Struct, frozen=True, tag=True):
     serving: bool = True
 
 
-Message = Members | EndpointData | Synced | Hello | Ready | Ack | Outcome
+Message = Members | Loads | Synced | Hello | Ready | Ack | Outcome
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

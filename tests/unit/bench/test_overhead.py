@@ -1,10 +1,21 @@
-"""bench.overhead's pure parts: simulator flags and the generated reading."""
+"""bench.overhead's pure parts: simulator flags, the paths chosen and the generated
+reading."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from bench.overhead import TARGET_ADDED_MS, cpu_bound_ms, reading, sim_args
+from bench.overhead import (
+    EPPS,
+    PATHS,
+    TARGET_ADDED_MS,
+    _epp_code,
+    chosen_paths,
+    cpu_bound_ms,
+    reading,
+    sim_args,
+)
 
 
 def row(path: str, p50: float, p99: float, **extra: Any) -> dict[str, Any]:
@@ -48,3 +59,25 @@ def test_reading_predicts_a_saturated_instant_loop_from_cpu() -> None:
     text = "\n".join(reading([base, epp], cores=2))
     assert "CPU-bound" in text
     assert "EPP a +20 vs +40 ms" in text  # 20 x 2 ms / 2 cores predicted, 40 measured
+
+
+def test_every_path_by_default_after_envoy_alone() -> None:
+    specs = chosen_paths(None, None)
+    assert specs[0].epp is None  # the tables' base
+    assert specs[1:] == PATHS
+    assert all(s.epp in EPPS for s in PATHS)
+
+
+def test_chosen_paths_keep_their_order_and_the_base() -> None:
+    specs = chosen_paths(["grpclib-full-2-workers", "grpclib-full"], None)
+    assert [s.key for s in specs] == ["alone", "grpclib-full", "grpclib-full-2-workers"]
+
+
+def test_another_checkout_runs_each_path_again_right_after_it() -> None:
+    specs = chosen_paths(["grpclib-full"], Path("/tmp/base"))
+    assert [s.name for s in specs[1:]] == ["EPP grpclib, full", "EPP grpclib, full (base)"]
+    again = specs[2]
+    assert again.workers == 1 and again.epp == "grpclib@/tmp/base"
+    flags, env = _epp_code(again.epp)
+    assert flags == EPPS["grpclib"] and env["PYTHONPATH"] == "/tmp/base"
+    assert _epp_code("grpclib") == (EPPS["grpclib"], {})

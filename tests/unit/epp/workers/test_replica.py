@@ -1,7 +1,8 @@
+import asyncio
 from pathlib import Path
 
 from epp.datastore import Datastore, Status
-from epp.types import Endpoint, Role
+from epp.types import Endpoint, EndpointMetrics, Role
 from epp.workers import wire
 from epp.workers.replica import SUCCESS_EVERY_S, SharedSync, WorkerLink, apply_members
 
@@ -44,6 +45,49 @@ def test_a_member_the_parent_drops_drains_in_the_worker_while_it_has_requests() 
     assert statuses(worker) == {A.address: Status.DRAINING}
     ticket.release()
     assert statuses(worker) == {}
+
+
+async def test_one_loads_message_updates_every_member_it_names() -> None:
+    class Parent:
+        def __init__(self, *messages: wire.Message) -> None:
+            self.queue = list(messages)
+            self.sent: list[wire.Message] = []
+            self.drained = asyncio.Event()
+
+        def send(self, message: wire.Message) -> None:
+            self.sent.append(message)
+
+        def send_frame(self, frame: bytes) -> None:
+            raise AssertionError("not used")
+
+        async def receive(self) -> wire.Message | None:
+            if not self.queue:
+                self.drained.set()
+                await asyncio.Event().wait()  # an open link with nothing more to say
+            return self.queue.pop(0)
+
+        def close(self) -> None:
+            pass
+
+    parent = Datastore()
+    parent.add(A)
+    parent.add(C)
+    a, c = EndpointMetrics(1.0, waiting=2.0), EndpointMetrics(1.0, running=3.0)
+    loads = wire.Loads(
+        [
+            wire.EndpointData(A.address, wire.wire_metrics(a)),
+            wire.EndpointData(C.address, wire.wire_metrics(c)),
+            wire.EndpointData("10.9.9.9:1", wire.wire_metrics(c)),  # gone meanwhile: dropped
+        ]
+    )
+    worker = Datastore()
+    channel = Parent(wire.members(parent.version, parent.members()), loads)
+    link = WorkerLink(worker, Path("/unused"), 0, SharedSync(), channel=channel)
+    await link.start()  # the membership first; the rest is read in the background
+    await asyncio.wait_for(channel.drained.wait(), 5.0)
+    await link.stop()
+    assert [m.state.metrics for m in worker.members()] == [a, c]
+    assert channel.sent[-1] == wire.Ack(parent.version)
 
 
 def test_successes_are_passed_on_sparingly_and_the_first_after_a_failure_at_once() -> None:

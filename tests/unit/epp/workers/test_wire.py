@@ -50,11 +50,15 @@ def test_every_field_of_endpoint_metrics_crosses_the_wire() -> None:
     assert list(wire.WireMetrics.__struct_fields__) == names
 
 
-@given(metrics_st)
-def test_endpoint_data_round_trips(metrics: EndpointMetrics) -> None:
-    sent = wire.EndpointData("10.0.0.1:8000", wire.wire_metrics(metrics))
+@given(st.lists(metrics_st, max_size=3))
+def test_loads_round_trip(reports: list[EndpointMetrics]) -> None:
+    sent = wire.Loads(
+        [wire.EndpointData(f"10.0.0.{i}:8000", wire.wire_metrics(m)) for i, m in enumerate(reports)]
+    )
     got = wire.decode(frame_body(sent))
-    assert isinstance(got, wire.EndpointData) and wire.metrics(got.metrics) == metrics
+    assert isinstance(got, wire.Loads)
+    assert [wire.metrics(r.metrics) for r in got.reports] == reports
+    assert [r.address for r in got.reports] == [r.address for r in sent.reports]
 
 
 @given(endpoint_st)
