@@ -114,10 +114,10 @@ class FlowControlConfig:
     They wait in priority bands, fair across fairness ids (docs/flow-control.md)."""
 
     enabled: bool = setting(
-        False,
+        True,
         "enabled",
-        "hold requests while no endpoint has room (off by default: it costs prefix-cache "
-        "affinity near capacity, docs/flow-control.md)",
+        "hold requests while no endpoint has room (false: route every request at once, "
+        "as the servers' own queues absorb the overload; docs/flow-control.md)",
     )
     keep_affinity: bool = setting(
         True,
