@@ -52,10 +52,10 @@ SCENARIOS = (
     ("flood, flow control", "on=configs/flow-control.yaml", True, False),
     ("flood, flow control, room dispatch", "room=configs/flow-control-room.yaml", True, False),
     ("flood, flow control, fair-share", FAIR_SHARE, True, False),
-    ("flood, no flow control", "off=", True, False),
+    ("flood, no flow control", "off=configs/flow-control-off.yaml", True, False),
     ("flood staggered, flow control", "on=configs/flow-control.yaml", True, True),
     ("flood staggered, flow control, fair-share", FAIR_SHARE, True, True),
-    ("flood staggered, no flow control", "off=", True, True),
+    ("flood staggered, no flow control", "off=configs/flow-control-off.yaml", True, True),
 )
 
 

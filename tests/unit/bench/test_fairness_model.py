@@ -20,9 +20,9 @@ def test_flow_control_serves_the_light_tenant_ahead_of_the_flood() -> None:
     rate_b = 0.2 * capacity_of(args.servers, args.slots, args.tokens)[1]
     rows = {
         spec: run_virtual(scenario(setting, parse_model_policy(spec), args, True, rate_b))
-        for spec in ("on=configs/flow-control.yaml", "off=")
+        for spec in ("on=configs/flow-control.yaml", "off=configs/flow-control-off.yaml")
     }
-    on, off = rows["on=configs/flow-control.yaml"], rows["off="]
+    on, off = rows["on=configs/flow-control.yaml"], rows["off=configs/flow-control-off.yaml"]
     assert on["errors"] == off["errors"] == 0 and on["b_done"] == off["b_done"] > 0
     # B waits for the next free slot, not behind A's requests in the servers' queues
     assert on["b_ttft_p90_ms"] < off["b_ttft_p90_ms"] / 2
