@@ -336,10 +336,6 @@ class Datastore:
         if freed and self._on_release is not None:
             self._on_release()
 
-    def peer_in_flight(self, address: str) -> int:
-        """Requests peers report in flight on ``address``."""
-        return self._peer_in_flight.get(address, 0)
-
     @property
     def peer_in_flight_table(self) -> Mapping[str, int]:
         """Address -> requests peers report in flight there (non-zero entries; live)."""

@@ -263,9 +263,14 @@ class Router:
                 code="slo_unattainable",
                 retry_after_s=self.flow.cfg.retry_after_s,
             )
-        if flow_id is not None:
+        if flow_id is not None and self._counts_in_flight:
             self._count_in_flight(flow_id, routed)
         return routed
+
+    @property
+    def _counts_in_flight(self) -> bool:
+        """Whether the fairness policy reads its flows' requests in flight (fair-share)."""
+        return bool(getattr(self.flow.queues.policy, "counts_in_flight", False))
 
     def _count_in_flight(self, flow_id: str, routed: Routed) -> None:
         queues = self.flow.queues

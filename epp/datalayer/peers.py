@@ -392,13 +392,14 @@ class _PeerCollector(Collector):
         frames = CounterMetricFamily(
             "epp_peer_load_frames",
             "Peer-load frames received, by outcome (applied; ignored: own or repeated; "
-            "bad: not a frame, dropped).",
+            "bad: not a frame, dropped; error: the receive itself failed, retried).",
             labels=["outcome"],
         )
         for outcome, n in (
             ("applied", p.counters.applied),
             ("ignored", p.counters.ignored),
             ("bad", p.counters.bad),
+            ("error", p.counters.failures),
         ):
             frames.add_metric([outcome], n)
         yield frames

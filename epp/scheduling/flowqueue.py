@@ -41,7 +41,11 @@ DEFAULT_FLOW = ""
 class FairnessPolicy(Protocol):
     """Chooses which flow of a band sends next. ``flows`` holds the band's non-empty
     flows in the order they became non-empty (or were last rotated); the policy may
-    reorder it in :meth:`dispatched`."""
+    reorder it in :meth:`dispatched`. A policy that reads :attr:`FlowQueue.in_flight`
+    sets ``counts_in_flight = True``; for the others (an installed policy without the
+    attribute too) nothing counts it, off the request path (it stays 0)."""
+
+    counts_in_flight: bool
 
     def pick(self, flows: OrderedDict[str, FlowQueue]) -> FlowQueue: ...
 
@@ -54,6 +58,8 @@ class FairnessPolicy(Protocol):
 class RoundRobin:
     """One request per flow in turn; a flow that had nothing waiting goes first (so a
     light tenant's request waits for the next free slot, not for a whole round)."""
+
+    counts_in_flight = False
 
     def pick(self, flows: OrderedDict[str, FlowQueue]) -> FlowQueue:
         return next(iter(flows.values()))
@@ -74,6 +80,8 @@ class FairShare(RoundRobin):
     burst included, dispatched at the next free slots, and the flows above it get the
     rest."""
 
+    counts_in_flight = True
+
     def pick(self, flows: OrderedDict[str, FlowQueue]) -> FlowQueue:
         return min(flows.values(), key=lambda f: f.in_flight)
 
@@ -81,6 +89,8 @@ class FairShare(RoundRobin):
 class GlobalEdf:
     """No fairness between flows: the band's most urgent request first (FCFS when no
     request has an objective)."""
+
+    counts_in_flight = False
 
     def pick(self, flows: OrderedDict[str, FlowQueue]) -> FlowQueue:
         return min(flows.values(), key=lambda f: f.head_key())

@@ -133,7 +133,7 @@ def test_snapshots_add_what_peers_have_in_flight_to_the_own_counts() -> None:
     assert snapshot.in_flight_tokens[a.address] == 60
     assert dict(ds.own_in_flight) == {a.address: 1, b.address: 0}
     assert ds.in_flight(a.address) == 1 and ds.total_in_flight() == 1
-    assert ds.peer_in_flight(a.address) == 2
+    assert dict(ds.peer_in_flight_table) == {a.address: 2, "10.9.9.9:1": 1}
     ticket.release()
     assert snapshot.in_flight[a.address] == 2 and snapshot.in_flight_tokens[a.address] == 50
     ds.set_peer_load({a.address: (0, 0), "10.9.9.9:1": (0, 0)})

@@ -164,6 +164,15 @@ async def test_fair_share_counts_each_flows_requests_in_flight() -> None:
     assert queues.in_flight("A") == queues.in_flight("B") == 0
 
 
+def test_round_robin_counts_no_flow_in_flight() -> None:
+    """Only a policy that reads the counts pays for them on the request path."""
+    router = make_router(Clock(), FlowControlConfig(enabled=True), 4)
+    routed = router.admit(req("A0", **{"x-llm-d-inference-fairness-id": "A"}), 1)
+    assert isinstance(routed, Routed)
+    assert router.flow.queues.in_flight("A") == 0
+    routed.release()
+
+
 async def test_sheddable_and_disabled_and_shutdown() -> None:
     clock = Clock()
     shed = make_router(clock, FlowControlConfig(enabled=True, shed_sheddable=True))

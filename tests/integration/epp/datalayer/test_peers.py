@@ -153,6 +153,8 @@ async def test_a_silent_peer_expires_and_bad_frames_are_counted_and_dropped(
         b.peers.register(registry)
         frames = registry.get_sample_value("epp_peer_load_frames_total", {"outcome": "bad"})
         assert frames == bad + 2
+        # the receive never failed: bad frames are not errors
+        assert registry.get_sample_value("epp_peer_load_frames_total", {"outcome": "error"}) == 0
         assert registry.get_sample_value("epp_peers") == 0
     finally:
         await b.peers.stop()
