@@ -105,6 +105,7 @@ bench-fairness: $(STAMP)
 MATRIX_SETTING := --groups 16 --prefix-tokens 1500 --question-tokens 75 225 \
 	--output-tokens 16 48 --skew 1.1 --max-num-seqs 4 --loads 0.4 0.7 0.95 1.2
 MATRIX_POLICIES ?= --policy round-robin --policy least-request --policy default= \
+	--policy "off=--config configs/flow-control-off.yaml" \
 	--policy "predicted=--config configs/predicted-latency.yaml" \
 	--policy "homes=--config configs/predicted-homes.yaml" --policy ideal-split
 # issue 16: the simulators publish KV events; the approximate prefix index against the
