@@ -106,12 +106,14 @@ def test_requests_follow_the_server_where_their_adapter_runs(registered: LocalSt
     try:
         wait_for(lambda: lora_newest(home).get("running_lora_adapters") == "sql", 5, "sql runs")
         wait_for(lambda: epp_running(s, 1) >= 1, 5, "the EPP hears it")
+        # chat finds sim-1's only adapter slot taken by sql: it goes where a slot is free.
+        # (Asked first, while the busy request surely runs: the sql requests below queue
+        # behind it and return only once it has ended, when sim-1's slot is free again.)
+        served = {complete(s.envoy_url, "chat")[1] for _ in range(4)}
+        assert s.sims[1].info["instance"] not in served
         # sim-1 is busy (its one sequence slot taken) yet sql's requests follow the adapter
         served = {complete(s.envoy_url, "sql")[1] for _ in range(3)}
         assert served == {s.sims[1].info["instance"]}
-        # chat finds sim-1's only adapter slot taken by sql: it goes where a slot is free
-        served = {complete(s.envoy_url, "chat")[1] for _ in range(4)}
-        assert s.sims[1].info["instance"] not in served
     finally:
         for t in threads:
             t.join()

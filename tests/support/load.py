@@ -1,8 +1,10 @@
 """Client load for fault tests: threads that send requests until stopped and record
-every outcome (a reset or dropped connection counts as an error, status 0)."""
+every outcome (a reset or dropped connection, or a body cut short, counts as an error,
+status 0)."""
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,9 +17,11 @@ from tests.support.http import request
 
 @dataclass(frozen=True)
 class Outcome:
-    status: int  # 0: the connection failed; negative: a 200 whose body was incomplete
+    status: int  # 0: the connection failed or the body was cut; negative: a 200 whose
+    # body was whole but incomplete (the ``complete`` check failed)
     served: str  # x-sim-instance, or the error
     seconds: float
+    started: float  # time.monotonic() when it was sent
 
 
 class Load:
@@ -44,15 +48,15 @@ class Load:
             started = time.monotonic()
             try:
                 status, headers, raw = request(self.url, body, timeout=self._timeout)
-            except OSError as exc:
+            except (OSError, http.client.HTTPException) as exc:
                 self.results.append(
-                    Outcome(0, f"{type(exc).__name__}: {exc}", time.monotonic() - started)
+                    Outcome(0, f"{type(exc).__name__}: {exc}", time.monotonic() - started, started)
                 )
                 continue
             if status == 200 and not self._complete(body, raw):
                 status = -status
             served = headers.get("x-sim-instance", "")
-            self.results.append(Outcome(status, served, time.monotonic() - started))
+            self.results.append(Outcome(status, served, time.monotonic() - started, started))
 
     def served_by(self, address: str, since: int = 0) -> bool:
         return any(r.served == address for r in self.results[since:])
