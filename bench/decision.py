@@ -192,7 +192,7 @@ def main() -> int:
         "",
         "*Admission*: flow control's work before scheduling when nothing is queued "
         "(priority, fairness id, which endpoints have room, the queue-time count), paid by "
-        "every request with flow control on; off (the default), only a sheddable request "
+        "every request with flow control on (the default); off, only a sheddable request "
         "asks which endpoints have room.",
         "",
         "| endpoints | prompt | p50 µs | p99 µs | max µs | list path p50 µs | list path p99 µs "

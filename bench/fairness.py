@@ -9,7 +9,7 @@ time to the first body chunk (the first token). Three scenarios, each on a fresh
 (``epp stack``: Envoy, the EPP, ``--servers`` simulators of ``--slots`` sequences):
 
 * ``B alone``: B's requests with nothing else (flow control on);
-* ``flood, flow control``: A + B, ``flowControl.enabled: true`` (off by default);
+* ``flood, flow control``: A + B, ``flowControl.enabled: true`` (the default);
 * ``flood, no flow control``: A + B, ``flowControl.enabled: false`` (requests go to the
   servers at once and wait in their queues).
 
