@@ -56,6 +56,7 @@ from epp.reload import DEFAULT_POLL_S, ConfigFile, ConfigReloader
 from epp.router import EndpointOutcomes, Router
 from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
+from epp.scheduling.saturation import WatchedObjectives
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
 from epp.tracing import Tracer
@@ -316,8 +317,9 @@ def build(
     names = NameResolver(datastore, interval_s=opts.membership.resolve_interval_s)
     metrics = EppMetrics(datastore, pool_name=opts.pool.name if opts.pool else "default")
     metrics.report_latency_model(scheduler.latency)  # a reload keeps this model
-    # InferenceObjectives' priorities, kept by Kubernetes discovery (a reload keeps it)
-    objectives: dict[str, int] = {}
+    # InferenceObjectives' priorities, kept by Kubernetes discovery, or in a worker by
+    # its parent (a reload keeps it)
+    objectives = WatchedObjectives()
     scheduler.objectives = objectives
     request_headers = []
     if dl.orca.header_format is not None:
@@ -332,12 +334,20 @@ def build(
     link: WorkerLink | None = None
     if workers.link is not None:  # a worker: its endpoints come from its parent
         envoy_sync = SharedSync()
-        link = WorkerLink(datastore, workers.link, workers.index, envoy_sync)
+        link = WorkerLink(datastore, workers.link, workers.index, envoy_sync, objectives)
         discovery = {}
     # a worker's request outcomes are judged by its parent's ejector
     outcomes: EndpointOutcomes = link if link is not None else ejector
     group = (
-        WorkerGroup(datastore, ejector, workers, opts.grpc_port, opts.argv, opts.shutdown_grace_s)
+        WorkerGroup(
+            datastore,
+            ejector,
+            workers,
+            opts.grpc_port,
+            opts.argv,
+            opts.shutdown_grace_s,
+            objectives=objectives,
+        )
         if workers.parent
         else None
     )

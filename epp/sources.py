@@ -19,7 +19,7 @@ Installed packages add kinds through the ``epp.discovery`` entry-point group
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,6 +36,7 @@ from epp.discovery.static import StaticSource
 from epp.extensions import Installed, OpenRegistry, instance_of
 from epp.health import ReadinessGate
 from epp.membershipflags import MembershipOptions
+from epp.scheduling.saturation import WatchedObjectives
 from epp.types import Endpoint
 
 
@@ -67,7 +68,7 @@ class DiscoveryContext:
     selector: SelectorRef | None = None  # --endpoint-selector ...
     membership: MembershipOptions = field(default_factory=MembershipOptions)
     # objective name -> priority, from the pool's InferenceObjectives (the scheduler reads it)
-    objectives: MutableMapping[str, int] = field(default_factory=dict)
+    objectives: WatchedObjectives = field(default_factory=WatchedObjectives)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import contextlib
 import datetime
 import logging
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from kubernetes_asyncio import client as k8s
@@ -38,6 +38,7 @@ from epp.discovery.pool_endpoints import (
 )
 from epp.discovery.poolref import PoolRef, SelectorRef
 from epp.discovery.reflector import Obj, Reflector, WatchTiming
+from epp.scheduling.saturation import WatchedObjectives
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class PoolDiscovery:
         default_engine: str = "vllm",
         timing: WatchTiming | None = None,
         on_ready: Callable[[bool], Awaitable[None]] | None = None,
-        objectives: MutableMapping[str, int] | None = None,
+        objectives: WatchedObjectives | None = None,
     ) -> None:
         self._api = api
         self._core = k8s.CoreV1Api(api)
@@ -322,7 +323,7 @@ async def start_discovery(
     default_engine: str,
     on_ready: Callable[[bool], Awaitable[None]],
     timing: WatchTiming | None = None,
-    objectives: MutableMapping[str, int] | None = None,
+    objectives: WatchedObjectives | None = None,
 ) -> PoolDiscovery:
     """Connect to the API server and start following ``ref``'s pool, or the pods its
     selector matches (inside the loop); with a pool and ``objectives``, its

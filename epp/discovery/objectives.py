@@ -14,12 +14,13 @@ beside the config's ``admission.objectives`` (the config wins: docs/flow-control
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from epp.discovery.pool_endpoints import POOL_GROUP
 from epp.discovery.reflector import Obj, Reflector, WatchTiming
 from epp.errors import InternalError
+from epp.scheduling.saturation import WatchedObjectives
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class ObjectiveWatch:
         list_fn: Callable[..., Any],
         namespace: str,
         pool: str,
-        priorities: MutableMapping[str, int],
+        priorities: WatchedObjectives,
         timing: WatchTiming,
     ) -> None:
         self.priorities = priorities
@@ -151,11 +152,8 @@ class ObjectiveWatch:
                 continue
             if priority is not None:
                 wanted[name] = priority
-        if wanted == dict(self.priorities):
+        if not self.priorities.replace(wanted):
             return
-        # one step between two requests (no await): nobody sees it half done
-        self.priorities.clear()
-        self.priorities.update(wanted)
         log.info(
             "InferenceObjectives for pool %s/%s: %s",
             self._namespace,

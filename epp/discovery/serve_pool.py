@@ -10,7 +10,7 @@ Kubernetes client (~0.45 s of start-up) only when a pool is asked for.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,7 @@ from epp.discovery.poolref import PoolRef, SelectorRef, parse_selector
 if TYPE_CHECKING:
     from epp.datastore import Datastore
     from epp.discovery.kubernetes import PoolDiscovery
+    from epp.scheduling.saturation import WatchedObjectives
 
 
 def pool_ref(args: argparse.Namespace) -> PoolRef | None:
@@ -111,7 +112,7 @@ class PoolSource:
         datastore: Datastore,
         default_engine: str,
         readiness: Callable[[bool], Awaitable[None]],
-        objectives: MutableMapping[str, int] | None = None,
+        objectives: WatchedObjectives | None = None,
     ) -> None:
         self.ref = ref
         self._objectives = objectives

@@ -12,8 +12,9 @@ the EPP instead of in an engine queue."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from types import MappingProxyType
 
 import numpy as np
@@ -131,30 +132,29 @@ def _room_view(
     """:func:`room` with numpy over many candidates: the same answer."""
     view = candidate_view(snapshot, candidates, stale_before)
     prefill = view.columns.roles[view.rows] == PREFILL_CODE
-    waiting = np.nan_to_num(view.metric("waiting"))  # NaN: unreported or stale
-    running = np.nan_to_num(view.metric("running"))
-    fresh = view.fresh()
+    # NaN (unreported or stale) compares False: no report says full, none teaches slots
+    waiting = view.metric("waiting")
     with np.errstate(invalid="ignore"):
-        reported_full = fresh & (
-            (waiting >= cfg.queue_threshold) | (view.metric("kv_usage") >= cfg.kv_threshold)
+        reported_full = (waiting >= cfg.queue_threshold) | (
+            view.metric("kv_usage") >= cfg.kv_threshold
         )
-    if cfg.max_concurrency:
-        limit = np.full(len(candidates), float(cfg.max_concurrency))
-    else:  # slots not learned yet: a report of waiting requests makes running the limit
-        limit = latency.reported_slots_view(view)
-        learn = (limit == 0) & fresh & (waiting > 0) & (running >= 1)
-        if learn.any():  # rare: these are its slots (room learns them, as scheduling)
-            for i in np.flatnonzero(learn).tolist():
-                latency.observe_load(candidates[i], candidates[i].metrics)
-            limit = np.where(learn, np.floor(running), limit)
+        if cfg.max_concurrency:
+            limit = np.full(len(candidates), float(cfg.max_concurrency))
+        else:  # slots not learned yet: a report of waiting requests makes running the limit
+            limit = latency.reported_slots_view(view)
+            running = view.metric("running")
+            learn = (limit == 0) & (waiting > 0) & (running >= 1)
+            if learn.any():  # rare: these are its slots (room learns them, as scheduling)
+                for i in np.flatnonzero(learn).tolist():
+                    latency.observe_load(candidates[i], candidates[i].metrics)
+                limit = np.where(learn, np.floor(running), limit)
     full = ~prefill & (reported_full | ((limit > 0) & (view.counts(snapshot.in_flight) >= limit)))
     if not full.any():
         return True
     roomy = ~full
     if not (roomy & ~prefill).any():
         return False
-    addresses = view.addresses
-    return frozenset(addresses[i] for i in np.flatnonzero(roomy).tolist())
+    return frozenset(compress(view.addresses, roomy.tolist()))
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,30 @@ class AdmissionConfig:
     default_priority: int = setting(
         0, "defaultPriority", f"priority without {PRIORITY_HEADER} or a known objective"
     )
+
+
+class WatchedObjectives(dict[str, int]):
+    """Objective name -> priority, as watched (Kubernetes' InferenceObjectives): replaced
+    whole by :meth:`replace`, which tells the listeners (a ``--workers`` parent passes
+    the priorities on to its workers). Read as a plain mapping."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def replace(self, priorities: Mapping[str, int]) -> bool:
+        """Hold exactly ``priorities``; True (and the listeners told) if that changed
+        anything. One step between two requests (no await): nobody sees it half done."""
+        if priorities == self:
+            return False
+        self.clear()
+        self.update(priorities)
+        for listener in self._listeners:
+            listener()
+        return True
 
 
 def request_priority(

@@ -6,7 +6,8 @@ Workers are fresh interpreters (``python -m epp serve`` with the parent's own fl
 the hidden ``--worker-link``/``--worker-index``), never forks: the parent may have
 started gRPC or other threads. Each connects back over a unix socket in a private
 directory and gets the whole membership and every member's newest load at once, then
-every change as it happens. The workers share their in-flight counts among themselves
+every change as it happens; likewise the InferenceObjectives' priorities its discovery
+watches. The workers share their in-flight counts among themselves
 (:mod:`epp.datalayer.peers`, unix sockets in the same directory)."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from aiohttp.typedefs import Handler
 
 from epp.datastore import Datastore
 from epp.router import EndpointOutcomes
+from epp.scheduling.saturation import WatchedObjectives
 from epp.types import EndpointMetrics
 from epp.workers import wire
 from epp.workers.channel import Channel, StreamChannel
@@ -71,8 +73,11 @@ class WorkerGroup:
         grpc_port: int,
         argv: Sequence[str],
         grace_s: float = 10.0,
+        *,
+        objectives: WatchedObjectives | None = None,  # watched here, passed on
     ) -> None:
         self._datastore = datastore
+        self._objectives = WatchedObjectives() if objectives is None else objectives
         self._outcomes = outcomes
         self._argv = list(argv)
         self._grace_s = grace_s
@@ -87,6 +92,7 @@ class WorkerGroup:
         self._loads_timer: asyncio.TimerHandle | None = None
         datastore.on_change(self._members_changed)
         datastore.on_metrics(self._metrics_changed)
+        self._objectives.on_change(lambda: self._broadcast(self._objectives_message()))
 
     @property
     def grpc_ports(self) -> list[int]:
@@ -294,6 +300,7 @@ class WorkerGroup:
         channel.send(wire.members(self._datastore.version, self._datastore.members()))
         loads = {m.address: m.state.metrics for m in self._datastore.members()}
         channel.send(_loads({a: m for a, m in loads.items() if m is not None}))
+        channel.send(self._objectives_message())
         if self._synced:
             channel.send(wire.Synced())
         try:
@@ -342,6 +349,9 @@ class WorkerGroup:
         for w in self.workers:
             if w.channel is not None:
                 w.channel.send_frame(frame)
+
+    def _objectives_message(self) -> wire.Objectives:
+        return wire.Objectives(dict(self._objectives))
 
     def _members_changed(self) -> None:
         self._broadcast(wire.members(self._datastore.version, self._datastore.members()))

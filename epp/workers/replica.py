@@ -1,6 +1,6 @@
 """A worker's end of the link: its datastore follows the parent's membership and
-endpoint data; what only it sees (request outcomes, Envoy's EDS acknowledgement) goes
-back to the parent."""
+endpoint data, its scheduler the parent's watched InferenceObjectives; what only it
+sees (request outcomes, Envoy's EDS acknowledgement) goes back to the parent."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from epp.datastore import Datastore, Status
 from epp.looptask import LoopTask
+from epp.scheduling.saturation import WatchedObjectives
 from epp.workers import wire
 from epp.workers.channel import Channel, StreamChannel
 from epp.xds.eds import EnvoySync
@@ -93,6 +94,7 @@ class WorkerLink:
         path: Path,
         index: int,
         sync: SharedSync,
+        objectives: WatchedObjectives | None = None,  # the parent's, followed here
         *,
         channel: Channel | None = None,  # already connected (tests); None: open ``path``
         clock: Callable[[], float] = time.monotonic,
@@ -102,6 +104,7 @@ class WorkerLink:
         self.index = index
         self._sync = sync
         sync.link = self
+        self._objectives = WatchedObjectives() if objectives is None else objectives
         self._channel = channel
         self._reader = LoopTask("worker-link", self._read)
         self._clock = clock
@@ -167,5 +170,7 @@ class WorkerLink:
         elif isinstance(message, wire.Loads):
             for report in message.reports:
                 self._datastore.update_metrics(report.address, wire.metrics(report.metrics))
+        elif isinstance(message, wire.Objectives):
+            self._objectives.replace(message.priorities)
         elif isinstance(message, wire.Synced):
             EnvoySync.acknowledged(self._sync)

@@ -70,6 +70,13 @@ class Loads(msgspec.Struct, frozen=True, tag=True):
     reports: list[EndpointData]
 
 
+class Objectives(msgspec.Struct, frozen=True, tag=True):
+    """The watched InferenceObjectives' priorities (objective name -> priority), whole,
+    on connecting and after every change (the workers run no discovery of their own)."""
+
+    priorities: dict[str, int]
+
+
 class Synced(msgspec.Struct, frozen=True, tag=True):
     """Either way: an Envoy acknowledged the EDS endpoints (of some worker)."""
 
@@ -100,7 +107,7 @@ class Outcome(msgspec.Struct, frozen=True, tag=True):
     serving: bool = True
 
 
-Message = Members | Loads | Synced | Hello | Ready | Ack | Outcome
+Message = Members | Loads | Objectives | Synced | Hello | Ready | Ack | Outcome
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -1,7 +1,8 @@
 """InferenceObjectives end to end: ``epp serve --pool-name`` reads them from a loopback
 fake API server, and a request naming one through the real Envoy gets its priority:
 while the pool is full (one server, the EPP keeping one request on it), a sheddable
-objective's request is refused at once and a critical one waits in its own band."""
+objective's request is refused at once and a critical one waits in its own band. The
+same with ``--workers 2``: the parent watches, each worker's scheduler follows it."""
 
 from __future__ import annotations
 
@@ -26,14 +27,17 @@ CONFIG = (
 )
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["one process", "2 workers"])
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalStack]:
     with FakeKubeThread().running() as kube:
         workdir = tmp_path_factory.mktemp("objectives")
         kubeconfig = write_kubeconfig(workdir / "kubeconfig", kube.url)
         (workdir / "epp.yaml").write_text(CONFIG)
         opts = ephemeral(
-            servers=1, workdir=workdir, static_endpoints=False, sim_args=["--time-scale", "0.5"],
+            servers=1, workers=request.param, workdir=workdir, static_endpoints=False,
+            sim_args=["--time-scale", "0.5"],
             log_level="info",  # the log line that says the objectives arrived
             epp_args=["--pool-name", "qwen-pool", "--pool-namespace", "default",
                       "--kubeconfig", str(kubeconfig), "--secure-serving=false",
@@ -67,20 +71,31 @@ def complete(stack: LocalStack, prompt: str, tokens: int, **headers: str) -> tup
 
 
 def queues(stack: LocalStack) -> list[tuple[int, int]]:
-    """(priority, requests) of each flow-control queue that holds any."""
-    status = get_json(f"{stack.epp_http_url}/status")["flow_control"]
-    return [(q["priority"], q["requests"]) for q in status["queues"] if q["requests"]]
+    """(priority, requests) of each flow-control queue that holds any, in every process
+    that serves ext_proc (with workers, those hold the queues)."""
+    urls = [stack.epp_http_url]
+    if stack.opts.workers > 1:
+        listed = get_json(f"{stack.epp_http_url}/workers")["workers"]
+        urls = [f"http://127.0.0.1:{w['http_port']}" for w in listed]
+    return [
+        (q["priority"], q["requests"])
+        for url in urls
+        for q in get_json(f"{url}/status")["flow_control"]["queues"]
+        if q["requests"]
+    ]
 
 
 def test_an_objectives_priority_decides_admission(stack: LocalStack) -> None:
     with ThreadPoolExecutor(2) as pool_:
         busy = pool_.submit(complete, stack, "a long one", 300)
         wait_for(lambda: epp_in_flight(stack.epp_http_url) == 1, what="the server busy")
-        # the watched objective makes it sheddable: refused at once while full
-        start = time.monotonic()
-        status, body = complete(stack, "batch", 5, **{"x-gateway-inference-objective": "batch"})
-        assert (status, body["error"]["code"]) == (429, "shed")
-        assert time.monotonic() - start < 2
+        # the watched objective makes it sheddable: refused at once while full (asked
+        # four times: with workers, Envoy spreads them over both)
+        for _ in range(4):
+            start = time.monotonic()
+            status, body = complete(stack, "batch", 5, **{"x-gateway-inference-objective": "batch"})
+            assert (status, body["error"]["code"]) == (429, "shed")
+            assert time.monotonic() - start < 2
         # a critical one waits in its own band, then is served
         critical = pool_.submit(
             complete, stack, "urgent", 5, **{"x-llm-d-inference-objective": "critical"}

@@ -15,6 +15,7 @@ from epp.datastore import Datastore
 from epp.discovery.kubernetes import PoolDiscovery, api_client, start_discovery
 from epp.discovery.poolref import PoolRef
 from epp.discovery.reflector import WatchTiming
+from epp.scheduling.saturation import WatchedObjectives
 from epp.types import Endpoint, Role
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import pod, pool
@@ -343,7 +344,7 @@ async def test_inference_objectives_of_the_pool_give_priorities(tmp_path: Path) 
     gold = {"matchLabels": {"tier": "gold"}}
     fake.apply("inferenceobjectives", objective("gold", 3, pool_ref=None, poolSelector=gold))
     fake.apply("inferenceobjectives", objective("plain"))
-    priorities: dict[str, int] = {}
+    priorities = WatchedObjectives()
 
     async def on_ready(ready: bool) -> None:
         pass

@@ -1,8 +1,10 @@
 import asyncio
 from pathlib import Path
 
+from epp.config import build_scheduler
 from epp.datastore import Datastore, Status
-from epp.types import Endpoint, EndpointMetrics, Role
+from epp.scheduling.saturation import WatchedObjectives
+from epp.types import Endpoint, EndpointMetrics, InferenceRequest, Role
 from epp.workers import wire
 from epp.workers.replica import SUCCESS_EVERY_S, SharedSync, WorkerLink, apply_members
 
@@ -47,28 +49,31 @@ def test_a_member_the_parent_drops_drains_in_the_worker_while_it_has_requests() 
     assert statuses(worker) == {}
 
 
+class Parent:
+    """The parent's end of the link, in memory: says ``messages``, then keeps quiet."""
+
+    def __init__(self, *messages: wire.Message) -> None:
+        self.queue = list(messages)
+        self.sent: list[wire.Message] = []
+        self.drained = asyncio.Event()
+
+    def send(self, message: wire.Message) -> None:
+        self.sent.append(message)
+
+    def send_frame(self, frame: bytes) -> None:
+        raise AssertionError("not used")
+
+    async def receive(self) -> wire.Message | None:
+        if not self.queue:
+            self.drained.set()
+            await asyncio.Event().wait()  # an open link with nothing more to say
+        return self.queue.pop(0)
+
+    def close(self) -> None:
+        pass
+
+
 async def test_one_loads_message_updates_every_member_it_names() -> None:
-    class Parent:
-        def __init__(self, *messages: wire.Message) -> None:
-            self.queue = list(messages)
-            self.sent: list[wire.Message] = []
-            self.drained = asyncio.Event()
-
-        def send(self, message: wire.Message) -> None:
-            self.sent.append(message)
-
-        def send_frame(self, frame: bytes) -> None:
-            raise AssertionError("not used")
-
-        async def receive(self) -> wire.Message | None:
-            if not self.queue:
-                self.drained.set()
-                await asyncio.Event().wait()  # an open link with nothing more to say
-            return self.queue.pop(0)
-
-        def close(self) -> None:
-            pass
-
     parent = Datastore()
     parent.add(A)
     parent.add(C)
@@ -88,6 +93,29 @@ async def test_one_loads_message_updates_every_member_it_names() -> None:
     await link.stop()
     assert [m.state.metrics for m in worker.members()] == [a, c]
     assert channel.sent[-1] == wire.Ack(parent.version)
+
+
+async def test_the_scheduler_follows_the_parents_watched_objectives() -> None:
+    """A worker runs no discovery: the InferenceObjectives' priorities come from the
+    parent, whole each time (one dropped upstream is dropped here too)."""
+    objectives = WatchedObjectives()
+    seen: list[dict[str, int]] = []
+    objectives.on_change(lambda: seen.append(dict(objectives)))
+    channel = Parent(
+        wire.members(0, []),
+        wire.Objectives({"critical": 5, "batch": -1}),
+        wire.Objectives({"critical": 5, "batch": -1}),  # unchanged: nobody told
+        wire.Objectives({"critical": 7}),
+    )
+    link = WorkerLink(Datastore(), Path("/unused"), 0, SharedSync(), objectives, channel=channel)
+    await link.start()
+    await asyncio.wait_for(channel.drained.wait(), 5.0)
+    await link.stop()
+    assert seen == [{"critical": 5, "batch": -1}, {"critical": 7}]
+    scheduler = build_scheduler("{}")
+    scheduler.objectives = objectives
+    headers = {"x-llm-d-inference-objective": "critical"}
+    assert scheduler.priority(InferenceRequest("r", "m", "/", headers=headers)) == 7
 
 
 def test_successes_are_passed_on_sparingly_and_the_first_after_a_failure_at_once() -> None:

@@ -79,6 +79,7 @@ def test_members_round_trip_with_every_field(endpoint: Endpoint) -> None:
         wire.Ready(9002, 41000, None),
         wire.Ack(7),
         wire.Synced(),
+        wire.Objectives({"critical": 5, "batch": -1}),
         wire.Outcome("10.0.0.1:8000", False, "HTTP 503 on the response path", False, True),
     ],
 )
