@@ -60,8 +60,20 @@ class SizedIndex(Protocol):
         ...
 
 
+class TokenRatioView(Protocol):
+    """Characters per token as learned (:class:`epp.scheduling.latency.TokenRatio`)."""
+
+    @property
+    def chars_per_token(self) -> float: ...
+
+
 class LearnedLatency(Protocol):
     """The latency model (:class:`epp.scheduling.latency.LatencyModel`)."""
+
+    @property
+    def tokens(self) -> TokenRatioView:
+        """The servers' characters per prompt token, as learned."""
+        ...
 
     def addresses(self) -> Iterable[str]:
         """The endpoints it has values for."""
@@ -418,6 +430,12 @@ class _LatencyCollector(Collector):
                 if value is not None and name not in ("ttft_samples", "completions"):
                     learned.add_metric([address, name], float(value))
         yield learned
+        yield GaugeMetricFamily(
+            "epp_prompt_chars_per_token",
+            "Characters of prompt text per engine token, learned from the servers' "
+            "usage reports (4 until they report): what token estimates divide by.",
+            value=self._model.tokens.chars_per_token,
+        )
 
 
 class _FlowQueueCollector(Collector):

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from epp.errors import BadRequestError
-from epp.types import InferenceRequest
+from epp.types import CHARS_PER_TOKEN, InferenceRequest
 
 
 def parse_request(
@@ -21,9 +21,11 @@ def parse_request(
     headers: Mapping[str, str],
     body: bytes | None,
     subset: frozenset[str] | None = None,
+    chars_per_token: float = CHARS_PER_TOKEN,
 ) -> tuple[InferenceRequest, dict[str, Any] | None]:
     """Parse an OpenAI-style request; returns it with the decoded JSON body (None when
-    the request has no body, e.g. ``GET /v1/models``)."""
+    the request has no body, e.g. ``GET /v1/models``). ``chars_per_token``: what its
+    prompt's token estimate divides by (the ratio learned so far)."""
     path = headers.get(":path", "/").split("?", 1)[0]
     if body is None:
         request = InferenceRequest(
@@ -63,6 +65,7 @@ def parse_request(
             slo_ttft_ms=slo_ttft,
             slo_tpot_ms=slo_tpot,
             body=doc,
+            chars_per_token=chars_per_token,
         ),
         doc,
     )

@@ -73,6 +73,7 @@ class Routed:
     scheduling_s: float = 0.0  # how long the pick took (traces)
     on_release: Callable[[], None] | None = None  # once, when it stops being in flight
     deferred: DeferredDecode | None = None  # its decode endpoint is not chosen yet
+    prompt_chars: int = 0  # the prompt text's length (to learn characters per token)
 
     def release(self) -> None:
         self.ticket.release()
@@ -338,6 +339,7 @@ class Router:
             streaming=request.stream,
             scheduling_s=seconds,
             deferred=deferred,
+            prompt_chars=len(request.prompt),
         )
         if labels is not None:
             routed.on_release = self.metrics.llmd.started(*labels)
@@ -501,12 +503,20 @@ class Router:
         if dispatch is not None and dispatch.first_byte_at is None:
             dispatch.first_byte_at = self.clock()
 
+    @property
+    def chars_per_token(self) -> float:
+        """Characters per engine token, learned from the servers' usage reports: what
+        a new request's token estimate divides its prompt by."""
+        return self.scheduler.latency.tokens.chars_per_token
+
     def completed(self, routed: Routed, status: int, served: str, usage: Usage | None) -> None:
-        """The whole response passed: count its tokens, and let the latency model learn
-        from a success served where it was sent (not after a failover)."""
+        """The whole response passed: count its tokens, learn the prompt's characters
+        per token, and let the latency model learn from a success served where it was
+        sent (not after a failover)."""
         if usage is not None:
             self.metrics.tokens.labels("prompt").inc(usage.prompt_tokens)
             self.metrics.tokens.labels("completion").inc(usage.completion_tokens)
+            self.scheduler.latency.tokens.observe(routed.prompt_chars, usage.prompt_tokens)
         if routed.labels is not None:
             tokens = None
             if usage is not None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+# characters per token before the servers' usage reports teach the real figure (English
+# text with a BPE tokenizer is about 4)
+CHARS_PER_TOKEN = 4.0
 
 
 class Role(StrEnum):
@@ -149,11 +154,14 @@ class InferenceRequest:
     body: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     # ``model`` names an adapter of the EPP's LoRA catalogue (config ``lora.adapters``)
     lora_adapter: bool = False
+    # characters per engine token, as learned from the servers' usage reports
+    # (scheduling/latency.py TokenRatio); the estimate of prompt_tokens
+    chars_per_token: float = CHARS_PER_TOKEN
 
     @property
     def prompt_tokens(self) -> int:
-        """Estimated prompt tokens (~4 characters each), at least 1."""
-        return max(1, (len(self.prompt) + 3) // 4)
+        """Estimated prompt tokens (``chars_per_token`` characters each), at least 1."""
+        return max(1, math.ceil(len(self.prompt) / self.chars_per_token))
 
 
 @dataclass(frozen=True, slots=True)

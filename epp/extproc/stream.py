@@ -279,7 +279,13 @@ class ExtProcStream:
             later = self._route_when_synced(sync.wait(), body, end_of_stream)
             return Deferred([messages.extend_timeout(wait_s)], later)
         req = self._req
-        request, doc = parse_request(req.request_id, req.headers, body, req.subset)
+        request, doc = parse_request(
+            req.request_id,
+            req.headers,
+            body,
+            req.subset,
+            self._router.chars_per_token,
+        )
         resolved = self._router.resolve(request, doc)  # model rewrites, adapter catalogue
         if resolved.doc is not None:
             doc = resolved.doc

@@ -38,7 +38,13 @@ import numpy.typing as npt
 
 from epp.scheduling.columns import CandidateView, FloatArray, IndexArray
 from epp.scheduling.sections import setting
-from epp.types import EndpointMetrics, EndpointState, InferenceRequest, Prediction
+from epp.types import (
+    CHARS_PER_TOKEN,
+    EndpointMetrics,
+    EndpointState,
+    InferenceRequest,
+    Prediction,
+)
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -219,6 +225,39 @@ class Dispatch:
     first_byte_at: float | None = None
 
 
+class TokenRatio:
+    """Characters per engine token, learned from completed requests: their prompt
+    text's length against the server's ``usage.prompt_tokens`` (chat templates
+    included). A ratio of decayed sums, starting from ``CHARS_PER_TOKEN`` as if
+    ``PRIOR_TOKENS`` tokens had been seen; kept within ``BOUNDS``. Token estimates,
+    the prefix index's block sizes and the servers' KV capacity in characters divide
+    or multiply by it: a tokenizer far from 4 characters a token (code, CJK text, a
+    byte tokenizer) would otherwise skew them all."""
+
+    PRIOR_TOKENS = 1000.0
+    WINDOW_TOKENS = 1_000_000.0  # past this, both sums are halved (old traffic fades)
+    BOUNDS = (0.25, 16.0)
+    MIN_CHARS = 16  # shorter prompts are mostly template: they teach nothing
+
+    def __init__(self) -> None:
+        self._chars = CHARS_PER_TOKEN * self.PRIOR_TOKENS
+        self._tokens = self.PRIOR_TOKENS
+        self.chars_per_token = CHARS_PER_TOKEN
+
+    def observe(self, chars: int, tokens: int) -> None:
+        """One completed request: ``chars`` of prompt text the server counted as
+        ``tokens``."""
+        if chars < self.MIN_CHARS or tokens <= 0:
+            return
+        self._chars += chars
+        self._tokens += tokens
+        if self._tokens > self.WINDOW_TOKENS:
+            self._chars /= 2
+            self._tokens /= 2
+        low, high = self.BOUNDS
+        self.chars_per_token = min(max(self._chars / self._tokens, low), high)
+
+
 class LatencyModel:
     """Every endpoint's :class:`EndpointLatency`, created on first use from the priors.
 
@@ -231,6 +270,7 @@ class LatencyModel:
 
     def __init__(self, priors: LatencyPriors | None = None) -> None:
         self._epoch = 0  # bumped when rows are handed out or freed
+        self.tokens = TokenRatio()  # the servers' tokenizer: kept across resets
         self.reset(priors or LatencyPriors())
 
     def reset(self, priors: LatencyPriors) -> None:

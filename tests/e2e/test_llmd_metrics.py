@@ -86,3 +86,5 @@ def test_values_and_labels_follow_the_traffic(live: LocalStack) -> None:
     assert total(found, "llm_d_epp_ready_endpoints", name="default") == 2
     assert total(found, "llm_d_epp_info") == 1
     assert total(found, "llm_d_epp_request_running", **routed) == 0  # all finished
+    # learned from the simulator's usage: its tokens are about 4 characters
+    assert 3.0 <= total(found, "epp_prompt_chars_per_token") <= 4.5

@@ -175,3 +175,6 @@ def test_the_stack_wires_kv_events_for_a_shipped_config(tmp_path: Path) -> None:
         text = metrics(stack)
         assert sample(text, "epp_kv_index_endpoints", 'state="trusted"') >= 1  # from seq 0
         assert sample(text, "epp_kv_event_total", 'kind="decode_errors"') == 0
+        # the simulators' byte tokenizer (a character a token), learned from their usage
+        # after four prompts of ~350 characters (from 4, weighted as 1,000 tokens)
+        assert 1.0 <= sample(text, "epp_prompt_chars_per_token") < 2.5

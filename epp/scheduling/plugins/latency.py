@@ -133,8 +133,8 @@ class PredictedLatencyScorer:
         prefix = self.prefix
         if prefix is None:
             return ctx.request.prompt_tokens, {}, None
-        block = prefix.block_tokens
-        cached = {a: n * block for a, n in prefix.matches(ctx).items()}
+        block = prefix.block_tokens_of(ctx.request)
+        cached = {a: round(n * block) for a, n in prefix.matches(ctx).items()}
         return ctx.request.prompt_tokens, cached, prefix
 
     def score(
@@ -164,7 +164,7 @@ class PredictedLatencyScorer:
         """(cost, TTFT, TPOT) per candidate, one at a time (few candidates)."""
         model: LatencyModel = ctx.latency
         tokens, cached, prefix = self._cached(ctx)
-        block = prefix.block_tokens if prefix is not None else 1
+        block = prefix.block_tokens_of(ctx.request) if prefix is not None else 1.0
         in_flight = ctx.snapshot.in_flight
         evict = self.eviction_weight if prefix is not None else 0.0
         out = ctx.request.max_tokens or model.priors.output_tokens
@@ -183,7 +183,9 @@ class PredictedLatencyScorer:
             if metrics is None:  # load unknown: it may be full, as if one slot time away
                 cost += learned.slot_s
             if evict and uncached and prefix is not None:
-                pushed = math.ceil(uncached / block) - prefix.free_blocks(state)
+                pushed = math.ceil(uncached / block) - prefix.free_blocks(
+                    state, ctx.request.chars_per_token
+                )
                 if pushed > 0:
                     cost += evict * pushed * block * rate
             if enough and not cached.get(address, 0):  # a copy beyond the group's homes
@@ -203,7 +205,7 @@ class PredictedLatencyScorer:
         model: LatencyModel = ctx.latency
         view = ctx.view(candidates)
         tokens, cached, prefix = self._cached(ctx)
-        block = prefix.block_tokens if prefix is not None else 1
+        block = prefix.block_tokens_of(ctx.request) if prefix is not None else 1.0
         uncached = np.maximum(tokens - view.by_address(cached), 0.0)
         predicted = model.predict_view(view, ctx.snapshot.in_flight, uncached)
         ttft, load, rate, slope, slot_s = predicted
@@ -211,7 +213,7 @@ class PredictedLatencyScorer:
         costs = ttft + (out * slope + TIE_BREAK_S) * load
         costs = costs + np.where(view.fresh(), 0.0, slot_s)  # load unknown: maybe full
         if self.eviction_weight and prefix is not None:
-            free = prefix.free_blocks_view(view)
+            free = prefix.free_blocks_view(view, ctx.request.chars_per_token)
             pushed = np.maximum(np.ceil(uncached / block) - free, 0.0)
             costs = costs + self.eviction_weight * pushed * block * rate
         homes = self._homes(ctx, len(candidates))

@@ -13,15 +13,13 @@ from epp.scheduling.columns import CandidateView, FloatArray
 from epp.scheduling.params import Params
 from epp.scheduling.prefixindex import PrefixIndex, block_hashes
 from epp.types import (
+    CHARS_PER_TOKEN,
     EndpointMetrics,
     EndpointState,
     InferenceRequest,
     SchedulingResult,
     Snapshot,
 )
-
-CHARS_PER_TOKEN = 4
-
 
 # in-flight above this x the candidates' mean (+1) loses the prefix score (0 = off)
 LOAD_BOUND = 1.25
@@ -53,7 +51,8 @@ class PrefixCacheScorer:
         self.block_tokens = block_tokens
         self.load_bound = load_bound
         self.shrink_with_kv_usage = shrink_with_kv_usage
-        self.block_chars = block_tokens * CHARS_PER_TOKEN
+        # the index hashes characters: a block is blockSize tokens of 4 characters
+        self.block_chars = round(block_tokens * CHARS_PER_TOKEN)
         self.max_blocks = max_blocks
         self.index = PrefixIndex(capacity)
         self._version = -1
@@ -91,8 +90,13 @@ class PrefixCacheScorer:
 
     def prompt_tokens(self, ctx: CycleContext) -> int:
         """The prompt's length in tokens: this index knows characters only, so the
-        request's estimate (characters / 4)."""
+        request's estimate (characters / the learned characters per token)."""
         return ctx.request.prompt_tokens
+
+    def block_tokens_of(self, request: InferenceRequest) -> float:
+        """One of this index's blocks (``block_chars`` characters) in the request's
+        tokens: ``blockSize`` while a token is 4 characters."""
+        return float(self.block_chars / request.chars_per_token)
 
     def score(
         self, ctx: CycleContext, candidates: Sequence[EndpointState]
@@ -136,16 +140,17 @@ class PrefixCacheScorer:
             if target is None:
                 continue
             state = snapshot.state(target.address)
-            capacity = self._capacity(state.metrics if state is not None else None)
+            metrics = state.metrics if state is not None else None
+            capacity = self._capacity(metrics, request.chars_per_token)
             self.index.insert(target.address, hashes, capacity)
 
-    def free_blocks(self, state: EndpointState) -> int:
+    def free_blocks(self, state: EndpointState, chars_per_token: float) -> int:
         """Blocks (of ours) ``state`` can still cache before it must evict some of
         what it is thought to hold (its capacity as :meth:`_capacity` reckons it)."""
-        capacity = self._capacity(state.metrics) or self.index.default_capacity
+        capacity = self._capacity(state.metrics, chars_per_token) or self.index.default_capacity
         return max(capacity - self.index.held.get(state.address, 0), 0)
 
-    def free_blocks_view(self, view: CandidateView) -> FloatArray:
+    def free_blocks_view(self, view: CandidateView, chars_per_token: float) -> FloatArray:
         """:meth:`free_blocks` for every candidate of ``view`` (numpy; the same numbers)."""
         # as on_routed sizes the LRUs: the last report, however old
         fields, rows = view.columns.fields, view.rows
@@ -156,21 +161,22 @@ class PrefixCacheScorer:
             blocks = np.where(
                 np.isnan(kv), num_blocks, np.floor(num_blocks * (1 - np.clip(kv, 0, 1)))
             )
-        ours = np.maximum(np.floor(blocks * block_size / self.block_tokens), 1.0)
+        ours = np.maximum(np.floor(blocks * block_size * chars_per_token / self.block_chars), 1.0)
         known = (num_blocks > 0) & (block_size > 0)
         capacity = np.where(known, ours, float(self.index.default_capacity))
         free: FloatArray = np.maximum(capacity - view.counts(self.index.held), 0.0)
         return free
 
-    def _capacity(self, m: EndpointMetrics | None) -> int | None:
-        """Blocks (of ours) the endpoint can keep cached: its KV geometry, less what its
-        running requests occupy (they evict cached prefixes first); None = default."""
+    def _capacity(self, m: EndpointMetrics | None, chars_per_token: float) -> int | None:
+        """Blocks (of ours) the endpoint can keep cached: its KV geometry (tokens, as
+        characters at ``chars_per_token``), less what its running requests occupy (they
+        evict cached prefixes first); None = default."""
         if m is None or not m.num_blocks or not m.block_size:
             return None
         blocks = m.num_blocks
         if self.shrink_with_kv_usage and m.kv_usage is not None:
             blocks = int(blocks * (1.0 - min(max(m.kv_usage, 0.0), 1.0)))
-        return max(blocks * m.block_size // self.block_tokens, 1)
+        return max(int(blocks * m.block_size * chars_per_token // self.block_chars), 1)
 
 
 def prefix_cache_scorer(p: Params) -> PrefixCacheScorer:

@@ -17,6 +17,7 @@ from epp.scheduling.latency import (
     LatencyModel,
     LatencyPriors,
     RobustLine,
+    TokenRatio,
 )
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.latency import PredictedLatencyScorer, predicted_latency_scorer
@@ -380,3 +381,29 @@ def test_a_copy_beyond_the_groups_homes_costs_a_miss_more() -> None:
         hot.on_routed(rare, SchedulingResult((state(1).endpoint,)), snap)
     c = hot.score(cycle(model, loads), [state(1), state(2)])
     assert c[1] > c[0]
+
+
+def test_characters_per_token_are_learned_from_usage_and_bounded() -> None:
+    ratio = TokenRatio()
+    assert ratio.chars_per_token == 4.0
+    ratio.observe(10, 10)  # too short to teach anything (mostly template)
+    assert ratio.chars_per_token == 4.0
+    for _ in range(20):  # a byte tokenizer: a character a token
+        ratio.observe(1000, 1000)
+    assert 1.0 < ratio.chars_per_token < 1.2  # the prior (4 x 1,000 tokens) fading
+    for _ in range(2000):  # old traffic fades: now 2 characters a token
+        ratio.observe(1000, 500)
+    assert ratio.chars_per_token == pytest.approx(2.0, abs=0.05)
+    for _ in range(2000):
+        ratio.observe(1000, 10_000)  # 0.1: kept at the lower bound
+    assert ratio.chars_per_token == TokenRatio.BOUNDS[0]
+
+
+def test_a_parsed_request_estimates_tokens_with_the_ratio_it_was_given() -> None:
+    body = b'{"model": "m", "prompt": "' + b"x" * 100 + b'"}'
+    request, _ = parse_request("r", {}, body)
+    assert request.prompt_tokens == 25  # 4 characters a token until learned
+    request, _ = parse_request("r", {}, body, chars_per_token=1.0)
+    assert request.prompt_tokens == 100
+    request, _ = parse_request("r", {}, body, chars_per_token=3.0)
+    assert request.prompt_tokens == 34  # rounded up

@@ -474,9 +474,27 @@ def test_prefix_index_capacity_shrinks_with_the_servers_kv_usage() -> None:
         req = InferenceRequest(str(i), "m", "/", prompt=f"{i}" * 640)
         scorer.on_routed(req, SchedulingResult((busy.endpoint,)), snap)
     assert scorer.index.size() == 16
-    assert scorer._capacity(busy.metrics) == 16
+    assert scorer._capacity(busy.metrics, 4.0) == 16
     fixed = prefix.prefix_cache_scorer(Params("t", {"shrinkWithKvUsage": False}))
-    assert fixed._capacity(busy.metrics) == 64
+    assert fixed._capacity(busy.metrics, 4.0) == 64
+
+
+def test_a_byte_tokenizer_gives_the_index_a_quarter_of_the_blocks_in_characters() -> None:
+    """The server reports its KV in tokens; the index counts 64-character blocks. With
+    1 character a token (as learned), 64 x 16 tokens hold 16 of them, not 64, and the
+    index forgets what no longer fits."""
+    server = state(1, num_blocks=64, block_size=16)
+    snap = Snapshot((server,), {})
+    scorer = prefix.prefix_cache_scorer(Params("t", {}))
+    assert scorer._capacity(server.metrics, 1.0) == 16
+    for i in range(3):  # three prompts of 10 blocks each; only the newest fits
+        req = InferenceRequest(str(i), "m", "/", prompt=f"{i}" * 640, chars_per_token=1.0)
+        assert req.prompt_tokens == 640
+        assert scorer.block_tokens_of(req) == 64.0
+        scorer.on_routed(req, SchedulingResult((server.endpoint,)), snap)
+    assert scorer.index.size() == 16
+    assert scorer.free_blocks(server, 1.0) == 0  # full: 16 held of 16
+    assert scorer.free_blocks(server, 4.0) == 48  # 16 held of 64
 
 
 def test_prefix_score_is_withheld_from_an_endpoint_far_above_the_mean_load() -> None:
