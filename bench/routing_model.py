@@ -328,7 +328,10 @@ async def one_request(
     routed = None
     if router is not None:
         headers = {**PATH_HEADERS, **p.headers}
-        request, _ = parse_request(f"r{index}", headers, p.data)
+        # token estimates divide by the ratio the router learned, as in `epp serve`
+        request, _ = parse_request(
+            f"r{index}", headers, p.data, chars_per_token=router.chars_per_token
+        )
         try:  # admission (flow control, when the config turns it on), then routing
             admitted = router.admit(request, len(p.data))
             routed = await admitted.result if isinstance(admitted, Waiting) else admitted
