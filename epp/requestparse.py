@@ -7,6 +7,7 @@ The body is parsed exactly once, here. Anything wrong with it raises a
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,12 +53,15 @@ def parse_request(
         raise BadRequestError(
             f"'model' must be a non-empty string, got {_json_kind(model)}", code="invalid_model"
         )
+    prompt, token_count = parse_prompt(doc)
+    if token_count is not None:  # its text spells each id in TOKEN_ID_CHARS characters
+        chars_per_token = TOKEN_ID_CHARS
     return (
         InferenceRequest(
             request_id=request_id,
             model=model,
             path=path,
-            prompt=prompt_text(doc),
+            prompt=prompt,
             stream=doc.get("stream") is True,
             max_tokens=_max_tokens(doc),
             headers=headers,
@@ -66,6 +70,7 @@ def parse_request(
             slo_tpot_ms=slo_tpot,
             body=doc,
             chars_per_token=chars_per_token,
+            prompt_token_count=token_count,
         ),
         doc,
     )
@@ -100,21 +105,53 @@ def _slo(headers: Mapping[str, str], names: tuple[str, ...]) -> float | None:
     return None
 
 
-def prompt_text(doc: Mapping[str, Any]) -> str:
-    """The prompt as one string: completions' ``prompt`` (strings joined, token ids as
-    4 characters each so length/4 still estimates tokens), or chat ``messages`` as
-    ``role: content`` lines (roles are part of what a server caches)."""
+def parse_prompt(doc: Mapping[str, Any]) -> tuple[str, int | None]:
+    """The prompt as one string, and its tokens when known exactly (None: to be
+    estimated from the string's length): completions' ``prompt`` (strings joined, or
+    token ids as :func:`token_id_prompt` reads them), or chat ``messages`` as ``role:
+    content`` lines (roles are part of what a server caches)."""
     prompt = doc.get("prompt")
     if prompt is not None:
-        return _text(prompt)
+        ids = token_id_prompt(prompt)
+        return (_text(prompt), None) if ids is None else ids
     messages = doc.get("messages")
     if isinstance(messages, list):
-        return "".join(
+        text = "".join(
             f"{m.get('role', '')}: {_text(m.get('content'))}\n"
             for m in messages
             if isinstance(m, dict)
         )
-    return ""
+        return text, None
+    return "", None
+
+
+# characters a token id is spelled in, in a prompt's text (what the prefix index hashes:
+# its blocks, sized for 4 characters a token, then hold whole ids)
+TOKEN_ID_CHARS = CHARS_PER_TOKEN
+
+
+def token_id_prompt(value: Any) -> tuple[str, int] | None:
+    """A prompt of token ids (a list of integers, or a batch: a list of such lists) as
+    (text, count): the text spells each id in ``TOKEN_ID_CHARS`` characters, the count
+    is exact (a batch's ids all count). None when ``value`` is not one. Every parser of
+    a token-id prompt reads it here, so its tokens are counted, never estimated."""
+    if not isinstance(value, list) or not value:
+        return None
+    batch = value if isinstance(value[0], list) else [value]
+    count = 0
+    for ids in batch:
+        if not isinstance(ids, list):
+            return None
+        try:  # every one an integer (checked in C: a prompt may hold many thousands)
+            array("q", ids)
+        except (TypeError, OverflowError):
+            return None
+        count += len(ids)
+    return "".join(_id_text(ids) for ids in batch), count
+
+
+def _id_text(ids: list[int]) -> str:
+    return "".join([f"{i % 10000:04d}" for i in ids])
 
 
 def _text(value: Any) -> str:
@@ -124,7 +161,7 @@ def _text(value: Any) -> str:
         parts = []
         for item in value:
             if isinstance(item, int):
-                parts.append(f"{item % 10000:04d}")
+                parts.append(_id_text([item]))
             elif isinstance(item, dict):  # chat content parts
                 parts.append(_text(item.get("text")))
             else:

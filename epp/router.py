@@ -73,7 +73,9 @@ class Routed:
     scheduling_s: float = 0.0  # how long the pick took (traces)
     on_release: Callable[[], None] | None = None  # once, when it stops being in flight
     deferred: DeferredDecode | None = None  # its decode endpoint is not chosen yet
-    prompt_chars: int = 0  # the prompt text's length (to learn characters per token)
+    # the prompt text's length, to learn characters per token from (0: nothing to
+    # learn, e.g. a prompt of token ids, whose tokens were counted)
+    prompt_chars: int = 0
 
     def release(self) -> None:
         self.ticket.release()
@@ -339,7 +341,7 @@ class Router:
             streaming=request.stream,
             scheduling_s=seconds,
             deferred=deferred,
-            prompt_chars=len(request.prompt),
+            prompt_chars=len(request.prompt) if request.prompt_token_count is None else 0,
         )
         if labels is not None:
             routed.on_release = self.metrics.llmd.started(*labels)

@@ -139,7 +139,7 @@ class InferenceRequest:
     model: str | None
     path: str
     # The prompt as one string (chat: "role: content" lines), what prefix-cache
-    # affinity hashes; tokens are estimated as len(prompt) / 4.
+    # affinity hashes; its tokens are estimated from its length (see prompt_tokens).
     prompt: str = ""
     stream: bool = False
     max_tokens: int | None = None
@@ -155,12 +155,20 @@ class InferenceRequest:
     # ``model`` names an adapter of the EPP's LoRA catalogue (config ``lora.adapters``)
     lora_adapter: bool = False
     # characters per engine token, as learned from the servers' usage reports
-    # (scheduling/latency.py TokenRatio); the estimate of prompt_tokens
+    # (scheduling/latency.py TokenRatio); the estimate of prompt_tokens (4 for a prompt
+    # of token ids: its text spells each id in 4 characters)
     chars_per_token: float = CHARS_PER_TOKEN
+    # the prompt's tokens when known exactly (a prompt of token ids, counted): then
+    # nothing is estimated, and its characters teach nothing about chars_per_token
+    prompt_token_count: int | None = None
 
     @property
     def prompt_tokens(self) -> int:
-        """Estimated prompt tokens (``chars_per_token`` characters each), at least 1."""
+        """The prompt's tokens, at least 1: ``prompt_token_count`` when known, else
+        estimated (``chars_per_token`` characters each). What every token estimate of a
+        request asks."""
+        if self.prompt_token_count is not None:
+            return max(1, self.prompt_token_count)
         return max(1, math.ceil(len(self.prompt) / self.chars_per_token))
 
 

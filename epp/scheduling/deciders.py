@@ -16,7 +16,7 @@ class CachedTokens(Protocol):
     """Something that estimates which share of the prompt an endpoint caches (the
     prefix-cache scorer: matched blocks / hashed blocks, 0..1), and the prompt's length
     in tokens (the engine's count where the precise scorer tokenized it, else the
-    characters / 4 estimate)."""
+    request's :attr:`~epp.types.InferenceRequest.prompt_tokens`)."""
 
     def cached_fraction(self, ctx: CycleContext, address: str) -> float: ...
 

@@ -90,7 +90,8 @@ class PrefixCacheScorer:
 
     def prompt_tokens(self, ctx: CycleContext) -> int:
         """The prompt's length in tokens: this index knows characters only, so the
-        request's estimate (characters / the learned characters per token)."""
+        request's (its token ids counted, else characters / the learned characters per
+        token)."""
         return ctx.request.prompt_tokens
 
     def block_tokens_of(self, request: InferenceRequest) -> float:

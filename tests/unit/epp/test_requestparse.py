@@ -2,7 +2,7 @@ import orjson
 import pytest
 
 from epp.errors import BadRequestError
-from epp.requestparse import parse_request, prompt_text
+from epp.requestparse import parse_prompt, parse_request
 
 HEADERS = {":path": "/v1/completions?x=1", ":method": "POST"}
 
@@ -42,9 +42,9 @@ def test_bad_bodies_say_what_is_wrong(body: bytes, code: str, fragment: str) -> 
 
 
 def test_prompt_text_for_every_prompt_form() -> None:
-    assert prompt_text({"prompt": "hello"}) == "hello"
-    assert prompt_text({"prompt": ["ab", "cde"]}) == "abcde"
-    assert len(prompt_text({"prompt": [1, 2, 30000]})) == 12  # token ids ~ 4 chars each
+    assert parse_prompt({"prompt": "hello"}) == ("hello", None)
+    assert parse_prompt({"prompt": ["ab", "cde"]}) == ("abcde", None)
+    assert parse_prompt({"prompt": [1, 2, 30000]}) == ("000100020000", 3)  # ids: counted
     chat = {
         "messages": [
             {"role": "system", "content": "abc"},
@@ -52,8 +52,8 @@ def test_prompt_text_for_every_prompt_form() -> None:
             "garbage",
         ]
     }
-    assert prompt_text(chat) == "system: abc\nuser: defg\n"
-    assert prompt_text({"model": "m"}) == ""
+    assert parse_prompt(chat) == ("system: abc\nuser: defg\n", None)
+    assert parse_prompt({"model": "m"}) == ("", None)
 
 
 def test_max_completion_tokens_wins_and_bad_limits_are_ignored() -> None:
