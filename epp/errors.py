@@ -13,7 +13,8 @@ raises on purpose, and one branch of it is what a client may see.
     │   ├── ShedError                429 rate_limit_exceeded     admission shed it
     │   │   └── QueueFullError       429 (queue_full)            flow control's limits
     │   ├── NoEndpointError          503 service_unavailable     no endpoint can serve it
-    │   │   └── QueueTimeoutError    503 (queue_timeout)         waited its time limit
+    │   ├── QueueTimeoutError        429 or 503 (queue_timeout)  waited its time limit
+    │   ├── ShuttingDownError        503 service_unavailable     the EPP is stopping
     │   ├── PrefillRejectedError     400-451 as the prefill server answered, with its body
     │   └── PlacementError           (placement.py)              a server refused a LoRA
     │                                                            load or unload: its status
@@ -42,6 +43,10 @@ files, entry points, names, pools, engine reports) are also ValueErrors (``class
 ConfigError(InternalError, ValueError)``): parsing code that catches ``ValueError``
 catches them too.
 
+A refused request (shed, no endpoint, timed out in the queue, shutting down) is a
+*drop* in the llm-d Router's terms: its class names llm-d's reason
+(``dropped_reason``), sent as the ``x-llm-d-request-dropped-reason`` header.
+
 The ext_proc stream maps a :class:`ClientVisibleError` to an ImmediateResponse in one
 place (the admin API answers :class:`BadInput` in the same JSON shape); any other
 exception reaching the stream becomes a plain 500 that names nothing inside. Foreign
@@ -62,6 +67,9 @@ class ClientVisibleError(EppError):
 
     status: int = 500  # per class; an error relayed from upstream sets its own
     error_type: str = "internal_error"
+    # the llm-d Router's reason for dropping the request (DROPPED_REASON_HEADER); None:
+    # not a drop (the request itself is wrong, or the EPP failed)
+    dropped_reason: str | None = None
 
     def __init__(
         self, message: str, code: str | None = None, retry_after_s: int | None = None
@@ -100,9 +108,22 @@ class ModelNotFoundError(ClientVisibleError):
     error_type = "invalid_request_error"
 
 
+# The response header that says why the EPP dropped a request, and its values (the
+# llm-d Router's).
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+SATURATED = "rejected-saturated"
+NO_ENDPOINTS = "rejected-no-endpoints"
+TTL_EXPIRED = "rejected-ttl-expired"
+SHUTTING_DOWN = "rejected-shutting-down"
+
+
 class ShedError(ClientVisibleError):
+    """No room for the request: the pool is saturated and it is sheddable, or flow
+    control cannot hold it."""
+
     status = 429
     error_type = "rate_limit_exceeded"
+    dropped_reason = SATURATED
 
 
 class QueueFullError(ShedError):
@@ -113,10 +134,34 @@ class QueueFullError(ShedError):
 class NoEndpointError(ClientVisibleError):
     status = 503
     error_type = "service_unavailable"
+    dropped_reason = NO_ENDPOINTS
 
 
-class QueueTimeoutError(NoEndpointError):
-    """The request waited its time limit in flow control's queue."""
+class QueueTimeoutError(ClientVisibleError):
+    """The request waited its time limit in flow control's queue: 429 while the pool
+    has endpoints (all of them busy), 503 when it has none."""
+
+    dropped_reason = TTL_EXPIRED
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pool_empty: bool,
+        code: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message, code, retry_after_s)
+        like = NoEndpointError if pool_empty else ShedError
+        self.status, self.error_type = like.status, like.error_type
+
+
+class ShuttingDownError(ClientVisibleError):
+    """The EPP is stopping: it takes no request (held ones are answered at once)."""
+
+    status = 503
+    error_type = "service_unavailable"
+    dropped_reason = SHUTTING_DOWN
 
 
 class PrefillRejectedError(ClientVisibleError):

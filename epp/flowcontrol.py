@@ -28,7 +28,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from epp.errors import ClientVisibleError, NoEndpointError, QueueFullError, QueueTimeoutError
+from epp.datastore import Datastore
+from epp.errors import ClientVisibleError, QueueFullError, QueueTimeoutError, ShuttingDownError
 from epp.metrics import EppMetrics
 from epp.scheduling.flowqueue import FlowControlConfig, FlowQueues, Held
 from epp.scheduling.holding import Hold
@@ -85,7 +86,15 @@ class FlowController:
         self._closed = False
         self._pump_soon: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
+        # the pool has no endpoint (see follow)
+        self._pool_empty: Callable[[], bool] = lambda: False
         metrics.report_flow_queues(self.queues.sizes)
+
+    def follow(self, datastore: Datastore) -> None:
+        """Watch ``datastore``: its in-flight releases may free room, and whether it has
+        endpoints decides a timed-out request's status."""
+        datastore.on_release(self.released)
+        self._pool_empty = lambda: not datastore.snapshot().endpoints
 
     @property
     def idle(self) -> bool:
@@ -114,11 +123,7 @@ class FlowController:
         else as :class:`Waiting`. ``release`` undoes a dispatch whose client left
         before it saw it. Raises QueueFullError when the request cannot be held."""
         if self._closed:
-            raise NoEndpointError(
-                "the endpoint picker is shutting down; retry",
-                code="shutting_down",
-                retry_after_s=self.cfg.retry_after_s,
-            )
+            raise self._shutting_down()
         now = self._clock()
         slo = request.slo_ttft_ms
         due = now + (slo / 1000.0 if slo is not None else self.cfg.queue_timeout_s)
@@ -177,6 +182,7 @@ class FlowController:
                 QueueTimeoutError(
                     f"the request waited {now - item.enqueued_at:.1f}s in the flow-control "
                     "queue, its limit, without room on any endpoint; retry later",
+                    pool_empty=self._pool_empty(),
                     code="queue_timeout",
                     retry_after_s=self.cfg.retry_after_s,
                 ),
@@ -302,19 +308,17 @@ class FlowController:
         self._closed = True
         now = self._clock()
         for item in self.queues.drain():
-            self._fail(
-                item,
-                EVICTED_OTHER,
-                NoEndpointError(
-                    "the endpoint picker is shutting down; retry",
-                    code="shutting_down",
-                    retry_after_s=self.cfg.retry_after_s,
-                ),
-                now,
-            )
+            self._fail(item, EVICTED_OTHER, self._shutting_down(), now)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _shutting_down(self) -> ShuttingDownError:
+        return ShuttingDownError(
+            "the endpoint picker is shutting down; retry",
+            code="shutting_down",
+            retry_after_s=self.cfg.retry_after_s,
+        )
 
     def status(self) -> dict[str, Any]:
         """What /status shows: totals and each (band, flow) queue."""

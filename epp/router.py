@@ -135,7 +135,7 @@ class Router:
         self.placement = placement
         # admission: holds requests while no endpoint has room (on by default)
         self.flow = flow or FlowController(FlowControlConfig(), metrics)
-        datastore.on_release(self.flow.released)
+        self.flow.follow(datastore)
         # request traces (epp serve --tracing); None: none, and no trace objects at all
         self.tracer = tracer
         self._routed = metrics.requests.labels("routed")

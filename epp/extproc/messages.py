@@ -17,7 +17,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
-from epp.errors import ClientVisibleError
+from epp.errors import DROPPED_REASON_HEADER, ClientVisibleError
 
 # Envoy rejects larger streamed_response chunks (docs/architecture.md, Endpoint Picker Protocol).
 MAX_CHUNK_BYTES = 62_000
@@ -108,10 +108,13 @@ def response_body_echo(data: bytes, end_of_stream: bool) -> ProcessingResponse:
 
 
 def immediate(error: ClientVisibleError) -> ProcessingResponse:
-    """An error answered by Envoy on our behalf, OpenAI-shaped JSON body."""
+    """An error answered by Envoy on our behalf, OpenAI-shaped JSON body; a dropped
+    request also says why (``x-llm-d-request-dropped-reason``)."""
     headers = [("content-type", "application/json")]
     if error.retry_after_s is not None:
         headers.append(("retry-after", str(error.retry_after_s)))
+    if error.dropped_reason is not None:
+        headers.append((DROPPED_REASON_HEADER, error.dropped_reason))
     return ProcessingResponse(
         immediate_response=ImmediateResponse(
             status=HttpStatus(code=error.status),

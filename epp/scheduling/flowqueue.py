@@ -144,7 +144,7 @@ class FlowControlConfig:
     queue_timeout_s: float = setting(
         30.0,
         "queueTimeoutSeconds",
-        "how long a request may wait (503 queue_timeout)",
+        "how long a request may wait (429 queue_timeout)",
         minimum=0.001,
     )
     max_queue_timeout_s: float = setting(

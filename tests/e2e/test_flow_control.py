@@ -112,12 +112,14 @@ def test_queue_timeout_gives_the_json_error(stack: LocalStack) -> None:
     with ThreadPoolExecutor(4) as pool:
         busy = fill(stack, pool)
         status, _, raw, headers = complete(stack, "impatient", 5, {"x-epp-queue-timeout-ms": "300"})
-        assert status == 503, raw
+        assert status == 429, raw  # the pool has endpoints, all busy
         error = orjson.loads(raw)["error"]
-        assert error["code"] == "queue_timeout" and error["type"] == "service_unavailable"
+        assert error["code"] == "queue_timeout" and error["type"] == "rate_limit_exceeded"
         assert headers.get("retry-after") == "1"
-        status, _, raw, _ = complete(stack, "bad", 5, {"x-epp-queue-timeout-ms": "soon"})
+        assert headers.get("x-llm-d-request-dropped-reason") == "rejected-ttl-expired"
+        status, _, raw, headers = complete(stack, "bad", 5, {"x-epp-queue-timeout-ms": "soon"})
         assert status == 400 and orjson.loads(raw)["error"]["code"] == "invalid_queue_timeout"
+        assert "x-llm-d-request-dropped-reason" not in headers
         assert all(f.result(timeout=60)[0] == 200 for f in busy)
     idle(stack)
 

@@ -65,6 +65,7 @@ def test_held_requests_are_answered_at_shutdown(transport: str, tmp_path: Path) 
                     answer += chunk
             head, _, payload = answer.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head.lower()
+            assert b"x-llm-d-request-dropped-reason: rejected-shutting-down" in head.lower()
             assert orjson.loads(payload)["error"]["code"] == "shutting_down"
             while busy.recv(65536):  # the routed one still finishes
                 pass

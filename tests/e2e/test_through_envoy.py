@@ -225,4 +225,5 @@ def test_no_endpoint_is_503() -> None:
         )
     assert status == 503
     assert headers["content-type"] == "application/json"
+    assert headers["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
     assert json.loads(raw)["error"]["code"] == "no_endpoint"

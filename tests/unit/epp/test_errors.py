@@ -18,10 +18,15 @@ from epp.errors import (
     ClientVisibleError,
     EppError,
     InternalError,
+    ModelNotFoundError,
     NoEndpointError,
     PrefillRejectedError,
+    QueueFullError,
+    QueueTimeoutError,
     ShedError,
+    ShuttingDownError,
 )
+from epp.extproc.messages import immediate
 
 # both gRPC transports register grpc.health.v1, so one process imports only one of
 # them (neither defines an exception)
@@ -108,3 +113,30 @@ def test_a_prefill_rejection_relays_an_openai_body_and_wraps_any_other() -> None
             "code": "prefill_rejected",
         }
     }
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "reason"),
+    [
+        (ShedError("x"), 429, "rejected-saturated"),
+        (QueueFullError("x"), 429, "rejected-saturated"),
+        (NoEndpointError("x"), 503, "rejected-no-endpoints"),
+        (QueueTimeoutError("x", pool_empty=False), 429, "rejected-ttl-expired"),
+        (QueueTimeoutError("x", pool_empty=True), 503, "rejected-ttl-expired"),
+        (ShuttingDownError("x"), 503, "rejected-shutting-down"),
+        # not drops: the request itself is wrong, or the EPP failed
+        (BadRequestError("x"), 400, None),
+        (BodyTooLargeError("x"), 413, None),
+        (ModelNotFoundError("x"), 404, None),
+        (PrefillRejectedError(422, b"{}", "x"), 422, None),
+        (ClientVisibleError("x"), 500, None),
+    ],
+)
+def test_a_dropped_request_says_why_as_the_llm_d_router_does(
+    error: ClientVisibleError, status: int, reason: str | None
+) -> None:
+    reply = immediate(error).immediate_response
+    headers = {h.header.key: h.header.raw_value.decode() for h in reply.headers.set_headers}
+    assert reply.status.code == status
+    assert headers.get("x-llm-d-request-dropped-reason") == reason
+    assert headers["content-type"] == "application/json"

@@ -11,7 +11,13 @@ import pytest
 
 from epp.config import build_scheduler
 from epp.datastore import Datastore
-from epp.errors import NoEndpointError, QueueTimeoutError, ShedError
+from epp.errors import (
+    SHUTTING_DOWN,
+    TTL_EXPIRED,
+    QueueTimeoutError,
+    ShedError,
+    ShuttingDownError,
+)
 from epp.flowcontrol import FlowController, Waiting
 from epp.metrics import EppMetrics
 from epp.router import Routed, Router
@@ -87,19 +93,28 @@ async def test_a_client_that_leaves_is_removed_at_once() -> None:
     assert router.datastore.in_flight("10.0.0.1:8000") == 0
 
 
-async def test_time_limit_gives_queue_timeout_with_retry_after() -> None:
+@pytest.mark.parametrize(
+    ("pool_left", "status", "error_type"),
+    [(True, 429, "rate_limit_exceeded"), (False, 503, "service_unavailable")],
+)
+async def test_time_limit_gives_queue_timeout_with_retry_after(
+    pool_left: bool, status: int, error_type: str
+) -> None:
     clock = Clock()
     router = make_router(clock)
     first = router.admit(req("a"), 1)
     waiting = router.admit(req("b", **{"x-epp-queue-timeout-ms": "50"}), 1)
     assert isinstance(first, Routed) and isinstance(waiting, Waiting)
     assert waiting.limit_s == 0.05
+    if not pool_left:  # 429 while the pool has endpoints, else 503
+        router.datastore.remove("10.0.0.1:8000")  # draining: its request still runs
     task = asyncio.ensure_future(waiting.result)
     clock.now += 0.06
     with pytest.raises(QueueTimeoutError) as timeout:
         await asyncio.wait_for(task, 1)  # the controller's own timer fires
     error = timeout.value
-    assert (error.status, error.code, error.retry_after_s) == (503, "queue_timeout", 1)
+    assert (error.status, error.code, error.retry_after_s) == (status, "queue_timeout", 1)
+    assert (error.error_type, error.dropped_reason) == (error_type, TTL_EXPIRED)
     assert router.flow.idle and count(router, "EvictedTTL") == 1
     first.release()
 
@@ -188,10 +203,11 @@ async def test_sheddable_and_disabled_and_shutdown() -> None:
     waiting = router.admit(req("b"), 1)
     assert isinstance(waiting, Waiting)
     router.flow.close()
-    with pytest.raises(NoEndpointError) as closed:
+    with pytest.raises(ShuttingDownError) as closed:
         await waiting.result
     assert closed.value.code == "shutting_down" and closed.value.status == 503
-    with pytest.raises(NoEndpointError):
+    assert closed.value.dropped_reason == SHUTTING_DOWN
+    with pytest.raises(ShuttingDownError):
         router.admit(req("c"), 1)
 
 
