@@ -25,11 +25,10 @@ decoder), so a test can check one against the other.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from epp_harness.sim.config import CHARS_PER_TOKEN
+from epp_harness.sim.hf_files import write_hf_tokenizer
 
 # space and the 15 most frequent English letters: random ids decode to word-like text
 ALPHABET = " etaoinshrdlcumw"
@@ -91,38 +90,26 @@ def id_text(token_id: int) -> str:
     return "".join(reversed(chars))
 
 
-def tokenizer_json() -> dict[str, Any]:
-    """The ``tokenizer.json`` document of this tokenizer."""
-    vocab = {id_text(i): i for i in range(UNKNOWN_ID)}
-    vocab[UNKNOWN_TEXT] = UNKNOWN_ID
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": {
-            "type": "Split",
-            "pattern": {"Regex": PIECE_PATTERN},
-            "behavior": "Isolated",
-            "invert": False,
-        },
-        "post_processor": None,
-        "decoder": {"type": "Fuse"},
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": UNKNOWN_TEXT},
-    }
-
-
 def write_tokenizer_files(directory: Path) -> Path:
     """Write this tokenizer as ``tokenizer.json`` + ``tokenizer_config.json`` (with a
     chat template that joins the messages' texts, as the simulator counts a chat)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "tokenizer.json").write_text(json.dumps(tokenizer_json(), ensure_ascii=False))
+    vocab = {id_text(i): i for i in range(UNKNOWN_ID)}
+    vocab[UNKNOWN_TEXT] = UNKNOWN_ID
+    split = {
+        "type": "Split",
+        "pattern": {"Regex": PIECE_PATTERN},
+        "behavior": "Isolated",
+        "invert": False,
+    }
     config = {
         "chat_template": CHAT_TEMPLATE,
-        "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
         "model_max_length": 1_000_000,
     }
-    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    return directory
+    return write_hf_tokenizer(
+        directory,
+        pre_tokenizer=split,
+        model={"type": "WordLevel", "vocab": vocab, "unk_token": UNKNOWN_TEXT},
+        decoder={"type": "Fuse"},
+        config=config,
+    )
