@@ -159,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.rates = sorted(args.rates)
+    args.iperf = args.iperf.absolute()  # it runs in each policy's work directory
     if not args.iperf.exists():
         print(
             f"inference-perf: {args.iperf} is missing: make bench-inference-perf", file=sys.stderr
