@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run test test-vllm test-compose lint typecheck bench bench-overhead bench-decision bench-scrape \
-	bench-kv-events bench-routing bench-lora bench-pd bench-fairness clean
+	bench-kv-events bench-routing bench-lora bench-pd bench-fairness bench-inference-perf clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -139,5 +139,29 @@ bench-routing: $(STAMP)
 bench-pd: $(STAMP)
 	$(BIN)/python -m bench.pd
 
+# inference-perf (kubernetes-sigs) as the client (opt-in, not part of `make bench`; about
+# 5 minutes): its shared_prefix data, unchanged, through Envoy round robin and Envoy + the
+# EPP on 4 simulators (bench/inference_perf.py; bench/results/inference-perf.*).
+# inference-perf needs Python >= 3.12 and gets a venv of its own: IPERF_PYTHON names the
+# interpreter (default: the first found by tools/python312.sh). Other rates or stage
+# lengths, e.g.
+#   make bench-inference-perf IPERF_ARGS="--rates 5 9 12 --duration 120"
+IPERF_VENV := .venv-iperf
+IPERF_STAMP := $(IPERF_VENV)/.installed
+IPERF_VERSION ?= 0.7.0
+IPERF_PYTHON ?=
+IPERF_ARGS ?=
+
+$(IPERF_STAMP):
+	@py=$$(bash tools/python312.sh $(IPERF_PYTHON)) || exit 2; \
+		echo "bench-inference-perf: inference-perf $(IPERF_VERSION) into $(IPERF_VENV) ($$py)"; \
+		rm -rf $(IPERF_VENV) && $$py -m venv $(IPERF_VENV) && \
+		$(IPERF_VENV)/bin/python -m pip install --quiet 'inference-perf==$(IPERF_VERSION)'
+	touch $(IPERF_STAMP)
+
+bench-inference-perf: $(STAMP) $(IPERF_STAMP)
+	$(BIN)/python -m bench.inference_perf --iperf $(IPERF_VENV)/bin/inference-perf $(IPERF_ARGS)
+	$(BIN)/python -m bench.results_index
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .venv-compose .cache/tiny-llama .cache/compose .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(IPERF_VENV) .venv-compose .cache/tiny-llama .cache/compose .pytest_cache .mypy_cache .ruff_cache

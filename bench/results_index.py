@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bench import pd_report
+from bench import inference_perf_report, pd_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 INDEX = RESULTS / "README.md"
@@ -147,6 +147,17 @@ BENCHMARKS = [
         "Poisson arrivals at fractions of the aggregated pool's estimated capacity up to "
         "past it. Per cell: TTFT, ITL and e2e p50/p90/p99, throughput, the share "
         "disaggregated, goodput (TTFT and the request's own p90 ITL within their SLOs).",
+    ),
+    (
+        "inference-perf",
+        "inference-perf (kubernetes-sigs), installed unchanged in a venv of its own, as "
+        "the client (`bench/inference_perf.py`): its `shared_prefix` data (16 groups of "
+        "1,500-token system prompts, 150-token questions, 32 output tokens, streaming) "
+        "at Poisson 5 and 9 req/s, 60 s each, through Envoy round robin and Envoy + the "
+        "EPP on 4 simulators (4 sequences each, free KV for 1.6 copies of all prefixes); "
+        "its own numbers side by side: KV-cache hit %, TTFT mean/p50/p90, throughput, "
+        "requests and errors. Needs Python >= 3.12 (`IPERF_PYTHON`); not part of "
+        "`make bench`",
     ),
 ]
 
@@ -518,6 +529,21 @@ def pd_section() -> list[str]:
     return out[:-1]
 
 
+def inference_perf_section() -> list[str]:
+    out = ["## inference-perf as the client", ""]
+    for name in names("inference-perf"):
+        data = load(name)
+        meta = data["meta"]
+        out += [f"### {link(name)}: {meta['date']}", ""]
+        if meta.get("note"):
+            out += [meta["note"], ""]
+        out += [*inference_perf_report.table(data["rows"]), ""]
+    if len(out) == 2:
+        out.append("No run committed yet: `make bench-inference-perf` writes one.")
+        out.append("")
+    return out[:-1]
+
+
 def benchmarks_table() -> list[str]:
     rows = [[name, f"`make bench-{name}`", what] for name, what in BENCHMARKS]
     return table(["benchmark", "run it", "what it measures"], rows, right_from=9)
@@ -578,6 +604,7 @@ def render() -> str:
         routing_section(),
         lora_section(),
         pd_section(),
+        inference_perf_section(),
         ["## Other measurements", "", *[f"- {m}" for m in OTHER_MEASUREMENTS]],
     ]
     return "\n\n".join("\n".join(s) for s in sections) + "\n"

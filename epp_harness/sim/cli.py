@@ -17,12 +17,12 @@ from pathlib import Path
 from aiohttp import web
 
 from epp.readyfile import write_ready
+from epp_harness.sim import chunk_tokenizer, tokenizer
 from epp_harness.sim.config import address
 from epp_harness.sim.flags import add_arguments, config_from_args
 from epp_harness.sim.kv_routes import make_bootstrap_app
 from epp_harness.sim.orca import OrcaServer
 from epp_harness.sim.server import SIM_SERVER, make_app
-from epp_harness.sim.tokenizer import write_tokenizer_files
 
 # the subcommand contract of epp.cli
 __all__ = ["add_arguments", "run"]
@@ -129,8 +129,9 @@ async def _serve(args: argparse.Namespace) -> int:
             ready["kv_events_port"] = events_port
             if replay_port is not None:
                 ready["kv_events_replay_port"] = replay_port
-        if args.write_tokenizer:
-            write_tokenizer_files(Path(args.write_tokenizer))
+        if args.write_tokenizer:  # the tokenizer this instance counts with
+            writer = chunk_tokenizer if publisher is None else tokenizer
+            writer.write_tokenizer_files(Path(args.write_tokenizer))
         write_ready(args.ready_file, ready)
         log.info("simulating %r as %s on %s: %s", config.model, config.instance_id, url, config)
         await stop.wait()

@@ -158,9 +158,11 @@ def _add_kv_event_arguments(parser: argparse.ArgumentParser, d: SimConfig) -> No
         "--write-tokenizer",
         default=None,
         metavar="DIR",
-        help="write the simulator's tokenizer as tokenizer.json and tokenizer_config.json "
-        "(with its chat template) into DIR at start, for the EPP's precise-prefix-cache-"
-        "scorer `tokenizer` parameter",
+        help="write the tokenizer this instance counts with as tokenizer.json and "
+        "tokenizer_config.json (with its chat template) into DIR at start: with KV events "
+        "the byte tokenizer, for the EPP's precise-prefix-cache-scorer `tokenizer` "
+        "parameter; without, the 4-characters-per-token one, for a benchmark client "
+        "(docs/simulator.md#tokenizers)",
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from epp_harness.sim.config import CHARS_PER_TOKEN
+from epp_harness.sim.chunk_tokenizer import count_tokens
 
 # No real model can generate more in one request; it also bounds the work a single
 # non-streaming request can make the simulator do.
@@ -78,8 +78,9 @@ class GenerationRequest:
 
 
 def text_tokens(text: str) -> int:
-    """Simulated token count of a text: ceil(chars / 4)."""
-    return -(-len(text) // CHARS_PER_TOKEN)
+    """Simulated token count of a text without KV events: ceil(chars / 4), the count
+    of epp_harness.sim.chunk_tokenizer (whose files a client can load)."""
+    return count_tokens(text)
 
 
 def is_int(value: object) -> TypeGuard[int]:

@@ -13,11 +13,11 @@ would a real model's.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from epp_harness.sim.hf_files import write_hf_tokenizer
 from epp_harness.sim.protocol import ApiKind, GenerationRequest, SimError, bad_request
 
 # what the template below renders, written once in jinja for the EPP and once in Python
@@ -108,41 +108,28 @@ def _byte_symbols() -> list[str]:
 def write_tokenizer_files(directory: Path) -> Path:
     """Write this tokenizer as ``tokenizer.json`` + ``tokenizer_config.json`` (with the
     chat template) into ``directory``, for the EPP's ``tokenizer`` parameter."""
-    directory.mkdir(parents=True, exist_ok=True)
-    vocab = {symbol: byte for byte, symbol in enumerate(_byte_symbols())}
-    tokenizer: dict[str, Any] = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": {
-            "type": "ByteLevel",
-            "add_prefix_space": False,
-            "trim_offsets": False,
-            "use_regex": False,
-        },
-        "post_processor": None,
-        "decoder": {
-            "type": "ByteLevel",
-            "add_prefix_space": False,
-            "trim_offsets": False,
-            "use_regex": False,
-        },
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": [],
-        },
+    byte_level = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": False,
+        "use_regex": False,
     }
-    (directory / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
-    config = {"chat_template": CHAT_TEMPLATE, "tokenizer_class": "PreTrainedTokenizerFast"}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    return directory
+    model: dict[str, Any] = {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": False,
+        "vocab": {symbol: byte for byte, symbol in enumerate(_byte_symbols())},
+        "merges": [],
+    }
+    return write_hf_tokenizer(
+        directory,
+        pre_tokenizer=byte_level,
+        model=model,
+        decoder=byte_level,
+        config={"chat_template": CHAT_TEMPLATE},
+    )
