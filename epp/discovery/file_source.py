@@ -26,11 +26,10 @@ import hashlib
 import logging
 from pathlib import Path
 
-from epp import argtypes
+from epp import argtypes, looptask
 from epp.datastore import Datastore
 from epp.discovery.endpoints_file import EndpointsFileError, parse
 from epp.discovery.membership_diff import apply, diff
-from epp.looptask import LoopTask
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,7 @@ class FileSource:
         self._stamp: Stamp | None = None
         self._digest = b""  # of the content last read
         self._problem = ""  # the last problem logged (each is logged once)
-        self._loop = LoopTask("endpoints-file", self._run)
+        self._loop = looptask.every(f"checking endpoints file {path}", poll_s, self.check, log)
 
     async def start(self) -> None:
         """Apply the file; OSError (naming the file and the problem) if it cannot be
@@ -96,14 +95,6 @@ class FileSource:
     async def stop(self) -> None:
         """Stop watching; the endpoints stay (the process is ending)."""
         await self._loop.stop()
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_s)
-            try:
-                await self.check()
-            except Exception:  # the watch must outlive one bad pass
-                log.exception("endpoints file %s: check failed; trying again", self.path)
 
     async def check(self) -> bool:
         """Look at the file once; apply it if it changed and is valid. True if a new
