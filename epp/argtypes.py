@@ -6,6 +6,7 @@ import argparse
 import math
 from collections.abc import Callable
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from epp.addresses import parse_address
 from epp.types import Endpoint, Role
@@ -29,6 +30,25 @@ def checked(parse: Callable[[str], T]) -> Callable[[str], T]:
 def endpoint(role: Role = Role.DECODE) -> Callable[[str], Endpoint]:
     """``HOST:PORT`` (``[v6]:port``; HOST an IP or a name) as an Endpoint of ``role``."""
     return checked(lambda text: Endpoint(*parse_address(text), role))
+
+
+def _http_url(text: str) -> str:
+    given = text.strip()
+    url = given if "://" in given else f"http://{given}"  # host:port alone: http
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{given!r}: use http:// or https://, not {parts.scheme}://")
+    if not parts.hostname:
+        raise ValueError(f"{given!r}: no host; expected [http[s]://]HOST:PORT")
+    try:
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError:
+        raise ValueError(f"{given!r}: the port is not a number 0-65535") from None
+    return url.rstrip("/")
+
+
+# ``[http[s]://]HOST:PORT[/path]``: a URL, http:// when no scheme is given
+http_url = checked(_http_url)
 
 
 def integer(text: str) -> int:

@@ -46,8 +46,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if name == command:
             module = importlib.import_module(module_name)
             module.add_arguments(p)
-            p.set_defaults(_module=module)
+            p.set_defaults(_module=module, _parser=p)
     return parser
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The parsed command line; a usage error exits 2 with the usage of the command it
+    is in (argparse leaves flags no subcommand knows to the top parser, which would
+    show the top-level usage)."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args, unknown = build_parser(command).parse_known_args(argv)
+    if unknown:
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,8 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # flags alone are `epp serve`'s: the llm-d Router chart gives the image's
         # entry point (`epp`) its EPP's arguments, with no command
         argv = ["serve", *argv]
-    command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(command).parse_args(argv)
+    args = parse(argv)
     setup_logging(level_of(args), format_of(args))
     result: int = args._module.run(args)
     return result

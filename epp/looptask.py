@@ -1,10 +1,11 @@
 """One named background task that runs until it is stopped (the ejection loop, the
-name re-resolution loop)."""
+name re-resolution loop); :func:`every` makes one that runs a step at an interval."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 
@@ -26,3 +27,20 @@ class LoopTask:
             task.cancel()
             # gather, not await: a cancel of stop() itself must not be swallowed
             await asyncio.gather(task, return_exceptions=True)
+
+
+def every(
+    name: str, interval_s: float, step: Callable[[], Awaitable[object]], log: logging.Logger
+) -> LoopTask:
+    """A task that awaits ``step()`` every ``interval_s`` seconds; a step that raises is
+    logged (``log``, naming ``name``) and the next one runs on time."""
+
+    async def run() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await step()
+            except Exception:  # the loop must outlive one bad pass
+                log.exception("%s failed; trying again next time", name)
+
+    return LoopTask(name, run)

@@ -104,7 +104,7 @@ class ConfigFile:
         try:
             st = self.path.stat()
         except OSError as exc:
-            if not self._missing:
+            if not self._missing and self._text is not None:  # what was read stays
                 log.warning(
                     "config file %s: %s; still running the config last read from it",
                     self.path,

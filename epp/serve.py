@@ -36,7 +36,7 @@ from epp.datalayer.settings import DataLayerConfig
 from epp.datastore import Datastore
 from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
 from epp.disagg.legs import AiohttpLegTransport, LegClient
-from epp.discovery import serve_pool, static
+from epp.discovery import file_source, serve_pool, static
 from epp.discovery.names import NameResolver
 from epp.discovery.poolref import PoolRef, SelectorRef
 from epp.discovery.readiness import ReadinessProbe
@@ -86,6 +86,8 @@ class ServeOptions:
     http_port: int = 9090
     health_port: int | None = None  # a plaintext gRPC health port of its own (None: none)
     endpoints: tuple[Endpoint, ...] = ()
+    endpoints_file: Path | None = None  # --endpoints-file: followed as it changes
+    endpoints_file_poll_s: float = file_source.DEFAULT_POLL_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ready_file: Path | None = None
     transport: str = DEFAULT_TRANSPORT
@@ -136,6 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "answered: docs/operations.md); 0 = any free port",
     )
     static.add_arguments(parser)
+    file_source.add_arguments(parser)
     parser.add_argument(
         "--coordinator",
         choices=sorted(COORDINATORS),
@@ -199,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         http_port=args.http_port,
         health_port=args.grpc_health_port,
+        endpoints_file=args.endpoints_file,
+        endpoints_file_poll_s=args.endpoints_file_poll_seconds,
         max_body_bytes=args.max_body_bytes,
         ready_file=args.ready_file,
         transport=args.transport,
@@ -440,6 +445,8 @@ def build(
         engine=dl.engine,
         # flags name no engine: the config's applies
         endpoints=(*cfg.endpoints, *(replace(e, engine=dl.engine) for e in opts.endpoints)),
+        endpoints_file=opts.endpoints_file,
+        endpoints_file_poll_s=opts.endpoints_file_poll_s,
         pool=opts.pool,
         selector=opts.selector,
         membership=opts.membership,

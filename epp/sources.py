@@ -6,6 +6,8 @@ config call for its source (its ``create`` returns one, or None). Built in:
 
 * ``static``: the servers ``--decode/--prefill/--endpoint/...`` and the config file's
   ``endpoints`` name (:class:`~epp.discovery.static.StaticSource`);
+* ``endpoints-file``: the servers ``--endpoints-file`` lists, followed as it changes
+  (:class:`~epp.discovery.file_source.FileSource`);
 * ``kubernetes``: an InferencePool's pods, with ``--pool-name``
   (:class:`~epp.discovery.serve_pool.PoolSource`);
 * ``kubernetes-selector``: the pods ``--endpoint-selector`` matches, on
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from aiohttp import web
@@ -28,6 +31,7 @@ from aiohttp import web
 from epp.admin.auth import ApiKeyAuth
 from epp.admin.instances import add_membership_routes
 from epp.datastore import Datastore
+from epp.discovery.file_source import DEFAULT_POLL_S, FileSource
 from epp.discovery.names import NameResolver
 from epp.discovery.poolref import PoolRef, SelectorRef
 from epp.discovery.runtime import Check, RuntimeMembership
@@ -64,6 +68,8 @@ class DiscoveryContext:
     check: Check  # is a model server ready (GET /health, or /v1/models lists --model)
     engine: str = "vllm"  # engine of endpoints that name none (dataLayer.engine)
     endpoints: tuple[Endpoint, ...] = ()  # named at start: config file, then flags
+    endpoints_file: Path | None = None  # --endpoints-file
+    endpoints_file_poll_s: float = DEFAULT_POLL_S
     pool: PoolRef | None = None  # --pool-name ...
     selector: SelectorRef | None = None  # --endpoint-selector ...
     membership: MembershipOptions = field(default_factory=MembershipOptions)
@@ -86,6 +92,14 @@ class DiscoveryKind:
 
 def _static(ctx: DiscoveryContext) -> StaticSource | None:
     return StaticSource(ctx.endpoints, ctx.names) if ctx.endpoints else None
+
+
+def _file(ctx: DiscoveryContext) -> FileSource | None:
+    if ctx.endpoints_file is None:
+        return None
+    return FileSource(
+        ctx.endpoints_file, ctx.datastore, poll_s=ctx.endpoints_file_poll_s, engine=ctx.engine
+    )
 
 
 def _kubernetes(ctx: DiscoveryContext) -> PoolSource | None:
@@ -120,6 +134,8 @@ def _admin_api(ctx: DiscoveryContext) -> RuntimeMembership:
 DISCOVERY_SOURCES: OpenRegistry[DiscoveryKind] = OpenRegistry(
     {
         "static": DiscoveryKind("servers named by flags and the config file", _static),
+        # after static: an address both flags and the file name is the file's
+        "endpoints-file": DiscoveryKind("the servers --endpoints-file lists", _file),
         "kubernetes": DiscoveryKind("an InferencePool's pods (--pool-name)", _kubernetes),
         "kubernetes-selector": DiscoveryKind(
             "the pods a label selector matches (--endpoint-selector)", _selector

@@ -22,10 +22,12 @@ from typing import Any, Self
 
 import yaml
 
-from epp import argtypes
+from epp import argtypes, config
+from epp.extensions import ExtensionError
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
 from epp.logsetup import add_log_level, level_of
 from epp.readyfile import read_ready
+from epp.scheduling.params import ConfigError
 from epp_harness.envoyconfig import (
     CLUSTER_KINDS,
     PROCESSING_MODES,
@@ -566,6 +568,10 @@ def run(args: argparse.Namespace) -> int:
     if args.fail_open and args.processing != "buffered":
         print("epp stack: --fail-open needs --processing buffered", file=sys.stderr)
         return 2
+    problem = check_config(args.config, kv_events=args.kv_events)
+    if problem is not None:  # before any child starts
+        print(f"epp stack: {problem}", file=sys.stderr)
+        return 2
     opts = StackOptions(
         servers=args.servers,
         prefill=prefill,
@@ -604,7 +610,7 @@ def run(args: argparse.Namespace) -> int:
     stack = LocalStack(opts)
     print(
         f"starting Envoy, the EPP and simulated model servers ({prefill} prefill, {decode} "
-        f"decode, {opts.servers} plain; coordinator {opts.coordinator})...",
+        f"decode, {opts.servers} plain{_coordinator(opts, '; ')})...",
         flush=True,
     )
     try:
@@ -625,6 +631,34 @@ def run(args: argparse.Namespace) -> int:
         stack.stop()
         print("stopped.", flush=True)
     return 0
+
+
+def check_config(path: Path | None, *, kv_events: bool = False) -> str | None:
+    """What is wrong with the EPP's ``--config`` file (None: nothing), found before any
+    child starts, as ``epp serve`` would find it."""
+    if path is None:
+        return None
+    try:
+        cfg = config.load(path)
+        config.instantiate(cfg, config.builtin_registry())
+    except (ConfigError, ExtensionError) as exc:
+        return f"invalid config: {exc}"
+    if kv_events and cfg.endpoints:
+        return f"{path}: with --kv-events the stack lists the simulators; give no endpoints"
+    return None
+
+
+def _coordinator(opts: StackOptions, before: str) -> str:
+    """The P/D coordinator, said only where there are prefill servers for it."""
+    return f"{before}coordinator {opts.coordinator}" if opts.prefill else ""
+
+
+def _config_in_use(opts: StackOptions, workdir: Path) -> str:
+    at = opts.epp_args.index("--config") + 1 if "--config" in opts.epp_args else 0
+    given = opts.epp_args[at] if at else "built in (`epp config show`)"
+    if opts.kv_events:  # kv_events_config's copy, with the simulators as endpoints
+        return f"{workdir / 'epp-config.yaml'} ({given}, with the simulators' KV events)"
+    return given
 
 
 def banner(stack: LocalStack) -> str:
@@ -652,7 +686,8 @@ epp stack is up.
   EPP metrics                 {stack.epp_http_url}/metrics
   EPP admin API               {stack.epp_http_url}/status, /instances/add|remove ({admin})
 {replicas}  Envoy admin                 {stack.envoy.admin_url}
-  model servers               model {model}, coordinator {stack.opts.coordinator}
+  EPP config                  {_config_in_use(stack.opts, stack.workdir)}
+  model servers               model {model}{_coordinator(stack.opts, ", ")}
 {servers}
   logs and configs            {stack.workdir}
 

@@ -279,12 +279,6 @@ def make_app(sidecar: Sidecar) -> web.Application:
     return app
 
 
-def _url(text: str) -> str:
-    if not text.startswith(("http://", "https://")) or len(text.split("//", 1)[1]) == 0:
-        raise ValueError(f"expected http://HOST:PORT, got {text!r}")
-    return text
-
-
 def _network(text: str) -> Network:
     return ipaddress.ip_network(text, strict=False)
 
@@ -315,7 +309,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--epp-url",
-        type=argtypes.checked(_url),
+        type=argtypes.http_url,
         metavar="URL",
         help="the EPP's HTTP port (e.g. http://epp:9090): call the prefill servers its "
         "/status lists",

@@ -24,6 +24,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
 from epp.datastore import Datastore
+from epp.discovery.membership_diff import apply, diff
 from epp.discovery.objectives import ObjectiveWatch
 from epp.discovery.pool_endpoints import (
     POOL_GROUP,
@@ -264,21 +265,16 @@ class PoolDiscovery:
 
     def _apply(self) -> None:
         wanted = {e.address: e for r in self._by_pod.values() for e in r.endpoints}
-        gone = [a for a in self._ours if a not in wanted]
-        for address in gone:
-            self._datastore.remove(address)
-        changed = [e for a, e in wanted.items() if self._ours.get(a) != e]
-        for endpoint in changed:
-            self._datastore.add(endpoint)
+        change = diff(self._ours, wanted)
+        apply(self._datastore, change)
         self._ours = wanted
-        if gone or changed:
+        if change:
             log.info(
-                "InferencePool %s/%s: %d endpoint(s) (%d added or changed, %d removed)",
+                "InferencePool %s/%s: %d endpoint(s) (%s)",
                 self.namespace,
                 self.pool_name,
                 len(wanted),
-                len(changed),
-                len(gone),
+                change.summary(),
             )
 
     def _report(self, pod: Obj, problem: str) -> None:

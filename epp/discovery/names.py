@@ -21,10 +21,9 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from epp import addresses
+from epp import addresses, looptask
 from epp.datastore import Datastore, Status
 from epp.errors import InternalError
-from epp.looptask import LoopTask
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)
@@ -65,7 +64,7 @@ class NameResolver:
         self._lookup = lookup
         self._followed: dict[str, _Followed] = {}  # by name:port
         self._listeners: list[MoveListener] = []
-        self._loop = LoopTask("names", self._run)
+        self._loop = looptask.every("re-resolving host names", interval_s, self.refresh, log)
         datastore.on_change(self._forget_gone)
 
     def on_move(self, listener: MoveListener) -> None:
@@ -117,14 +116,6 @@ class NameResolver:
 
     async def stop(self) -> None:
         await self._loop.stop()
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.refresh()
-            except Exception:  # the loop must outlive one bad pass
-                log.exception("re-resolving host names failed; trying again next time")
 
     async def refresh(self) -> None:
         """Look every followed name up once and apply what changed."""

@@ -36,8 +36,11 @@ QUIT_KEYS = ("q", "Q")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
+        type=argtypes.http_url,
         default=DEFAULT_URL,
-        help="the EPP's HTTP port (`epp serve --http-port`); https:// when it serves TLS",
+        metavar="[http[s]://]HOST:PORT",
+        help="the EPP's HTTP port (`epp serve --http-port`); https:// when it serves TLS "
+        "(no scheme: http://)",
     )
     parser.add_argument(
         "--interval",

@@ -62,6 +62,10 @@ def test_stack_starts_serves_and_stops_everything_on_ctrl_c(
         status, _, raw = request(status_url)
         assert status == 200 and orjson.loads(raw)["decode_node_count"] == 2
         assert "read-only: set ADMIN_API_KEY to allow changes" in banner
+        assert "  EPP config                  built in (`epp config show`)\n" in banner
+        # plain servers only: no P/D coordinator to name
+        assert "  model servers               model sim-model\n" in banner
+        assert "coordinator" not in banner
         assert len(processes_using(workdir)) >= 3  # simulators, EPP, Envoy
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
@@ -93,3 +97,34 @@ def test_taken_port_is_named_by_flag(tmp_path: Path) -> None:
         )
     assert result.returncode == 1
     assert "--envoy-port" in result.stderr and "already in use" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (None, "invalid config: {path}: cannot read config file: No such file or directory"),
+        ("plugins: [\n", "invalid config: {path}:2:1: invalid YAML"),
+        ("plugins:\n- type: nope-scorer\n", "plugins[0].type: unknown plugin type 'nope-scorer'"),
+    ],
+    ids=["missing", "not-yaml", "unknown-plugin"],
+)
+def test_a_bad_config_stops_the_stack_before_any_child_starts(
+    tmp_path: Path, config: str | None, message: str
+) -> None:
+    path = tmp_path / "epp.yaml"
+    if config is not None:
+        path.write_text(config)
+    workdir = tmp_path / "work"  # every child writes its log here
+    result = subprocess.run(
+        epp_argv(
+            "stack", "--config", str(path), "--workdir", str(workdir), "--envoy-port", "0",
+            "--envoy-admin-port", "0", "--grpc-port", "0", "--http-port", "0",
+        ),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()  # one clear message
+    assert line.startswith("epp stack: ") and message.format(path=path) in line
+    assert "still running" not in result.stderr
+    assert result.stdout == ""  # not even "starting ..."
+    assert not workdir.exists()  # no child started, nothing written

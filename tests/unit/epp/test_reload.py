@@ -17,6 +17,7 @@ from epp.metrics import EppMetrics
 from epp.reload import ConfigFile, ConfigReloader
 from epp.router import Router
 from epp.scheduling.latency import LatencyPriors
+from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, InferenceRequest
@@ -171,6 +172,18 @@ def test_the_file_counts_as_changed_only_when_its_text_changed(
     with caplog.at_level(logging.WARNING, logger="epp.reload"):
         assert not file.changed() and not file.changed()
     assert len(caplog.records) == 1 and "still running the config last read" in caplog.text
+
+
+def test_a_file_missing_at_start_is_one_error_and_no_still_running_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    file = ConfigFile(tmp_path / "missing.yaml")
+    with (
+        caplog.at_level(logging.WARNING, logger="epp.reload"),
+        pytest.raises(ConfigError, match="cannot read config file: No such file"),
+    ):
+        file.load()
+    assert caplog.records == []  # nothing was read: nothing is "still running"
 
 
 def test_prefix_index_metric_follows_the_running_scheduler(setup: Setup) -> None:

@@ -151,10 +151,11 @@ def test_with_an_epp_only_its_prefill_members_are_called(
 
 def test_bad_epp_url_is_a_usage_error(tmp_path: Path) -> None:
     result = subprocess.run(
-        epp_argv("sidecar", "--decode", "127.0.0.1:1", "--epp-url", "epp:9090"),
+        epp_argv("sidecar", "--decode", "127.0.0.1:1", "--epp-url", "grpc://epp:9090"),
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
-    assert result.returncode == 2 and "--epp-url: expected http://HOST:PORT" in result.stderr
+    assert result.returncode == 2
+    assert "--epp-url: 'grpc://epp:9090': use http:// or https://, not grpc://" in result.stderr
 
 
 async def test_a_client_closing_during_metrics_is_logged_as_such(tmp_path: Path) -> None:
