@@ -25,6 +25,7 @@ raises on purpose, and one branch of it is what a client may see.
         ├── TlsError                 (extproc/tls.py)            certificate or key files
         ├── ResolveError             (discovery/names.py)        a name with no address
         ├── PoolError                (discovery/pool_endpoints.py) an unusable InferencePool
+        ├── EndpointsFileError       (discovery/endpoints_file.py) an unusable --endpoints-file
         ├── ObjectiveError           (discovery/objectives.py)   an unreadable InferenceObjective
         ├── ScrapeError              (datalayer/scraper.py)      /metrics gave no metrics
         ├── MetricsParseError        (datalayer/prometheus.py)   a malformed /metrics page
