@@ -136,8 +136,9 @@ broken-scorer = {HERE}:NOT_A_DIALECT
 
 def test_the_shipped_registries_hold_the_built_ins() -> None:
     assert {"nixl", "sidecar", "concurrent", "kv-pool"} <= set(COORDINATORS)
-    assert list(DISCOVERY_SOURCES)[:4] == [
+    assert list(DISCOVERY_SOURCES)[:5] == [
         "static",
+        "endpoints-file",
         "kubernetes",
         "kubernetes-selector",
         "admin-api",
