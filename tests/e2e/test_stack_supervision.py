@@ -29,8 +29,12 @@ APPLIED = 'epp_peer_load_frames_total{outcome="applied"}'
 
 
 def serves(http_port: int) -> bool:
-    """The EPP (or worker) on ``http_port`` has routed a request since it started."""
-    return metric(http_port, "epp_requests_total") > 0
+    """The EPP (or worker) on ``http_port`` has routed a request since it started (False
+    while nothing listens there: a worker's new port reaches /workers once it listens)."""
+    try:
+        return metric(http_port, "epp_requests_total") > 0
+    except OSError:
+        return False
 
 
 def applied_frames(http_port: int) -> float:
@@ -93,7 +97,7 @@ def test_a_killed_worker_and_a_killed_parent_come_back_on_their_ports(tmp_path: 
             os.kill(victim["pid"], signal.SIGKILL)
             worker = wait_for(lambda: restarted(victim["pid"]), 30, "worker 1 restarted")
             assert (worker["grpc_port"], worker["restarts"]) == (ports[1], 1)
-            wait_for(lambda: serves(worker["http_port"]), 30, "the restarted worker routing")
+            wait_for(lambda: serves(workers()[1]["http_port"]), 30, "the restarted worker routing")
             log = (stack.workdir / "epp.log").read_text()
             assert f"worker 1 (port {ports[1]}) exited (killed by SIGKILL); restart 1" in log
             assert stack.pid("epp") == parent
