@@ -445,7 +445,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=argtypes.positive_int,
         default=1,
         help="EPP worker processes (epp serve --workers; the others on free ports, all "
-        "listed in Envoy's ext_proc cluster; docs/workers.md)",
+        "listed in Envoy's ext_proc cluster; the EPP restarts a dead one on its port; "
+        "docs/workers.md)",
     )
     parser.add_argument(
         "--replicas",
@@ -453,7 +454,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="EPP replicas side by side (active-active, docs/replicas.md): the first on "
         "--grpc-port/--http-port, the others on free ports, each an endpoint of Envoy's "
-        "ext_proc cluster, sharing their in-flight counts",
+        "ext_proc cluster, sharing their in-flight counts; one that dies is started again "
+        "on its ports",
     )
     parser.add_argument(
         "--processing",

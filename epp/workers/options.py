@@ -86,7 +86,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--worker-ports",
         type=argtypes.comma_ports,
-        default=(),
         metavar="PORT[,PORT...]",
         help="ext_proc ports of workers 1, 2, ... in order, one per worker after worker 0 "
         "(instead of --worker-base-port; e.g. to start an EPP again on the ports it had)",
@@ -98,5 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> WorkerOptions:
     return WorkerOptions(
-        args.workers, args.worker_base_port, args.worker_ports, args.worker_link, args.worker_index
+        args.workers,
+        args.worker_base_port,
+        args.worker_ports or (),
+        args.worker_link,
+        args.worker_index,
     )

@@ -54,6 +54,7 @@ def test_a_killed_replica_comes_back_on_its_ports_and_rejoins(tmp_path: Path) ->
         with Load(f"{stack.url}/v1/completions", [BODY] * CLIENTS) as load:
             wait_for(lambda: serves(http) and serves(survivor), 30, "both replicas routing")
             os.kill(victim, signal.SIGKILL)
+            killed = time.monotonic()
             stack.wait_output("epp-1 exited (killed by SIGKILL); restart 1 in 0.5s")
             stack.wait_output("epp-1 is back (restart 1)")
             back = time.monotonic()
@@ -70,7 +71,10 @@ def test_a_killed_replica_comes_back_on_its_ports_and_rejoins(tmp_path: Path) ->
             done = len(load.results)
             wait_for(lambda: len(load.results) > done + 50, 30, "load after the restart")
         errors = load.errors()
-        print(f"replica kill: {len(load.results)} requests, {len(errors)} errors")
+        print(
+            f"replica kill: {len(load.results)} requests, {len(errors)} errors; the "
+            f"replica was back {back - killed:.1f}s after the kill"
+        )
         assert len(errors) <= CLIENTS, errors
         assert late_errors(load, back) == []
         assert {name: stack.pid(name) for name in same} == same
@@ -95,8 +99,10 @@ def test_a_killed_worker_and_a_killed_parent_come_back_on_their_ports(tmp_path: 
             victim = workers()[1]
             wait_for(lambda: serves(victim["http_port"]), 30, "worker 1 routing")
             os.kill(victim["pid"], signal.SIGKILL)
+            killed = time.monotonic()
             worker = wait_for(lambda: restarted(victim["pid"]), 30, "worker 1 restarted")
             assert (worker["grpc_port"], worker["restarts"]) == (ports[1], 1)
+            worker_back = time.monotonic() - killed
             wait_for(lambda: serves(workers()[1]["http_port"]), 30, "the restarted worker routing")
             log = (stack.workdir / "epp.log").read_text()
             assert f"worker 1 (port {ports[1]}) exited (killed by SIGKILL); restart 1" in log
@@ -105,6 +111,7 @@ def test_a_killed_worker_and_a_killed_parent_come_back_on_their_ports(tmp_path: 
 
             # the parent itself: the stack starts it again, its workers on their ports
             os.kill(parent, signal.SIGKILL)
+            killed = time.monotonic()
             stack.wait_output("epp exited (killed by SIGKILL); restart 1 in 0.5s")
             stack.wait_output("epp is back (restart 1)", timeout=60)
             back = time.monotonic()
@@ -115,8 +122,9 @@ def test_a_killed_worker_and_a_killed_parent_come_back_on_their_ports(tmp_path: 
             done = len(load.results)
             wait_for(lambda: len(load.results) > done + 50, 30, "load after the restart")
         print(
-            f"worker kill: {worker_errors} errors; parent kill: "
-            f"{len(load.errors()) - worker_errors} errors, of {len(load.results)} requests"
+            f"worker kill: {worker_errors} errors, back {worker_back:.1f}s after; parent kill: "
+            f"{len(load.errors()) - worker_errors} errors, back {back - killed:.1f}s after; "
+            f"{len(load.results)} requests"
         )
         assert worker_errors <= CLIENTS
         assert late_errors(load, back) == []
