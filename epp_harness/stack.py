@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -26,7 +27,6 @@ from epp import argtypes, config
 from epp.extensions import ExtensionError
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
 from epp.logsetup import add_log_level, level_of
-from epp.readyfile import read_ready
 from epp.scheduling.params import ConfigError
 from epp_harness.envoyconfig import (
     CLUSTER_KINDS,
@@ -40,6 +40,7 @@ from epp_harness.envoyconfig import (
 )
 from epp_harness.envoyproc import EnvoyProcess, write_config
 from epp_harness.procs import ManagedProcess, ProcessFailed, scratch_dir, spawn_epp
+from epp_harness.supervisor import Supervisor
 
 HOST = "127.0.0.1"
 
@@ -52,26 +53,11 @@ SIM_BASE_ARGS = ("--enable-prompt-tokens-details",)
 # The simulators' KV connector that matches each coordinator (epp sim --kv-connector).
 SIM_CONNECTOR = {"nixl": "nixl", "sidecar": "nixl", "concurrent": "sglang", "kv-pool": "pool"}
 
-# A simulator or sidecar that exits is started again after this long, doubling with
-# each exit in a row up to the maximum; one that stayed up STABLE_AFTER_S starts over.
-RESTART_BACKOFF_S = 0.5
-MAX_RESTART_BACKOFF_S = 10.0
-STABLE_AFTER_S = 30.0
 SUPERVISE_EVERY_S = 0.1  # how often `epp stack` looks at its children
 
 
 class StackDown(ProcessFailed):
-    """Envoy or the EPP exited: the stack cannot serve without them."""
-
-
-@dataclass
-class _Restarts:
-    """One restartable child's crash history."""
-
-    in_a_row: int = 0
-    due: float = 0.0  # when to start it again; 0: it is not waiting for a restart
-    started: float = 0.0  # when it was last (re)started
-    back: bool = True  # its ready file was seen since the last (re)start
+    """Envoy exited: the stack cannot serve without its listener."""
 
 
 @dataclass
@@ -140,7 +126,7 @@ class LocalStack:
         self.grpc_port = 0
         self.grpc_ports: list[int] = []  # every worker's, grpc_port first
         self.http_port = 0
-        self._restarts: dict[str, _Restarts] = {}
+        self._supervisor = Supervisor()
 
     @property
     def envoy_url(self) -> str:
@@ -171,6 +157,7 @@ class LocalStack:
             self.sims.append(self.start_sim(name, *extra))
         for sim in self.sims:
             info = sim.wait_ready()
+            self._supervisor.add(sim, _port_pins, time.monotonic())
             self.sim_addresses.append(f"{info['host']}:{info['port']}")
             self.sim_urls.append(info["url"])
         self._start_sidecars(plan)
@@ -241,6 +228,7 @@ class LocalStack:
         self.epp, self.more_epps = procs[0], procs[1:]
         for proc in procs:
             info = proc.wait_ready()
+            self._supervisor.add(proc, _replica_pins, time.monotonic())
             self.epp_ports.append((info["grpc_port"], info["http_port"]))
             self.grpc_ports.extend(info["grpc_ports"])  # each replica's workers
         self.grpc_port, self.http_port = self.epp_ports[0]
@@ -301,6 +289,7 @@ class LocalStack:
                 )  # fmt: skip
                 self.sidecars.append(sidecar)
                 info = sidecar.wait_ready()
+                self._supervisor.add(sidecar, _port_pins, time.monotonic())
                 address = f"{info['host']}:{info['port']}"
             self.endpoint_args += [flag, address]
 
@@ -313,41 +302,13 @@ class LocalStack:
         )  # fmt: skip
 
     def supervise(self, now: float | None = None) -> list[str]:
-        """Restart simulators and sidecars that exited (each on its own port again: the
-        EPP knows them by address), with backoff; returns what happened, for the log.
-        Raises StackDown when Envoy or the EPP exited: those are not restarted (the
-        EPP's state and Envoy's listener are what clients and servers hold on to)."""
-        now = time.monotonic() if now is None else now
-        down = [p.name for p in (self.epp, *self.more_epps) if p is not None and not p.alive()]
+        """Restart simulators, sidecars and EPP replicas (with their workers) that
+        exited, each on its own ports again, with backoff; returns what happened, for
+        the log. Raises StackDown when Envoy exited: it is not restarted (its listener
+        is what clients hold on to)."""
         if self.envoy is not None and not self.envoy.process.alive():
-            down.append("envoy")
-        if down:
-            raise StackDown(f"{', '.join(down)} exited; stopping the stack")
-        events = []
-        for proc in [*self.sims, *self.sidecars]:
-            r = self._restarts.setdefault(proc.name, _Restarts(started=now))
-            if proc.alive():
-                ready = proc.ready_file
-                if not r.back and ready is not None and read_ready(ready) is not None:
-                    r.back = True
-                    events.append(f"{proc.name} is back on {proc.info['port']}")
-                if now - r.started >= STABLE_AFTER_S:
-                    r.in_a_row = 0
-                continue
-            if r.due == 0.0:  # just found dead
-                code = proc.proc.returncode if proc.proc is not None else None
-                delay = min(RESTART_BACKOFF_S * 2**r.in_a_row, MAX_RESTART_BACKOFF_S)
-                r.in_a_row += 1
-                r.due = now + delay
-                events.append(
-                    f"{proc.name} exited (code {code}); restarting it in {delay:g}s "
-                    f"(exit {r.in_a_row} in a row)"
-                )
-            elif now >= r.due:
-                proc.restart(_pinned(proc.argv, int(proc.info["port"])))
-                r.due, r.started, r.back = 0.0, now, False
-                events.append(f"{proc.name} restarted on port {proc.info['port']}")
-        return events
+            raise StackDown("envoy exited; stopping the stack")
+        return self._supervisor.check(time.monotonic() if now is None else now)
 
     def stop(self) -> None:
         """Stop in reverse order: Envoy first so no new traffic arrives."""
@@ -411,11 +372,20 @@ def kv_events_config(
     return [*args, "--config", str(out)]
 
 
-def _pinned(argv: list[str], port: int) -> list[str]:
-    """``argv`` with its ``--port`` value replaced by ``port``."""
-    out = list(argv)
-    out[out.index("--port") + 1] = str(port)
-    return out
+def _port_pins(info: Mapping[str, Any]) -> dict[str, str]:
+    """A simulator or sidecar comes back on its port (the EPP knows it by address)."""
+    return {"--port": str(info["port"])}
+
+
+def _replica_pins(info: Mapping[str, Any]) -> dict[str, str]:
+    """An EPP replica comes back on its ports: its gRPC port and its workers' are in
+    Envoy's ext_proc cluster, its HTTP port in the banner."""
+    pins = {"--grpc-port": str(info["grpc_port"]), "--http-port": str(info["http_port"])}
+    if info.get("grpc_health_port"):
+        pins["--grpc-health-port"] = str(info["grpc_health_port"])
+    if len(info["grpc_ports"]) > 1:
+        pins["--worker-ports"] = ",".join(map(str, info["grpc_ports"][1:]))
+    return pins
 
 
 def check_ports_free(ports: dict[str, int]) -> None:
@@ -477,7 +447,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=argtypes.positive_int,
         default=1,
         help="EPP worker processes (epp serve --workers; the others on free ports, all "
-        "listed in Envoy's ext_proc cluster; docs/workers.md)",
+        "listed in Envoy's ext_proc cluster; the EPP restarts a dead one on its port; "
+        "docs/workers.md)",
     )
     parser.add_argument(
         "--replicas",
@@ -485,7 +456,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="EPP replicas side by side (active-active, docs/replicas.md): the first on "
         "--grpc-port/--http-port, the others on free ports, each an endpoint of Envoy's "
-        "ext_proc cluster, sharing their in-flight counts",
+        "ext_proc cluster, sharing their in-flight counts; one that dies is started again "
+        "on its ports",
     )
     parser.add_argument(
         "--processing",

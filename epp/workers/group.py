@@ -30,6 +30,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from epp.datastore import Datastore
+from epp.restarts import Restarts
 from epp.router import EndpointOutcomes
 from epp.scheduling.saturation import WatchedObjectives
 from epp.types import EndpointMetrics
@@ -255,7 +256,7 @@ class WorkerGroup:
         ]
 
     async def _supervise(self, w: Worker, path: Path) -> None:
-        backoff = RESTART_BACKOFF_S[0]
+        restarts = Restarts(*RESTART_BACKOFF_S, steady_s=STEADY_S)
         while not self._stopping:
             proc = await asyncio.create_subprocess_exec(
                 *self._command(w, path), stdin=asyncio.subprocess.DEVNULL
@@ -270,18 +271,10 @@ class WorkerGroup:
                 w.exit_code = code
                 w.ready.set()
                 return
-            if time.monotonic() - began > STEADY_S:
-                backoff = RESTART_BACKOFF_S[0]
-            log.warning(
-                "worker %d (port %d) exited (code %s); restarting it in %gs",
-                w.index,
-                w.port,
-                code,
-                backoff,
-            )
-            w.restarts += 1
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, RESTART_BACKOFF_S[1])
+            wait_s = restarts.exited(time.monotonic() - began)
+            w.restarts = restarts.count
+            log.warning("%s", restarts.describe(f"worker {w.index} (port {w.port})", code, wait_s))
+            await asyncio.sleep(wait_s)
 
     def _signal(self, w: Worker, sig: signal.Signals) -> None:
         if w.pid is not None:
@@ -340,7 +333,7 @@ class WorkerGroup:
             log.info(
                 "worker %d %s ext_proc port %d",
                 w.index,
-                "listening on" if first else "is back on",
+                "listening on" if first else f"is back (restart {w.restarts}) on",
                 w.port,
             )
 

@@ -13,24 +13,10 @@ import pytest
 from epp_harness.procs import epp_argv
 from epp_harness.stack import check_ports_free
 from tests.support.http import request
+from tests.support.stackcli import processes_using
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def processes_using(workdir: Path) -> list[int]:
-    """PIDs whose command line mentions ``workdir`` (our children all do)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if str(workdir).encode() in cmdline and int(pid) != os.getpid():
-            found.append(int(pid))
-    return found
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from epp.disagg.settings import DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
 from epp.scheduling.flowqueue import FlowControlConfig
 from epp.xds import eds
-from epp_harness import stack
+from epp_harness import supervisor
 from epp_harness.envoyconfig import EnvoyOptions, epp_config
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "timeouts.md"
@@ -61,7 +61,7 @@ def test_every_value_in_the_table_is_the_codes() -> None:
         "EPP shutdown grace": seconds(serve.shutdown_grace_seconds),
         "endpoint series after removal": seconds(metrics.SERIES_GRACE_S),
         "`epp stack` restart backoff": (
-            f"{stack.RESTART_BACKOFF_S:g} s → {stack.MAX_RESTART_BACKOFF_S:g} s"
+            f"{supervisor.RESTART_BACKOFF_S:g} s → {supervisor.MAX_RESTART_BACKOFF_S:g} s"
         ),
         "flow-control queue wait": seconds(FlowControlConfig().queue_timeout_s),
     }
