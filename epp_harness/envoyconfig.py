@@ -5,7 +5,8 @@ benchmarks, so the configs cannot drift apart. ``processing`` picks how much of 
 request Envoy shows the EPP:
 
 * ``full``: request headers + FULL_DUPLEX_STREAMED body (trailers SEND, as Envoy
-  requires), response headers + STREAMED body. The EPP sees status, usage, end of stream.
+  requires), response headers + FULL_DUPLEX_STREAMED body (trailers SEND). The EPP sees
+  status, usage, end of stream, and can end a stream whose server went silent.
 * ``lean``: the request path as in ``full``; on the response path the headers, no body,
   trailers SEND. Fewer ext_proc messages per request (cheaper), but no usage counting.
   Trailers must stay SEND: with SKIP, Envoy 1.40 closes the ext_proc stream right after
@@ -161,12 +162,13 @@ def _processing_mode(processing: Processing) -> dict[str, str]:
         "request_body_mode": "FULL_DUPLEX_STREAMED",
         "request_trailer_mode": "SEND",
         "response_header_mode": "SEND",
-        "response_body_mode": "STREAMED",
-        "response_trailer_mode": "SKIP",
+        # full duplex, so that the EPP can end a stalled stream (epp.extproc.stall);
+        # Envoy then needs trailers SEND
+        "response_body_mode": "FULL_DUPLEX_STREAMED",
+        "response_trailer_mode": "SEND",
     }
     if processing in ("lean", "buffered"):
-        mode["response_body_mode"] = "NONE"
-        mode["response_trailer_mode"] = "SEND"  # keeps the stream open; see module doc
+        mode["response_body_mode"] = "NONE"  # trailers SEND keep the stream open (module doc)
     if processing == "buffered":
         mode["request_body_mode"] = "BUFFERED"
         mode["request_trailer_mode"] = "SKIP"
