@@ -526,8 +526,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, default, what in (
         ("--first-byte-timeout", EnvoyOptions.first_byte_timeout_s, "non-streaming requests "
          "(their whole answer: Envoy then tries the next endpoint)"),
-        ("--stream-idle-timeout", EnvoyOptions.stream_idle_timeout_s, "streaming requests "
-         "(before the first byte Envoy tries the next endpoint; after it, the stream is cut)"),
+        ("--stream-idle-timeout", EnvoyOptions.stream_idle_timeout_s, "streaming requests: "
+         "their first-byte budget (queue + prefill), and with --processing lean or buffered "
+         "also the bound between chunks (before the response starts Envoy tries the next "
+         "endpoint; after it, the stream is cut)"),
     ):  # fmt: skip
         parser.add_argument(
             flag,
