@@ -14,10 +14,17 @@ newest chunk's deadline instead of being moved at every chunk.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import orjson
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse
+
+from epp.extproc.messages import response_body_echo
+
+log = logging.getLogger(__name__)
 
 # epp serve --stream-chunk-timeout's default: tokens come every few tens of milliseconds,
 # a busy engine's step (a long prefill batched beside) takes seconds at most
@@ -25,6 +32,9 @@ CHUNK_TIMEOUT_S = 15.0
 # the ``code`` of the error event (docs/timeouts.md, "What the client sees")
 STALL_CODE = "stream_stalled"
 _SSE_END = b"\n\n"
+_ANTHROPIC_PATH = "/v1/messages"
+# How a transport sends a reply outside its message loop (a stalled stream's end).
+Send = Callable[[ProcessingResponse], Awaitable[None]]
 
 
 class Handle(Protocol):
@@ -84,3 +94,21 @@ def stall_event(timeout_s: float, tail: bytes, anthropic: bool = False) -> bytes
         error = {"error": {"message": message, "type": "timeout", "code": STALL_CODE}}
     start = b"" if not tail or tail.endswith(_SSE_END) else _SSE_END
     return start + b"event: error\ndata: " + orjson.dumps(error) + _SSE_END
+
+
+def end_stalled(
+    send: Send, timeout_s: float, tail: bytes, path: str, request_id: str
+) -> asyncio.Task[None]:
+    """Send the client a stalled stream's error event as the response's last chunk
+    (FULL_DUPLEX_STREAMED), beside the transport's message loop; the caller keeps the
+    task until it is done."""
+    log.warning("request %s: no chunk for %g s, stream ended", request_id, timeout_s)
+    event = stall_event(timeout_s, tail, anthropic=path.startswith(_ANTHROPIC_PATH))
+    return asyncio.ensure_future(_send(send, response_body_echo(event, True), request_id))
+
+
+async def _send(send: Send, reply: ProcessingResponse, request_id: str) -> None:
+    try:
+        await send(reply)
+    except Exception as exc:  # the stream ended meanwhile: nobody left to tell
+        log.debug("request %s: a stalled stream's end not sent: %r", request_id, exc)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Generator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -28,7 +28,7 @@ from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
-from epp.extproc.stall import ChunkWatch, stall_event
+from epp.extproc.stall import ChunkWatch, Send, end_stalled
 from epp.flowcontrol import Waiting
 from epp.logsetup import REQUEST_ID
 from epp.modelnames import REWRITE_HEADERS
@@ -91,8 +91,6 @@ class Deferred:
 Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]] | Deferred
 # The error code of the immediate 500 that answers an illegal message.
 PROTOCOL_ERROR = "extproc_protocol_error"
-# How a transport sends a reply outside the message loop (a stalled stream's end).
-Send = Callable[[ProcessingResponse], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -558,31 +556,20 @@ class ExtProcStream:
             self._watch = ChunkWatch(asyncio.get_running_loop(), timeout_s, self._stalled)
 
     def _stalled(self) -> None:
-        """No chunk for the chunk timeout: the client gets an SSE error event and the end
-        of its stream, the request leaves the endpoint's in-flight count, and the stall
-        counts against the endpoint."""
+        """No chunk for the chunk timeout: the request leaves the endpoint's in-flight
+        count, the stall counts against the endpoint, and the client gets the end of its
+        stream (stall.py)."""
         self._watch = None
         if self._envoy.phase is not Phase.RESPONSE_BODY or self._send is None:
             return
-        req = self._req
-        timeout_s = self._router.stream_chunk_timeout_s
-        log.warning("request %s: no chunk for %g s, stream ended", req.request_id, timeout_s)
         self._advance(Outcome.STALLED)
-        routed = req.routed
+        req, routed = self._req, self._req.routed
         if routed is not None and not routed.ticket.released:
             routed.release()
             self._router.stalled(routed.ticket.address, req.served)
-        anthropic = req.headers.get(":path", "").startswith("/v1/messages")
-        event = stall_event(timeout_s, req.tail, anthropic)
-        self._sending = asyncio.ensure_future(
-            self._send_end(self._send, messages.response_body_echo(event, end_of_stream=True))
-        )
-
-    async def _send_end(self, send: Send, reply: ProcessingResponse) -> None:
-        try:
-            await send(reply)
-        except Exception as exc:  # the stream ended meanwhile: nobody left to tell
-            log.debug("request %s: stalled stream's end not sent: %r", self._req.request_id, exc)
+        path = req.headers.get(":path", "")
+        timeout_s = self._router.stream_chunk_timeout_s
+        self._sending = end_stalled(self._send, timeout_s, req.tail, path, req.request_id)
 
     def _finish(self) -> None:
         watch = self._watch
