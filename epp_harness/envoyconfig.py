@@ -237,6 +237,9 @@ def _routes(opts: EnvoyOptions) -> list[dict[str, Any]]:
     the first byte and every gap after it. When it fires before any of the response has
     reached the client, the attempt is retried (``eds``: on the next endpoint of the
     EPP's list; ``reset`` covers it); after that, Envoy cuts the client's response.
+    On streams it is therefore the first-byte budget (queue + prefill); with ``full``
+    processing the EPP ends a stream that stalls after its first byte much sooner
+    (``epp serve --stream-chunk-timeout``, epp.extproc.stall).
     The route's ``idle_timeout`` (Envoy's default: 5 min for every stream) is raised to
     the route timeout so that it never ends a request before its attempts have run."""
     retry_on = "connect-failure,reset,refused-stream"
