@@ -119,6 +119,12 @@ class EppMetrics:
             ["end"],
             registry=self.registry,
         )
+        self.stream_stalls = Counter(
+            "epp_stream_stalls",
+            "Streamed responses the EPP ended because their model server sent nothing "
+            "for the chunk timeout after the first byte (epp serve --stream-chunk-timeout).",
+            registry=self.registry,
+        )
         self.responses = Counter(
             "epp_responses",
             "Upstream responses seen on the response path, by endpoint and status class.",

@@ -113,6 +113,7 @@ class Router:
         placement: AdapterPlacement | None = None,
         flow: FlowController | None = None,
         tracer: Tracer | None = None,
+        stream_chunk_timeout_s: float = 0.0,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -138,6 +139,9 @@ class Router:
         self.flow.follow(datastore)
         # request traces (epp serve --tracing); None: none, and no trace objects at all
         self.tracer = tracer
+        # a streamed response silent this long after its first byte is ended by the EPP
+        # (where the response body passes it; 0: never; epp.extproc.stall)
+        self.stream_chunk_timeout_s = stream_chunk_timeout_s
         self._routed = metrics.requests.labels("routed")
         self._forwarded = metrics.requests.labels("forwarded")
         self._orca_ok = metrics.orca_reports.labels("header", "ok")
@@ -504,6 +508,13 @@ class Router:
         dispatch = routed.dispatch
         if dispatch is not None and dispatch.first_byte_at is None:
             dispatch.first_byte_at = self.clock()
+
+    def stalled(self, address: str, served: str) -> None:
+        """A streamed response whose server went silent was ended by the EPP: counted,
+        and a failure of the server that served it (towards its ejection)."""
+        self.metrics.stream_stalls.inc()
+        if self.outcomes is not None:
+            self.outcomes.failure(served or address, "streamed response stalled", serving=True)
 
     @property
     def chars_per_token(self) -> float:

@@ -42,6 +42,7 @@ from epp.discovery.poolref import PoolRef, SelectorRef
 from epp.discovery.readiness import ReadinessProbe
 from epp.extensions import ExtensionError
 from epp.extproc import tlsflags
+from epp.extproc.stall import CHUNK_TIMEOUT_S
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.flowcontrol import FlowController
 from epp.health import HealthBoard, ReadinessGate
@@ -89,6 +90,7 @@ class ServeOptions:
     endpoints_file: Path | None = None  # --endpoints-file: followed as it changes
     endpoints_file_poll_s: float = file_source.DEFAULT_POLL_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    stream_chunk_timeout_s: float = CHUNK_TIMEOUT_S
     ready_file: Path | None = None
     transport: str = DEFAULT_TRANSPORT
     shutdown_grace_s: float = 10.0
@@ -152,6 +154,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest request body accepted; larger ones get 413",
     )
     parser.add_argument(
+        "--stream-chunk-timeout",
+        type=argtypes.non_negative_float,
+        default=CHUNK_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a streamed response whose server sends nothing this long after its first "
+        "byte is ended with an SSE error event, where the response body passes the EPP "
+        "(--processing full); 0: never (docs/timeouts.md)",
+    )
+    parser.add_argument(
         "--config",
         "--config-file",
         type=Path,
@@ -205,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
         endpoints_file=args.endpoints_file,
         endpoints_file_poll_s=args.endpoints_file_poll_seconds,
         max_body_bytes=args.max_body_bytes,
+        stream_chunk_timeout_s=args.stream_chunk_timeout,
         ready_file=args.ready_file,
         transport=args.transport,
         shutdown_grace_s=args.shutdown_grace_seconds,
@@ -394,6 +406,7 @@ def build(
         placement=placement if cfg.lora_placement.enabled else None,
         flow=flow,
         tracer=tracer,
+        stream_chunk_timeout_s=opts.stream_chunk_timeout_s,
     )
     reloader = ConfigReloader(
         config_file or ConfigFile(None),

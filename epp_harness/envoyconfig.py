@@ -5,7 +5,8 @@ benchmarks, so the configs cannot drift apart. ``processing`` picks how much of 
 request Envoy shows the EPP:
 
 * ``full``: request headers + FULL_DUPLEX_STREAMED body (trailers SEND, as Envoy
-  requires), response headers + STREAMED body. The EPP sees status, usage, end of stream.
+  requires), response headers + FULL_DUPLEX_STREAMED body (trailers SEND). The EPP sees
+  status, usage, end of stream, and can end a stream whose server went silent.
 * ``lean``: the request path as in ``full``; on the response path the headers, no body,
   trailers SEND. Fewer ext_proc messages per request (cheaper), but no usage counting.
   Trailers must stay SEND: with SKIP, Envoy 1.40 closes the ext_proc stream right after
@@ -161,12 +162,13 @@ def _processing_mode(processing: Processing) -> dict[str, str]:
         "request_body_mode": "FULL_DUPLEX_STREAMED",
         "request_trailer_mode": "SEND",
         "response_header_mode": "SEND",
-        "response_body_mode": "STREAMED",
-        "response_trailer_mode": "SKIP",
+        # full duplex, so that the EPP can end a stalled stream (epp.extproc.stall);
+        # Envoy then needs trailers SEND
+        "response_body_mode": "FULL_DUPLEX_STREAMED",
+        "response_trailer_mode": "SEND",
     }
     if processing in ("lean", "buffered"):
-        mode["response_body_mode"] = "NONE"
-        mode["response_trailer_mode"] = "SEND"  # keeps the stream open; see module doc
+        mode["response_body_mode"] = "NONE"  # trailers SEND keep the stream open (module doc)
     if processing == "buffered":
         mode["request_body_mode"] = "BUFFERED"
         mode["request_trailer_mode"] = "SKIP"
@@ -235,6 +237,9 @@ def _routes(opts: EnvoyOptions) -> list[dict[str, Any]]:
     the first byte and every gap after it. When it fires before any of the response has
     reached the client, the attempt is retried (``eds``: on the next endpoint of the
     EPP's list; ``reset`` covers it); after that, Envoy cuts the client's response.
+    On streams it is therefore the first-byte budget (queue + prefill); with ``full``
+    processing the EPP ends a stream that stalls after its first byte much sooner
+    (``epp serve --stream-chunk-timeout``, epp.extproc.stall).
     The route's ``idle_timeout`` (Envoy's default: 5 min for every stream) is raised to
     the route timeout so that it never ends a request before its attempts have run."""
     retry_on = "connect-failure,reset,refused-stream"

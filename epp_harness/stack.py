@@ -25,6 +25,7 @@ import yaml
 
 from epp import argtypes, config
 from epp.extensions import ExtensionError
+from epp.extproc.stall import CHUNK_TIMEOUT_S
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
 from epp.logsetup import add_log_level, level_of
 from epp.scheduling.params import ConfigError
@@ -93,6 +94,8 @@ class StackOptions:
     # per-attempt silence allowed from a model server (docs/timeouts.md)
     first_byte_timeout_s: float = EnvoyOptions.first_byte_timeout_s
     stream_idle_timeout_s: float = EnvoyOptions.stream_idle_timeout_s
+    # the EPP's: a stream silent this long after its first byte is ended (full processing)
+    stream_chunk_timeout_s: float = CHUNK_TIMEOUT_S
     # the simulators publish KV events (docs/kv-events.md); the EPP gets them as config
     # endpoints labelled with their publishers, and its precise scorers the simulators'
     # tokenizer (see kv_events_config)
@@ -203,6 +206,8 @@ class LocalStack:
             o.log_level,
             "--coordinator",
             o.coordinator,
+            "--stream-chunk-timeout",
+            f"{o.stream_chunk_timeout_s:g}",
             *(endpoint_args if o.static_endpoints else []),
             *(["--tls-self-signed"] if o.epp_tls else []),
             # further workers on free ports: Envoy's config lists whichever they got
@@ -495,8 +500,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, default, what in (
         ("--first-byte-timeout", EnvoyOptions.first_byte_timeout_s, "non-streaming requests "
          "(their whole answer: Envoy then tries the next endpoint)"),
-        ("--stream-idle-timeout", EnvoyOptions.stream_idle_timeout_s, "streaming requests "
-         "(before the first byte Envoy tries the next endpoint; after it, the stream is cut)"),
+        ("--stream-idle-timeout", EnvoyOptions.stream_idle_timeout_s, "streaming requests: "
+         "their first-byte budget (queue + prefill), and with --processing lean or buffered "
+         "also the bound between chunks (before the response starts Envoy tries the next "
+         "endpoint; after it, the stream is cut)"),
     ):  # fmt: skip
         parser.add_argument(
             flag,
@@ -505,6 +512,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar="SECONDS",
             help=f"per attempt, the longest silence of a model server on {what}; docs/timeouts.md",
         )
+    parser.add_argument(
+        "--stream-chunk-timeout",
+        type=argtypes.non_negative_float,
+        default=CHUNK_TIMEOUT_S,
+        metavar="SECONDS",
+        help="the EPP ends a stream whose server sends nothing this long after its first "
+        "byte, with an SSE error event (--processing full; 0: never); docs/timeouts.md",
+    )
     parser.add_argument(
         "--config",
         type=Path,
@@ -568,6 +583,7 @@ def run(args: argparse.Namespace) -> int:
         fail_open=args.fail_open,
         first_byte_timeout_s=args.first_byte_timeout,
         stream_idle_timeout_s=args.stream_idle_timeout,
+        stream_chunk_timeout_s=args.stream_chunk_timeout,
         log_level=level_of(args),
         workdir=args.workdir,
         workers=args.workers,

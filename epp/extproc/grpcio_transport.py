@@ -1,5 +1,7 @@
 """grpc.aio transport: feeds each ext_proc stream through an :class:`ExtProcStream` and
-releases its claims however the stream ends."""
+releases its claims however the stream ends. Replies go out with ``context.write`` (not
+an async generator's ``yield``), so that the stream can also send one while the loop
+waits for Envoy's next message (a stalled response's end)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 from envoy.service.endpoint.v3 import eds_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
-from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epp.extproc.stream import Deferred, EndStream, ExtProcStream, StreamEnd
@@ -31,11 +33,14 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
 
     async def Process(
         self, request_iterator: AsyncIterator[ProcessingRequest], context: Any
-    ) -> AsyncIterator[ProcessingResponse]:
+    ) -> None:
         metadata = context.invocation_metadata() or ()
-        stream = ExtProcStream(self._router, max_destinations=max_destinations(metadata))
-        end: StreamEnd = "cancelled"  # unless the loop ends or fails (CancelledError and
-        receive: asyncio.Future[Any] | None = None  # GeneratorExit are BaseExceptions)
+        write = context.write
+        stream = ExtProcStream(
+            self._router, max_destinations=max_destinations(metadata), send=write
+        )
+        end: StreamEnd = "cancelled"  # unless the loop ends or fails (CancelledError is
+        receive: asyncio.Future[Any] | None = None  # a BaseException)
         messages = aiter(request_iterator)
         try:
             while True:
@@ -51,7 +56,7 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
                     return
                 if isinstance(replies, Deferred):  # held (flow control, a prefill leg)
                     for reply in replies.now:
-                        yield reply
+                        await write(reply)
                     receive = asyncio.ensure_future(anext(messages, None))
                     answer = await unless_closed(replies.later, receive)
                     if answer is None:  # Envoy closed the stream meanwhile
@@ -60,7 +65,7 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
                 if not isinstance(replies, list):  # routing waits (EDS)
                     replies = await replies
                 for reply in replies:
-                    yield reply
+                    await write(reply)
             end = "ended"  # a half-close, or a reset: grpc.aio shows both the same way
         except Exception:
             end = "error"

@@ -42,7 +42,9 @@ class _ExtProc:
 
     async def _process(self, stream: Stream[ProcessingRequest, ProcessingResponse]) -> None:
         ext = ExtProcStream(
-            self._router, max_destinations=max_destinations((stream.metadata or {}).items())
+            self._router,
+            max_destinations=max_destinations((stream.metadata or {}).items()),
+            send=stream.send_message,
         )
         self.active += 1
         self.idle.clear()

@@ -17,6 +17,10 @@ One HTTP request through Envoy is one stream. Envoy shows us the request, we ans
         DONE ◀────────────────────────────────┘
 
     rejected (we sent an immediate response), closed (the gRPC stream ended): any ──▶ DONE
+    stalled (we ended a streamed response whose server went silent): RESPONSE_BODY ──▶ CUT
+
+In CUT, what Envoy still sends of the response gets no reply (``LATE``): the client's
+response has ended already (epp.extproc.stall).
 
 The response may also start before any request was routed: Envoy shows us the local
 replies it makes itself (another filter's 401, a codec error, a request timeout, a
@@ -27,8 +31,9 @@ as they do from UPSTREAM.
 
 Every other (phase, message) pair gets a defined :class:`Answer` instead of a move:
 
-* ``LATE``: a request message in DONE. Envoy sent it before it saw our immediate
-  response (e.g. the rest of a body answered 413); Envoy wants no reply to it.
+* ``LATE``: a request message in DONE (Envoy sent it before it saw our immediate
+  response, e.g. the rest of a body answered 413), or a response message in CUT (the
+  rest of a response whose client's stream we ended). Envoy wants no reply to it.
 * ``REJECT``: illegal while Envoy can still send the client a local reply (the response
   has not started): an immediate 500 with an OpenAI-style JSON error.
 * ``END_STREAM``: illegal once the response started (or ended): no status can reach the
@@ -36,7 +41,7 @@ Every other (phase, message) pair gets a defined :class:`Answer` instead of a mo
   for an out-of-order message) and Envoy's failure mode decides the rest.
 
 Both illegal answers end the request: its in-flight claims are released (once) and the
-phase becomes DONE. Our own outcomes (routed, rejected, closed) move through the same
+phase becomes DONE. Our own outcomes (routed, rejected, closed, stalled) move through the same
 table; a missing entry there is a bug in the stream, not in the peer.
 """
 
@@ -55,6 +60,7 @@ class Phase(Enum):
     ROUTING = auto()  # the request is whole; our answer is being prepared
     UPSTREAM = auto()  # routed; waiting for the response
     RESPONSE_BODY = auto()  # response streaming through
+    CUT = auto()  # we ended the response (its server stalled); the stream is still open
     DONE = auto()  # answered or finished
 
 
@@ -80,6 +86,7 @@ class Outcome(Enum):
     ROUTED = auto()  # the routing answer is out
     REJECTED = auto()  # an immediate response is out
     CLOSED = auto()  # the gRPC stream ended (Envoy closed it, or we did)
+    STALLED = auto()  # a streamed response's server went silent: we ended it
 
 
 class Answer(Enum):
@@ -114,6 +121,7 @@ _MOVES: dict[tuple[Phase, Message | Outcome], Phase] = {
     (Phase.RESPONSE_BODY, Message.RESPONSE_BODY): Phase.RESPONSE_BODY,
     (Phase.RESPONSE_BODY, Message.RESPONSE_BODY_END): Phase.DONE,
     (Phase.RESPONSE_BODY, Message.RESPONSE_TRAILERS): Phase.DONE,
+    (Phase.RESPONSE_BODY, Outcome.STALLED): Phase.CUT,
     **{(phase, Outcome.REJECTED): Phase.DONE for phase in Phase},
     **{(phase, Outcome.CLOSED): Phase.DONE for phase in Phase},
 }
@@ -130,6 +138,8 @@ _LATE = frozenset({Message.REQUEST_BODY, Message.REQUEST_BODY_END, Message.REQUE
 
 def _answer(phase: Phase, message: Message) -> Answer:
     if phase is Phase.DONE and message in _LATE:
+        return Answer.LATE
+    if phase is Phase.CUT and message in _RESPONSE_STARTS:
         return Answer.LATE
     return Answer.REJECT if phase in _BEFORE_RESPONSE else Answer.END_STREAM
 

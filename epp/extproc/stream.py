@@ -9,6 +9,7 @@ turns each ProcessingRequest into the replies to send, so any gRPC server can dr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Generator
@@ -27,6 +28,7 @@ from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
+from epp.extproc.stall import ChunkWatch, Send, end_stalled
 from epp.flowcontrol import Waiting
 from epp.logsetup import REQUEST_ID
 from epp.modelnames import REWRITE_HEADERS
@@ -120,8 +122,12 @@ class _Request:
 
 
 class ExtProcStream:
-    def __init__(self, router: Router, max_destinations: int = 1) -> None:
+    def __init__(self, router: Router, max_destinations: int = 1, send: Send | None = None) -> None:
         self._router = router
+        # sends a reply no message asked for; None: the stream never ends a response itself
+        self._send = send
+        self._watch: ChunkWatch | None = None  # a streamed response's silence (stall.py)
+        self._sending: asyncio.Task[None] | None = None
         # how many ip:port the Envoy config behind this stream can use (transport.py)
         self._max_destinations = max_destinations
         self._envoy = _Envoy()
@@ -213,7 +219,7 @@ class ExtProcStream:
         phase = self._envoy.phase
         if phase is Phase.RESPONSE_BODY:
             return bool(self._envoy.response_body_mode != ProcessingMode.NONE)
-        return phase is not Phase.DONE and bool(self._req.headers)
+        return phase not in (Phase.DONE, Phase.CUT) and bool(self._req.headers)
 
     # -- request path -------------------------------------------------------------------
     def _on_request_headers(self, msg: HttpHeaders) -> Replies:
@@ -521,10 +527,13 @@ class ExtProcStream:
     def _on_response_body(self, data: bytes, end: bool) -> list[ProcessingResponse]:
         req = self._req
         routed = req.routed
-        if routed is not None and data and not req.tail:
+        if self._watch is not None:
+            self._watch.chunk()
+        elif routed is not None and data and not req.tail:
             self._router.first_byte_seen(routed)
             if self._trace is not None:
                 self._trace.first_byte()
+            self._watch_chunks()
         req.tail = keep_tail(req.tail, data)
         if end:
             if routed is not None and not routed.ticket.released:
@@ -534,7 +543,39 @@ class ExtProcStream:
             return [messages.response_body_echo(data, end)]
         return [messages.EMPTY_RESPONSE_BODY]
 
+    def _watch_chunks(self) -> None:
+        """From a stream's first byte on: end it if its server goes silent, where we can
+        (the response body passes us full duplex, so we can send the client its end)."""
+        timeout_s = self._router.stream_chunk_timeout_s
+        if (
+            self._req.stream
+            and timeout_s > 0
+            and self._send is not None
+            and self._envoy.response_body_mode == _FULL_DUPLEX
+        ):
+            self._watch = ChunkWatch(asyncio.get_running_loop(), timeout_s, self._stalled)
+
+    def _stalled(self) -> None:
+        """No chunk for the chunk timeout: the request leaves the endpoint's in-flight
+        count, the stall counts against the endpoint, and the client gets the end of its
+        stream (stall.py)."""
+        self._watch = None
+        if self._envoy.phase is not Phase.RESPONSE_BODY or self._send is None:
+            return
+        self._advance(Outcome.STALLED)
+        req, routed = self._req, self._req.routed
+        if routed is not None and not routed.ticket.released:
+            routed.release()
+            self._router.stalled(routed.ticket.address, req.served)
+        path = req.headers.get(":path", "")
+        timeout_s = self._router.stream_chunk_timeout_s
+        self._sending = end_stalled(self._send, timeout_s, req.tail, path, req.request_id)
+
     def _finish(self) -> None:
+        watch = self._watch
+        if watch is not None:
+            self._watch = None
+            watch.stop()
         routed = self._req.routed
         if routed is not None and not routed.ticket.released:
             routed.release()

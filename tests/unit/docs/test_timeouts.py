@@ -14,7 +14,7 @@ from epp.disagg.settings import DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
 from epp.scheduling.flowqueue import FlowControlConfig
 from epp.xds import eds
-from epp_harness import supervisor
+from epp_harness import stack, supervisor
 from epp_harness.envoyconfig import EnvoyOptions, epp_config
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "timeouts.md"
@@ -47,6 +47,7 @@ def test_every_value_in_the_table_is_the_codes() -> None:
         "upstream connect": seconds(e.connect_timeout_s),
         "per-try idle, non-streaming": seconds(e.first_byte_timeout_s),
         "per-try idle, streaming": seconds(e.stream_idle_timeout_s),
+        "stream chunk timeout": seconds(serve.stream_chunk_timeout),
         "retries": str(e.destinations),
         "route timeout": seconds(e.route_timeout_s),
         "ext_proc graceful close": "1 s",
@@ -70,6 +71,10 @@ def test_every_value_in_the_table_is_the_codes() -> None:
 
 def test_the_nesting_holds_for_the_defaults() -> None:
     e = EnvoyOptions()
+    # the EPP ends a stalled stream before Envoy would cut it; the first byte gets more
+    serve = build_parser("serve").parse_args(["serve"])
+    assert 0 < serve.stream_chunk_timeout <= 15 < e.stream_idle_timeout_s
+    assert stack.StackOptions().stream_chunk_timeout_s == serve.stream_chunk_timeout
     flow = FlowControlConfig()
     # the EPP extends Envoy's wait by the margin for a prefill leg, and by the queue
     # limit + the margin for a held request, within what Envoy honours

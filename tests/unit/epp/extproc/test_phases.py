@@ -57,6 +57,7 @@ LEGAL = {
         M.RESPONSE_BODY_END: P.DONE,
         M.RESPONSE_TRAILERS: P.DONE,
     },
+    P.CUT: {},
     P.DONE: {},
 }
 # What else comes in DONE without being an error: Envoy sent it before our 413 reached it.
@@ -70,23 +71,26 @@ def expected(phase: Phase, message: Message) -> Phase | Answer:
         return LEGAL[phase][message]
     if phase is P.DONE and message in LATE:
         return Answer.LATE
+    if phase is P.CUT and message in RESPONSE_STARTS:  # the rest of a response we ended
+        return Answer.LATE
     return Answer.REJECT if phase in BEFORE_RESPONSE else Answer.END_STREAM
 
 
 def test_the_table_is_exactly_the_legal_moves_and_answers_everything_else() -> None:
     pairs = list(itertools.product(Phase, Message))
-    assert len(pairs) == 6 * 11
+    assert len(pairs) == 7 * 11
     assert {pair: TABLE[pair] for pair in pairs} == {pair: expected(*pair) for pair in pairs}
     answers = [TABLE[pair] for pair in pairs]
     assert sum(isinstance(a, Phase) for a in answers) == 23
-    assert (answers.count(Answer.LATE), answers.count(Answer.REJECT)) == (3, 24)
-    assert answers.count(Answer.END_STREAM) == 16
+    assert (answers.count(Answer.LATE), answers.count(Answer.REJECT)) == (8, 24)
+    assert answers.count(Answer.END_STREAM) == 22
 
 
 def test_our_own_outcomes_move_only_where_they_can_happen() -> None:
     outcomes = {key: nxt for key, nxt in TABLE.items() if isinstance(key[1], Outcome)}
     assert outcomes == {
         (P.ROUTING, Outcome.ROUTED): P.UPSTREAM,
+        (P.RESPONSE_BODY, Outcome.STALLED): P.CUT,
         **{(p, Outcome.REJECTED): P.DONE for p in Phase},
         **{(p, Outcome.CLOSED): P.DONE for p in Phase},
     }
@@ -122,6 +126,10 @@ ENVOY_SEQUENCES = {
     "lean, response trailers": [
         M.REQUEST_HEADERS, M.REQUEST_BODY_END, Outcome.ROUTED, M.RESPONSE_HEADERS,
         M.RESPONSE_TRAILERS,
+    ],
+    "full, the server stalls mid-stream": [
+        M.REQUEST_HEADERS, M.REQUEST_BODY_END, Outcome.ROUTED, M.RESPONSE_HEADERS,
+        M.RESPONSE_BODY, Outcome.STALLED, M.RESPONSE_BODY, M.RESPONSE_BODY_END, Outcome.CLOSED,
     ],
     "no body": [M.REQUEST_HEADERS_END, Outcome.ROUTED, M.RESPONSE_HEADERS_END],
     "response_header_mode SKIP": [
@@ -202,7 +210,10 @@ def rejected_500(router: Router) -> float:
     return value
 
 
-@pytest.mark.parametrize(("phase", "message"), list(itertools.product(Phase, Message)))
+# CUT is reached by a stall only, not by a message (tests/unit/epp/extproc/test_stall.py)
+@pytest.mark.parametrize(
+    ("phase", "message"), list(itertools.product(set(Phase) - {P.CUT}, Message))
+)
 async def test_the_stream_does_what_the_table_says(phase: Phase, message: Message) -> None:
     # Routing waits (an Envoy behind EDS that has not acknowledged us) where a message
     # may lead into ROUTING, so the stream stays there and its phase can be read.
