@@ -74,6 +74,7 @@ class Routed:
     on_release: Callable[[], None] | None = None  # once, when it stops being in flight
     deferred: DeferredDecode | None = None  # its decode endpoint is not chosen yet
     prompt_chars: int = 0  # the prompt text's length (to learn characters per token)
+    adapter: str | None = None  # the LoRA adapter it names (placement learns from it)
 
     def release(self) -> None:
         self.ticket.release()
@@ -147,15 +148,21 @@ class Router:
         return resolve(self.models, request, doc, self.rng)
 
     def place(self, request: InferenceRequest) -> InferenceRequest | Awaitable[InferenceRequest]:
-        """With placement on, a catalogued adapter's request narrowed to the servers that
-        hold it, after a load when none does (then awaitable)."""
-        placement = self.placement
-        if placement is None or not request.lora_adapter or request.model is None:
+        """A request for an adapter (catalogued, or listed by some server) narrowed to
+        the servers that hold it; with placement on, after a load when none does (then
+        awaitable). Any other request (a base model; an adapter nobody holds, which the
+        servers answer 404) as it came."""
+        placement, model = self.placement, request.model
+        if placement is None or model is None:
             return request
-        holders = placement.holders(request.model)
+        if not (request.lora_adapter or placement.lists(model)):
+            return request
+        holders = placement.holders(model)
         if holders:
-            return _within(request, holders)
-        return self._place_after_load(placement, request, request.model)
+            return _within(replace(request, lora_adapter=True), holders)
+        if request.lora_adapter and placement.cfg.enabled:
+            return self._place_after_load(placement, request, model)
+        return request
 
     async def _place_after_load(
         self, placement: AdapterPlacement, request: InferenceRequest, adapter: str
@@ -340,6 +347,7 @@ class Router:
             scheduling_s=seconds,
             deferred=deferred,
             prompt_chars=len(request.prompt),
+            adapter=request.model if request.lora_adapter else None,
         )
         if labels is not None:
             routed.on_release = self.metrics.llmd.started(*labels)
@@ -487,11 +495,16 @@ class Router:
         else:
             outcomes.success(address)
 
-    def answered(self, routed: Routed, status: int) -> None:
-        """The model server's response status, once per routed request: a non-200
-        counts as an error of the request (the llm-d Router's ModelServerError)."""
+    def answered(self, routed: Routed, status: int, served: str = "") -> None:
+        """The model server's response status, once per routed request (``served``:
+        the endpoint that answered, when Envoy says): a non-200 counts as an error of
+        the request (the llm-d Router's ModelServerError); a request for an adapter
+        tells placement whether its server lacked it."""
         if routed.labels is not None and status != 200:
             self.metrics.llmd.failed(*routed.labels, status, ours=False)
+        if routed.adapter is not None and self.placement is not None:
+            primary = routed.result.primary.address
+            self.placement.answered(routed.adapter, primary, status, served)
 
     def first_byte_seen(self, routed: Routed) -> None:
         """The response body's first bytes passed (a streamed response's first token)."""

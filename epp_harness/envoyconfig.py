@@ -36,8 +36,8 @@ Processing = Literal["full", "lean", "buffered"]
 PROCESSING_MODES: tuple[Processing, ...] = ("full", "lean", "buffered")
 # How Envoy finds the model servers: "eds" (the EPP serves the cluster's endpoints over
 # EDS; the override_host policy reads the EPP's ordered fallback list and a retry moves
-# to the next one on connect failure or reset) or "original-dst" (Envoy connects to the
-# one address in the header; no failover, nothing to serve).
+# to the next one on connect failure, reset or a 404) or "original-dst" (Envoy connects
+# to the one address in the header; no failover, nothing to serve).
 ClusterKind = Literal["eds", "original-dst"]
 CLUSTER_KINDS: tuple[ClusterKind, ...] = ("eds", "original-dst")
 
@@ -236,8 +236,13 @@ def _routes(opts: EnvoyOptions) -> list[dict[str, Any]]:
     reached the client, the attempt is retried (``eds``: on the next endpoint of the
     EPP's list; ``reset`` covers it); after that, Envoy cuts the client's response.
     The route's ``idle_timeout`` (Envoy's default: 5 min for every stream) is raised to
-    the route timeout so that it never ends a request before its attempts have run."""
-    retry_on = "connect-failure,reset,refused-stream"
+    the route timeout so that it never ends a request before its attempts have run.
+
+    A 404 is retried too: for a request naming a LoRA adapter the EPP lists only
+    servers that hold it, so a 404 ("The model `x` does not exist.") from one that lost
+    it goes to the next holder instead of the client (docs/lora.md#routing). Any other
+    404 comes back from every try alike."""
+    retry_on = "connect-failure,reset,refused-stream,retriable-status-codes"
     retries = opts.destinations if opts.cluster == "eds" else 0
     routes = []
     for streaming, idle in ((True, opts.stream_idle_timeout_s), (False, opts.first_byte_timeout_s)):
@@ -252,6 +257,7 @@ def _routes(opts: EnvoyOptions) -> list[dict[str, Any]]:
             # when every listed host failed, the last try goes to any healthy host of
             # the cluster (override_host's fallback policy), outside the EPP's accounting
             "retry_on": retry_on,
+            "retriable_status_codes": [404],
             "num_retries": retries,
             "per_try_idle_timeout": _seconds(idle),
         }

@@ -542,7 +542,7 @@ class ExtProcStream:
                 self._router.response_seen(
                     routed.ticket.address, self._req.status, self._req.served
                 )
-                self._router.answered(routed, self._req.status)
+                self._router.answered(routed, self._req.status, self._req.served)
 
 
 def _subset_hint(msg: ProcessingRequest) -> frozenset[str] | None:
