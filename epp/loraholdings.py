@@ -9,16 +9,17 @@ lists it again.
 
 Read on the request path: :meth:`Holdings.lists` (one dict lookup: does any server list
 this model as an adapter?) for every request, :meth:`Holdings.holders` (one pass over
-the pool) only for a request that names an adapter.
+the pool) and :func:`with_holders` (its fallback list) only for a request that names an
+adapter.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from epp.types import EndpointMetrics, EndpointState
+from epp.types import Endpoint, EndpointMetrics, EndpointState, Role
 
 
 class Holdings:
@@ -133,3 +134,31 @@ def doubted(primary: str, status: int, served: str) -> tuple[str, ...]:
     if status == 404:
         out.append(served or primary)
     return tuple(out)
+
+
+def with_holders(
+    targets: tuple[Endpoint, ...],
+    holders: frozenset[str],
+    endpoints: Iterable[EndpointState],
+    in_flight: Mapping[str, int],
+    limit: int,
+) -> tuple[Endpoint, ...]:
+    """``targets`` (the scheduler's picks for an adapter request, primary first) and
+    then the other decode-capable ``holders``, least busy first, ``limit`` in all: the
+    scheduler's filters may have kept fewer (only where the adapter is active), and a
+    retry after a 404 or a failure must go to a server that has the adapter, not to any
+    server of the cluster."""
+    if len(targets) >= limit:
+        return targets
+    listed = {t.address for t in targets}
+    more = sorted(
+        (
+            s
+            for s in endpoints
+            if s.address in holders
+            and s.address not in listed
+            and s.endpoint.role is not Role.PREFILL
+        ),
+        key=lambda s: (in_flight.get(s.address, 0), s.address),
+    )
+    return targets + tuple(s.endpoint for s in more[: limit - len(targets)])

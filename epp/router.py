@@ -23,6 +23,7 @@ from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
 from epp.errors import BadRequestError, ClientVisibleError, NoEndpointError, ShedError
 from epp.flowcontrol import DISPATCHED, FlowController, Waiting
+from epp.loraholdings import with_holders
 from epp.metrics import EppMetrics
 from epp.modelnames import ModelsConfig, Resolved, resolve
 from epp.placement import AdapterPlacement
@@ -314,6 +315,13 @@ class Router:
         deferred = None
         if self.defers and result.prefill is not None:
             deferred = DeferredDecode(max_destinations, 0.0)
+        elif request.lora_adapter and request.subset is not None:
+            # Envoy's retries (a 404, a failure) go down this list: holders only
+            targets = with_holders(
+                result.targets, request.subset, snapshot.endpoints, snapshot.in_flight,
+                max_destinations,
+            )  # fmt: skip
+            result = replace(result, targets=targets)
         if request.model is None:
             # no body (GET /, /v1/models): it needs an endpoint, but it is no inference
             # request, so it is not a scheduling decision (nor a prefix to remember)

@@ -7,6 +7,7 @@ from the next of the list) takes it off that server; the in-flight count returns
 from __future__ import annotations
 
 import random
+import time
 
 import orjson
 import pytest
@@ -17,7 +18,7 @@ from epp.extproc.stream import ExtProcStream
 from epp.metrics import EppMetrics
 from epp.placement import AdapterPlacement, PlacementConfig
 from epp.router import Router
-from epp.types import Endpoint
+from epp.types import Endpoint, EndpointMetrics
 from tests.support import extproc as m
 
 SERVERS = [Endpoint("127.0.0.1", 8000 + i) for i in range(4)]
@@ -70,6 +71,18 @@ def test_the_destination_list_holds_only_servers_with_the_adapter(seed: int) -> 
         stream, targets = send(router, model)
         assert set(targets) == holders  # every holder, and nothing else
         answer(stream, 200)
+    assert in_flight(router) == [0, 0, 0, 0]
+
+
+def test_where_the_adapter_runs_comes_first_and_the_other_holders_after_it() -> None:
+    """The LoRA filter keeps only the server where a2 is active: the other holder is
+    still on the list, for Envoy's retry."""
+    router = make_router()
+    running = EndpointMetrics(time.monotonic(), lora_running=frozenset({"a2"}), max_lora=2)
+    router.datastore.update_metrics(S2, running)
+    stream, targets = send(router, "a2")
+    assert targets == [S2, S1]
+    answer(stream, 200)
     assert in_flight(router) == [0, 0, 0, 0]
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from epp.loraholdings import Holdings, doubted, listed_adapters
-from epp.types import Endpoint, EndpointMetrics, EndpointState
+from epp.loraholdings import Holdings, doubted, listed_adapters, with_holders
+from epp.types import Endpoint, EndpointMetrics, EndpointState, Role
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 
@@ -64,6 +64,18 @@ def test_the_least_recently_routed_adapter_comes_first_and_a_listing_keeps_the_o
     assert h.held(A) == ["a2", "a1", "a4"]
     h.touch(A, "nope")  # not held there: nothing happens
     assert h.held(A) == ["a2", "a1", "a4"]
+
+
+def test_the_fallback_list_is_filled_up_with_the_other_holders_least_busy_first() -> None:
+    ends = [state(A), state(B), state(C), EndpointState(Endpoint("10.0.0.4", 8000, Role.PREFILL))]
+    holders = frozenset({A, B, C, "10.0.0.4:8000"})
+    first = (ends[0].endpoint,)
+    out = with_holders(first, holders, ends, {B: 2, C: 1}, 3)
+    assert [e.address for e in out] == [A, C, B]  # prefill-only 10.0.0.4 never decodes
+    assert [e.address for e in with_holders(first, holders, ends, {}, 2)] == [A, B]
+    assert with_holders(first, frozenset({A}), ends, {}, 3) == first  # A is the only one
+    full = (ends[1].endpoint, ends[0].endpoint)
+    assert with_holders(full, holders, ends, {}, 2) == full
 
 
 def test_a_server_never_listed_holds_what_it_reports_running_or_waiting() -> None:
