@@ -11,6 +11,7 @@ import time
 
 import orjson
 import pytest
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse
 
 from epp.config import build_scheduler
 from epp.datastore import Datastore
@@ -40,13 +41,19 @@ def make_router(seed: int = 0) -> Router:
     )  # fmt: skip
 
 
-def send(router: Router, model: str) -> tuple[ExtProcStream, list[str]]:
-    """A request for ``model``: its stream and the destination list the EPP answered."""
+def routed(router: Router, model: str, **headers: str) -> tuple[ExtProcStream, ProcessingResponse]:
+    """A request for ``model``: its stream and the EPP's answer to its headers."""
     stream = ExtProcStream(router, max_destinations=3)
     body = orjson.dumps({"model": model, "prompt": f"hello {model}", "max_tokens": 2})
-    stream.on_message(m.request_headers())
+    stream.on_message(m.request_headers(headers))
     replies = list(stream.on_message(m.request_body(body, True)))
-    return stream, m.set_headers(replies[0])["x-gateway-destination-endpoint"].split(",")
+    return stream, replies[0]
+
+
+def send(router: Router, model: str) -> tuple[ExtProcStream, list[str]]:
+    """A request for ``model``: its stream and the destination list the EPP answered."""
+    stream, head = routed(router, model)
+    return stream, m.set_headers(head)["x-gateway-destination-endpoint"].split(",")
 
 
 def answer(stream: ExtProcStream, status: int, served: str = "") -> None:
@@ -82,6 +89,21 @@ def test_where_the_adapter_runs_comes_first_and_the_other_holders_after_it() -> 
     router.datastore.update_metrics(S2, running)
     stream, targets = send(router, "a2")
     assert targets == [S2, S1]
+    answer(stream, 200)
+    assert in_flight(router) == [0, 0, 0, 0]
+
+
+def test_only_an_adapter_request_asks_envoy_to_retry_a_404() -> None:
+    """x-epp-retry-404 selects the Envoy route that retries a 404 on the next of the
+    list: set for an adapter (its list holds only holders), removed when a client sends
+    it with any other request."""
+    router = make_router()
+    stream, head = routed(router, "a2")
+    assert m.set_headers(head)["x-epp-retry-404"] == "true"
+    answer(stream, 200)
+    stream, head = routed(router, "sim-model", **{"x-epp-retry-404": "true"})
+    assert "x-epp-retry-404" not in m.set_headers(head)
+    assert "x-epp-retry-404" in m.removed_headers(head)
     answer(stream, 200)
     assert in_flight(router) == [0, 0, 0, 0]
 
