@@ -138,12 +138,14 @@ class AdapterPlacement:
     def answered(self, adapter: str, primary: str, status: int, served: str) -> None:
         """The response to a request for ``adapter`` sent to ``primary`` (``served``:
         the server that answered, when Envoy says): a server it casts doubt on loses
-        the adapter until it lists it again, which it is asked for at once."""
+        the adapter until it lists it again, which it is asked for at once (once
+        started)."""
         for address in doubted(primary, status, served):
             if self.holdings.remove(address, adapter):
                 log.info("%s may not hold LoRA adapter %s (HTTP %d): listing it", address,
                          adapter, status)  # fmt: skip
-                self._list_soon(address)
+                if self._started:
+                    self._list_soon(address)
 
     async def ensure(self, adapter: str) -> frozenset[str]:
         """Servers holding ``adapter``, loading it first where none does (the request
@@ -300,6 +302,7 @@ class AdapterPlacement:
         return self._session
 
     async def stop(self) -> None:
+        self._started = False  # no new listings
         await self._loop.stop()
         tasks: list[asyncio.Future[Any]] = [*self._loading.values(), *self._listings.values()]
         for pending in tasks:

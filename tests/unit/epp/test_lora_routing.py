@@ -6,6 +6,7 @@ from the next of the list) takes it off that server; the in-flight count returns
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 
@@ -118,7 +119,9 @@ def test_a_base_model_and_an_adapter_nobody_holds_go_anywhere() -> None:
     assert in_flight(router) == [0, 0, 0, 0]
 
 
-def test_a_404_takes_the_adapter_off_the_server_that_answered_it() -> None:
+def test_a_404_takes_the_adapter_off_the_server_that_answered_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     router = make_router()
     stream, targets = send(router, "a2")
     answer(stream, 404, served=targets[0])
@@ -127,6 +130,7 @@ def test_a_404_takes_the_adapter_off_the_server_that_answered_it() -> None:
     assert targets == [remaining]
     answer(stream, 200)
     assert in_flight(router) == [0, 0, 0, 0]
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_envoy_answering_from_the_next_holder_takes_the_adapter_off_the_first() -> None:
