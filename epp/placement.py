@@ -195,13 +195,13 @@ class AdapterPlacement:
         """List every server now, then every ``listIntervalSeconds``, and each server
         that joins the pool as it joins."""
         self._started = True
+        self._pool_changed()
         self._loop.start()
 
     async def _list_periodically(self) -> None:
-        while True:
-            self._pool_changed()
-            pending = [self._list_soon(s.address) for s in self._datastore.snapshot().endpoints]
-            await asyncio.gather(*pending, return_exceptions=True)
+        while True:  # (a server slow to answer delays only its own next listing)
+            for s in self._datastore.snapshot().endpoints:
+                self._list_soon(s.address)
             if not self.cfg.list_interval_s:
                 return
             await asyncio.sleep(self.cfg.list_interval_s)
