@@ -1,27 +1,32 @@
-"""LoRA adapter placement: load a catalogued adapter on demand, through the model
-servers' own API (vLLM's ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``).
+"""LoRA adapters on the model servers: what each one holds, learned from the servers
+themselves, and (with ``loraPlacement.enabled``) loading a catalogued adapter on demand
+through their own API (vLLM's ``POST /v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter``).
 
-When a request names an adapter of the catalogue (``models.adapters``), the router asks
-:meth:`AdapterPlacement.holders` which servers have it: those the EPP saw listing it in
-``GET /v1/models`` or loaded it on, and those reporting it running or waiting. The
-request is then picked among them only. When none has it, the request waits while the
-adapter is loaded on the best server (decode-capable; fewest adapters the EPP knows there,
-then least load; with ``unloadLeastRecentlyUsed`` a server already holding
+Every server is listed (``GET /v1/models``: the cards with a ``parent`` are its
+adapters) when it joins the pool and every ``listIntervalSeconds``; a server that no
+longer lists an adapter loses it (epp.loraholdings). A request whose model some server
+lists, or that names an adapter of the catalogue (``models.adapters``), is picked only
+among the servers that have it (:meth:`AdapterPlacement.holders`): those listing it or
+where the EPP loaded it, and, for a server not listed yet, those reporting it running or
+waiting. When none has it and placement is on, the request waits while the adapter is
+loaded on the best server (decode-capable; fewest adapters the EPP knows there, then
+least load; with ``unloadLeastRecentlyUsed`` a server already holding
 ``maxAdaptersPerServer`` first unloads the adapter the EPP routed to least recently, a
 server with room ranking first). Concurrent requests for the same adapter wait for the
-same load. A server is listed (``/v1/models``) the first time placement needs it.
+same load. A response that says a server lacks the adapter (a 404, or Envoy answering
+from the next server of the list) drops it there and lists that server again at once.
 
-Off by default (``loraPlacement.enabled``). The admin API lists, loads and unloads by
-hand (epp.admin.lora). Metrics: ``epp_lora_adapter_loads_total``,
-``epp_lora_adapter_unloads_total``, ``epp_lora_requests_waited_for_load_total``.
+The admin API lists, loads and unloads by hand (epp.admin.lora). Metrics:
+``epp_lora_adapter_loads_total``, ``epp_lora_adapter_unloads_total``,
+``epp_lora_requests_waited_for_load_total``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +35,8 @@ import orjson
 
 from epp.datastore import Datastore
 from epp.errors import ClientVisibleError, NoEndpointError
+from epp.looptask import LoopTask
+from epp.loraholdings import Holdings, doubted, listed_adapters
 from epp.metrics import EppMetrics
 from epp.scheduling.sections import setting
 from epp.types import EndpointState, Role
@@ -43,7 +50,7 @@ MODELS_PATH = "/v1/models"
 
 @dataclass(frozen=True)
 class PlacementConfig:
-    """LoRA adapter placement: load catalogued adapters on demand (off by default)."""
+    """LoRA adapters: what each server holds (always listed); loading on demand (off)."""
 
     enabled: bool = setting(
         False,
@@ -70,6 +77,14 @@ class PlacementConfig:
         "how long one load, unload or adapter listing may take",
         minimum=0.1,
     )
+    list_interval_s: float = setting(
+        10.0,
+        "listIntervalSeconds",
+        "seconds between two listings of every server's adapters (GET /v1/models); "
+        "a server is also listed when it joins and after it answers 404 for an adapter "
+        "(0: only then)",
+        minimum=0.0,
+    )
 
 
 class PlacementError(ClientVisibleError):
@@ -81,7 +96,8 @@ class PlacementError(ClientVisibleError):
 
 
 class AdapterPlacement:
-    """What the EPP knows each server holds, and the loads and unloads it runs."""
+    """What the EPP knows each server holds, the listings that teach it, and the loads
+    and unloads it runs."""
 
     def __init__(
         self,
@@ -96,33 +112,40 @@ class AdapterPlacement:
         self._loads = {r: metrics.lora_loads.labels(r) for r in ("ok", "failed")}
         self._unloads = {r: metrics.lora_unloads.labels(r) for r in ("ok", "failed")}
         self._waited = metrics.lora_waited
-        # address -> adapters it holds, least recently routed to first
-        self._held: dict[str, OrderedDict[str, None]] = {}
+        self.holdings = Holdings()
         self._loading: dict[str, asyncio.Future[str]] = {}
+        self._listings: dict[str, asyncio.Task[None]] = {}  # address -> its listing
+        self._active: frozenset[str] = frozenset()  # the pool as last seen
+        self._loop = LoopTask("lora-listing", self._list_periodically)
+        self._started = False
         self._session: aiohttp.ClientSession | None = None
+        datastore.on_change(self._pool_changed)
 
     # -- the request path ---------------------------------------------------------------
 
+    def lists(self, model: str) -> bool:
+        """Whether some server lists ``model`` as an adapter (one dict lookup)."""
+        return self.holdings.lists(model)
+
     def holders(self, adapter: str) -> frozenset[str]:
-        """Addresses of healthy servers that have ``adapter``: listed there or loaded
-        there by the EPP; for a server not listed yet, reported running or waiting."""
-        out = set()
-        for s in self._datastore.snapshot().endpoints:
-            held = self._held.get(s.address)
-            if held is not None:  # listed: what the EPP knows beats a report that may lag
-                if adapter in held:
-                    out.add(s.address)
-                continue
-            m = s.metrics
-            if m is not None and (adapter in m.lora_running or adapter in m.lora_waiting):
-                out.add(s.address)
-        return frozenset(out)
+        """Addresses of healthy servers that have ``adapter`` (Holdings.holders)."""
+        return self.holdings.holders(adapter, self._datastore.snapshot().endpoints)
 
     def routed(self, adapter: str, address: str) -> None:
         """A request for ``adapter`` went to ``address`` (least-recently-used order)."""
-        held = self._held.get(address)
-        if held is not None and adapter in held:
-            held.move_to_end(adapter)
+        self.holdings.touch(address, adapter)
+
+    def answered(self, adapter: str, primary: str, status: int, served: str) -> None:
+        """The response to a request for ``adapter`` sent to ``primary`` (``served``:
+        the server that answered, when Envoy says): a server it casts doubt on loses
+        the adapter until it lists it again, which it is asked for at once (once
+        started)."""
+        for address in doubted(primary, status, served):
+            if self.holdings.remove(address, adapter):
+                log.info("%s may not hold LoRA adapter %s (HTTP %d): listing it", address,
+                         adapter, status)  # fmt: skip
+                if self._started:
+                    self._list_soon(address)
 
     async def ensure(self, adapter: str) -> frozenset[str]:
         """Servers holding ``adapter``, loading it first where none does (the request
@@ -152,20 +175,63 @@ class AdapterPlacement:
         if not candidates:
             raise PlacementError(503, "no decode-capable server in the pool")
         best = min(candidates, key=self._rank)
-        held = self._held.setdefault(best.address, OrderedDict())
         if self.cfg.unload_lru:
-            while len(held) >= self.cfg.max_adapters:
-                await self.unload(next(iter(held)), best.address)
+            while len(held := self.holdings.held(best.address)) >= self.cfg.max_adapters:
+                await self.unload(held[0], best.address)
         await self.load(adapter, best.address)
         return best.address
 
     def _rank(self, s: EndpointState) -> tuple[int, float, int]:
-        held = len(self._held.get(s.address, ()))
+        held = len(self.holdings.held(s.address))
         m = s.metrics
         load = float(self._datastore.in_flight(s.address))
         if m is not None:
             load = max(load, (m.waiting or 0.0) + (m.running or 0.0))
         return (held >= self.cfg.max_adapters, load, held)
+
+    # -- listings -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """List every server now, then every ``listIntervalSeconds``, and each server
+        that joins the pool as it joins."""
+        self._started = True
+        self._pool_changed()
+        self._loop.start()
+
+    async def _list_periodically(self) -> None:
+        while True:  # (a server slow to answer delays only its own next listing)
+            for s in self._datastore.snapshot().endpoints:
+                self._list_soon(s.address)
+            if not self.cfg.list_interval_s:
+                return
+            await asyncio.sleep(self.cfg.list_interval_s)
+
+    def _pool_changed(self) -> None:
+        """Membership or status changed: list the servers that (re)joined the active
+        pool, forget those that left it."""
+        active = frozenset(s.address for s in self._datastore.snapshot().endpoints)
+        joined, self._active = active - self._active, active
+        for address in [a for a in self.holdings.listing() if self._datastore.member(a) is None]:
+            self.holdings.forget(address)
+        if self._started:
+            for address in joined:
+                self._list_soon(address)
+
+    def _list_soon(self, address: str) -> asyncio.Task[None]:
+        """``address``'s listing: the one under way, else a new one."""
+        task = self._listings.get(address)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._list(address))
+            self._listings[address] = task
+            task.add_done_callback(lambda _: self._listings.pop(address, None))
+        return task
+
+    async def _list_unknown(self) -> None:
+        """Wait for the listings of the servers never listed (placement needs them)."""
+        endpoints = self._datastore.snapshot().endpoints
+        new = [self._list_soon(s.address) for s in endpoints if not self.holdings.knows(s.address)]
+        if new:
+            await asyncio.gather(*new, return_exceptions=True)
 
     # -- the servers' API (also the admin API's) ----------------------------------------
 
@@ -181,41 +247,39 @@ class AdapterPlacement:
             self._loads["failed"].inc()
             raise PlacementError(status if status >= 400 else 502, f"{address}: {text}")
         self._loads["ok"].inc()
-        self._held.setdefault(address, OrderedDict())[adapter] = None
+        self.holdings.add(address, adapter)
         log.info("loaded LoRA adapter %s on %s", adapter, address)
 
     async def unload(self, adapter: str, address: str) -> None:
         status, text = await self._post(address, UNLOAD_PATH, {"lora_name": adapter})
-        held = self._held.get(address)
         if status != 200 and status != 404:  # 404: it was not there (any more)
             self._unloads["failed"].inc()
             raise PlacementError(status if status >= 400 else 502, f"{address}: {text}")
         self._unloads["ok"].inc()
-        if held is not None:
-            held.pop(adapter, None)
+        self.holdings.remove(address, adapter)
         log.info("unloaded LoRA adapter %s from %s", adapter, address)
 
     def listing(self) -> dict[str, list[str]]:
         """address -> adapters the EPP knows it holds (least recently used first)."""
-        return {a: list(held) for a, held in self._held.items()}
-
-    async def _list_unknown(self) -> None:
-        """List the adapters of servers never listed (their /v1/models)."""
-        endpoints = self._datastore.snapshot().endpoints
-        new = [s.address for s in endpoints if s.address not in self._held]
-        if new:
-            await asyncio.gather(*(self._list(a) for a in new))
+        return self.holdings.listing()
 
     async def _list(self, address: str) -> None:
+        """Ask ``address`` what it holds (its ``/v1/models``); on failure what was known
+        stays, and it is asked again next time."""
         try:
             async with asyncio.timeout(self.cfg.timeout_s):
                 async with self._client().get(f"http://{address}{MODELS_PATH}") as resp:
                     body = await resp.read()
-            held = _adapters(orjson.loads(body))
+                    if resp.status != 200:
+                        raise ValueError(f"HTTP {resp.status}: {_message(body)}")
+            held = listed_adapters(orjson.loads(body))
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-            log.warning("cannot list the adapters of %s: %s", address, exc or type(exc).__name__)
-            return  # asked again next time
-        self._held.setdefault(address, OrderedDict()).update(dict.fromkeys(held))
+            level = logging.DEBUG if self.holdings.knows(address) else logging.WARNING
+            log.log(level, "cannot list the adapters of %s: %s", address,
+                    exc or type(exc).__name__)  # fmt: skip
+            return
+        if self._datastore.member(address) is not None:  # (not gone meanwhile)
+            self.holdings.listed(address, held)
 
     async def _post(self, address: str, path: str, body: Mapping[str, Any]) -> tuple[int, str]:
         try:
@@ -238,20 +302,15 @@ class AdapterPlacement:
         return self._session
 
     async def stop(self) -> None:
-        for pending in list(self._loading.values()):
+        self._started = False  # no new listings
+        await self._loop.stop()
+        tasks: list[asyncio.Future[Any]] = [*self._loading.values(), *self._listings.values()]
+        for pending in tasks:
             pending.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
-
-
-def _adapters(doc: Any) -> Iterable[str]:
-    """The adapter ids of a ``/v1/models`` answer: cards with a ``parent``."""
-    return [
-        card["id"]
-        for card in doc["data"]
-        if isinstance(card, dict) and card.get("parent") and isinstance(card.get("id"), str)
-    ]
 
 
 def _message(body: bytes) -> str:

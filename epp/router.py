@@ -23,6 +23,7 @@ from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
 from epp.errors import BadRequestError, ClientVisibleError, NoEndpointError, ShedError
 from epp.flowcontrol import DISPATCHED, FlowController, Waiting
+from epp.loraholdings import with_holders
 from epp.metrics import EppMetrics
 from epp.modelnames import ModelsConfig, Resolved, resolve
 from epp.placement import AdapterPlacement
@@ -76,6 +77,7 @@ class Routed:
     # the prompt text's length, to learn characters per token from (0: nothing to
     # learn, e.g. a prompt of token ids, whose tokens were counted)
     prompt_chars: int = 0
+    adapter: str | None = None  # the LoRA adapter it names (placement learns from it)
 
     def release(self) -> None:
         self.ticket.release()
@@ -153,15 +155,21 @@ class Router:
         return resolve(self.models, request, doc, self.rng)
 
     def place(self, request: InferenceRequest) -> InferenceRequest | Awaitable[InferenceRequest]:
-        """With placement on, a catalogued adapter's request narrowed to the servers that
-        hold it, after a load when none does (then awaitable)."""
-        placement = self.placement
-        if placement is None or not request.lora_adapter or request.model is None:
+        """A request for an adapter (catalogued, or listed by some server) narrowed to
+        the servers that hold it; with placement on, after a load when none does (then
+        awaitable). Any other request (a base model; an adapter nobody holds, which the
+        servers answer 404) as it came."""
+        placement, model = self.placement, request.model
+        if placement is None or model is None:
             return request
-        holders = placement.holders(request.model)
+        if not (request.lora_adapter or placement.lists(model)):
+            return request
+        holders = placement.holders(model)
         if holders:
-            return _within(request, holders)
-        return self._place_after_load(placement, request, request.model)
+            return _within(replace(request, lora_adapter=True), holders)
+        if request.lora_adapter and placement.cfg.enabled:
+            return self._place_after_load(placement, request, model)
+        return request
 
     async def _place_after_load(
         self, placement: AdapterPlacement, request: InferenceRequest, adapter: str
@@ -313,6 +321,13 @@ class Router:
         deferred = None
         if self.defers and result.prefill is not None:
             deferred = DeferredDecode(max_destinations, 0.0)
+        elif request.lora_adapter and request.subset is not None:
+            # Envoy's retries (a 404, a failure) go down this list: holders only
+            targets = with_holders(
+                result.targets, request.subset, snapshot.endpoints, snapshot.in_flight,
+                max_destinations,
+            )  # fmt: skip
+            result = replace(result, targets=targets)
         if request.model is None:
             # no body (GET /, /v1/models): it needs an endpoint, but it is no inference
             # request, so it is not a scheduling decision (nor a prefix to remember)
@@ -346,6 +361,7 @@ class Router:
             scheduling_s=seconds,
             deferred=deferred,
             prompt_chars=len(request.prompt) if request.prompt_token_count is None else 0,
+            adapter=request.model if request.lora_adapter else None,
         )
         if labels is not None:
             routed.on_release = self.metrics.llmd.started(*labels)
@@ -493,11 +509,16 @@ class Router:
         else:
             outcomes.success(address)
 
-    def answered(self, routed: Routed, status: int) -> None:
-        """The model server's response status, once per routed request: a non-200
-        counts as an error of the request (the llm-d Router's ModelServerError)."""
+    def answered(self, routed: Routed, status: int, served: str = "") -> None:
+        """The model server's response status, once per routed request (``served``:
+        the endpoint that answered, when Envoy says): a non-200 counts as an error of
+        the request (the llm-d Router's ModelServerError); a request for an adapter
+        tells placement whether its server lacked it."""
         if routed.labels is not None and status != 200:
             self.metrics.llmd.failed(*routed.labels, status, ours=False)
+        if routed.adapter is not None and self.placement is not None:
+            primary = routed.result.primary.address
+            self.placement.answered(routed.adapter, primary, status, served)
 
     def first_byte_seen(self, routed: Routed) -> None:
         """The response body's first bytes passed (a streamed response's first token)."""

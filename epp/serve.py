@@ -403,7 +403,7 @@ def build(
         outcomes=outcomes,
         envoy_sync=envoy_sync,
         models=cfg.models,
-        placement=placement if cfg.lora_placement.enabled else None,
+        placement=placement,
         flow=flow,
         tracer=tracer,
         stream_chunk_timeout_s=opts.stream_chunk_timeout_s,
@@ -507,7 +507,7 @@ def build(
         *([Step("metrics-auth", on_stop=reviewer.close)] if reviewer is not None else []),
         Step("coordinator", on_stop=coordinator.close),
         Step("readiness-probe", on_stop=probe.stop),
-        Step("lora-placement", on_stop=placement.stop),
+        Step("lora-placement", placement.start, placement.stop),
         Step("ejector", ejector.start, ejector.stop),
         Step("names", names.start, names.stop),
         # the parent scrapes for its workers; each worker subscribes to KV events itself

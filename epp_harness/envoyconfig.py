@@ -21,13 +21,19 @@ request Envoy shows the EPP:
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from epp.addresses import is_ip
-from epp.extproc.messages import DESTINATION_HEADER, LB_NAMESPACE, STREAM_HEADER
+from epp.extproc.messages import (
+    DESTINATION_HEADER,
+    LB_NAMESPACE,
+    RETRY_404_HEADER,
+    STREAM_HEADER,
+)
 from epp.extproc.stream import UPSTREAM_ADDRESS
 from epp.extproc.transport import MAX_DESTINATIONS_METADATA
 from epp.health import EXT_PROC_SERVICE
@@ -37,8 +43,9 @@ Processing = Literal["full", "lean", "buffered"]
 PROCESSING_MODES: tuple[Processing, ...] = ("full", "lean", "buffered")
 # How Envoy finds the model servers: "eds" (the EPP serves the cluster's endpoints over
 # EDS; the override_host policy reads the EPP's ordered fallback list and a retry moves
-# to the next one on connect failure or reset) or "original-dst" (Envoy connects to the
-# one address in the header; no failover, nothing to serve).
+# to the next one on connect failure or reset, or a LoRA adapter's 404) or
+# "original-dst" (Envoy connects to the one address in the header; no failover, nothing
+# to serve).
 ClusterKind = Literal["eds", "original-dst"]
 CLUSTER_KINDS: tuple[ClusterKind, ...] = ("eds", "original-dst")
 
@@ -229,9 +236,10 @@ def _route_action(opts: EnvoyOptions) -> dict[str, Any]:
 
 
 def _routes(opts: EnvoyOptions) -> list[dict[str, Any]]:
-    """Two routes that differ only in how long a model server may stay silent per
-    attempt: streaming requests (the EPP marks them with ``STREAM_HEADER``, and clears
-    the route cache so Envoy matches again) and the rest.
+    """Four routes that differ only in how long a model server may stay silent per
+    attempt and in whether a 404 is retried: streaming requests (the EPP marks them with
+    ``STREAM_HEADER``, and clears the route cache so Envoy matches again) and the rest,
+    each with and without ``RETRY_404_HEADER``.
 
     ``per_try_idle_timeout`` resets on every byte either way, so it bounds the wait for
     the first byte and every gap after it. When it fires before any of the response has
@@ -241,27 +249,42 @@ def _routes(opts: EnvoyOptions) -> list[dict[str, Any]]:
     processing the EPP ends a stream that stalls after its first byte much sooner
     (``epp serve --stream-chunk-timeout``, epp.extproc.stall).
     The route's ``idle_timeout`` (Envoy's default: 5 min for every stream) is raised to
-    the route timeout so that it never ends a request before its attempts have run."""
-    retry_on = "connect-failure,reset,refused-stream"
+    the route timeout so that it never ends a request before its attempts have run.
+
+    The EPP marks a request for a LoRA adapter with ``RETRY_404_HEADER``: its list holds
+    only servers that have the adapter, so a 404 ("The model `x` does not exist.") from
+    one that lost it is retried on the next holder instead of reaching the client
+    (docs/lora.md#routing). Other 404s (an unknown model or path) are answered at once."""
     retries = opts.destinations if opts.cluster == "eds" else 0
     routes = []
-    for streaming, idle in ((True, opts.stream_idle_timeout_s), (False, opts.first_byte_timeout_s)):
+    kinds = ((True, opts.stream_idle_timeout_s), (False, opts.first_byte_timeout_s))
+    marked = (True, False) if retries else (False,)  # (no retries: nothing to mark)
+    for (streaming, idle), retry_404 in itertools.product(kinds, marked):
         match: dict[str, Any] = {"prefix": "/"}
-        if streaming:
-            match["headers"] = [{"name": STREAM_HEADER, "present_match": True}]
+        marks = [STREAM_HEADER] * streaming + [RETRY_404_HEADER] * retry_404
+        if marks:
+            match["headers"] = [{"name": h, "present_match": True} for h in marks]
         action = _route_action(opts)
         action["idle_timeout"] = _seconds(opts.route_timeout_s)
-        action["retry_policy"] = {
+        policy: dict[str, Any] = {
             # before the response starts only: a dead, dying or frozen server costs a
             # retry, never a client error. One retry more than the EPP's list is long:
             # when every listed host failed, the last try goes to any healthy host of
             # the cluster (override_host's fallback policy), outside the EPP's accounting
-            "retry_on": retry_on,
+            "retry_on": "connect-failure,reset,refused-stream",
             "num_retries": retries,
             "per_try_idle_timeout": _seconds(idle),
         }
+        if retry_404:
+            policy["retry_on"] += ",retriable-status-codes"
+            policy["retriable_status_codes"] = [404]
+        action["retry_policy"] = policy
         routes.append(
-            {"match": match, "route": action, "request_headers_to_remove": [STREAM_HEADER]}
+            {
+                "match": match,
+                "route": action,
+                "request_headers_to_remove": [STREAM_HEADER, RETRY_404_HEADER],
+            }
         )
     return routes
 

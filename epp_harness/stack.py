@@ -75,6 +75,9 @@ class StackOptions:
     processing: Processing = "full"
     cluster: ClusterKind = "eds"
     sim_args: list[str] = field(default_factory=list)
+    # more `epp sim` args for some plain servers: the i-th list goes to sim-i (e.g. a
+    # LoRA adapter preloaded on a few of them)
+    sim_args_each: list[list[str]] = field(default_factory=list)
     epp_args: list[str] = field(default_factory=list)
     log_level: str = "info"
     workdir: Path | None = None
@@ -261,8 +264,10 @@ class LocalStack:
         connector = ["--kv-connector", SIM_CONNECTOR[o.coordinator]]
         if o.coordinator == "kv-pool":
             connector += ["--kv-pool-dir", str(self.workdir / "kv-pool")]
+        each = o.sim_args_each
         plan: list[tuple[str, str, list[str]]] = [
-            (f"sim-{i}", "--endpoint", []) for i in range(o.servers)
+            (f"sim-{i}", "--endpoint", list(each[i]) if i < len(each) else [])
+            for i in range(o.servers)
         ]
         plan += [
             (f"prefill-{i}", "--prefill", ["--role", "prefill", *connector])

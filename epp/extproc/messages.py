@@ -25,6 +25,10 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 # Set on streaming requests (``"stream": true``) so the Envoy config can give them their
 # own per-attempt idle timeout; Envoy removes it before the model server sees it.
 STREAM_HEADER = "x-epp-stream"
+# Set on requests for a LoRA adapter, whose destination list holds only servers with it:
+# the Envoy config retries their 404 ("The model `x` does not exist.": a server that lost
+# the adapter) on the next of the list; Envoy removes it before the model server sees it.
+RETRY_404_HEADER = "x-epp-retry-404"
 LB_NAMESPACE = "envoy.lb"
 
 _OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD

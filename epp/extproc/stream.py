@@ -46,7 +46,13 @@ log = logging.getLogger(__name__)
 _STRIPPED_PREFIX = "x-gateway-destination-endpoint"
 # the model-name rewrite headers are the EPP's to act on, not the model server's
 _STRIPPED_EXACT = frozenset(
-    {"x-prefiller-host-port", "x-prefiller-fallbacks", messages.STREAM_HEADER, *REWRITE_HEADERS}
+    {
+        "x-prefiller-host-port",
+        "x-prefiller-fallbacks",
+        messages.STREAM_HEADER,
+        messages.RETRY_404_HEADER,
+        *REWRITE_HEADERS,
+    }
 )
 _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 _BUFFERED = ProcessingMode.BUFFERED
@@ -486,13 +492,16 @@ class ExtProcStream:
             extra.append(("x-request-id", req.request_id))
         if req.stream:  # its own per-attempt idle timeout in the Envoy config
             extra.append((messages.STREAM_HEADER, "true"))
+        if routed.adapter is not None:  # its list holds the adapter's holders only
+            extra.append((messages.RETRY_404_HEADER, "true"))
         if self._trace is not None:  # the model server continues the request's trace
             extra.extend(self._trace.propagation())
+        setting = {k for k, _ in extra}
         remove = [
             k
             for k in req.headers
             if (k.startswith(_STRIPPED_PREFIX) and k != messages.DESTINATION_HEADER)
-            or (k in _STRIPPED_EXACT and not (req.stream and k == messages.STREAM_HEADER))
+            or (k in _STRIPPED_EXACT and k not in setting)
         ]
         destination = routed.result.header_value
         if buffered:  # Envoy holds the body: replace it only if rewritten
@@ -583,7 +592,7 @@ class ExtProcStream:
                 self._router.response_seen(
                     routed.ticket.address, self._req.status, self._req.served
                 )
-                self._router.answered(routed, self._req.status)
+                self._router.answered(routed, self._req.status, self._req.served)
 
 
 def _subset_hint(msg: ProcessingRequest) -> frozenset[str] | None:

@@ -101,5 +101,7 @@ def test_the_generated_route_carries_the_per_try_idle_timeouts() -> None:
     routes = hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
     idle = [r["route"]["retry_policy"]["per_try_idle_timeout"] for r in routes]
     e = EnvoyOptions()
-    assert idle == [f"{e.stream_idle_timeout_s:g}s", f"{e.first_byte_timeout_s:g}s"]
+    # streaming, then the rest; each with a LoRA adapter's 404 retried, then without
+    stream, first_byte = f"{e.stream_idle_timeout_s:g}s", f"{e.first_byte_timeout_s:g}s"
+    assert idle == [stream, stream, first_byte, first_byte]
     assert {r["route"]["timeout"] for r in routes} == {f"{e.route_timeout_s:g}s"}
