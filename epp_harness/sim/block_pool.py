@@ -4,10 +4,12 @@
 (``BlockPool.__init__`` takes it off the free queue), so ``num_blocks - 1`` hold KV.
 Every block not referenced by a running request sits in the *free queue* (vLLM's
 ``FreeKVCacheBlockQueue`` in ``vllm/v1/core/kv_cache_utils.py``), in eviction order:
-at first every block in id order; a freed block joins the tail; an allocation takes
-the head (``BlockPool.get_new_blocks``), and when that block was cached its hash is
-dropped then, and only then (``_maybe_evict_cached_block``). So a cached block stays
-reusable until it is the least recently freed block and somebody needs a block.
+at first every block in id order; a freed cached block joins the tail, a freed
+uncached one (a request's partial last block) the head, to be reused first; an
+allocation takes the head (``BlockPool.get_new_blocks``), and when that block was
+cached its hash is dropped then, and only then (``_maybe_evict_cached_block``). So a
+cached block stays reusable until it is the least recently freed cached block and
+somebody needs a block no uncached free block can give.
 
 A full block gets its hash once a request has filled it (``cache_full_blocks``); a
 hash may name several blocks (vLLM does not de-duplicate: a request that recomputes a
@@ -114,13 +116,22 @@ class BlockPool:
         self._index.setdefault(block_hash, {})[block] = None
 
     def free(self, ordered: Iterable[int]) -> None:
-        """Drop one reference from each block, in eviction order: a block nobody holds
-        any more joins the free queue's tail (``free_blocks``)."""
+        """Drop one reference from each block, in eviction order. The blocks nobody
+        holds any more rejoin the free queue (``free_blocks``): cached ones at its tail,
+        in that order, to be evicted least recently freed first; uncached ones (a
+        partial last block) at its head, in that order, to be reused first."""
+        uncached: list[int] = []
         for block in ordered:
             self._refs[block] -= 1
             assert self._refs[block] >= 0, f"block {block} freed twice"
             if self._refs[block] == 0:
-                self._free[block] = None
+                if block in self._hash:
+                    self._free[block] = None
+                else:
+                    uncached.append(block)
+        for block in reversed(uncached):
+            self._free[block] = None
+            self._free.move_to_end(block, last=False)
 
     def reset(self) -> bool:
         """Drop every hash (vLLM's ``reset_prefix_cache``); refused (False) while any

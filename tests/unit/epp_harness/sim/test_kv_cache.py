@@ -115,10 +115,21 @@ def test_a_hit_takes_its_blocks_off_the_free_queue_and_refreshes_them() -> None:
     serve(kv, a)  # blocks 1, 2
     serve(kv, b)  # blocks 3, 4
     assert serve(kv, [*a, 7]).hit_tokens == 2 * BS  # a's blocks go back last
-    assert kv.pool.free_queue()[-2:] == [2, 1]
-    serve(kv, ids(3, 3))  # 5, 6, then b's tail and head
+    assert kv.pool.free_queue() == [5, 6, 4, 3, 2, 1]  # 5 held the partial block
+    serve(kv, ids(3, 4))  # 5, 6, then b's tail and head
     assert events.removed == token_block_hashes(b, BS)[::-1]
     assert hit(kv, [*a, 7]) == 2 * BS
+
+
+def test_a_freed_partial_block_is_reused_before_any_cached_block() -> None:
+    kv, events = cache(6)  # 5 usable blocks
+    serve(kv, ids(1, 2.5))  # blocks 1, 2 cached, 3 partial
+    assert kv.pool.free_queue() == [3, 4, 5, 2, 1]
+    serve(kv, ids(2, 1.5))  # 3 (now full and cached) and 4 (partial)
+    assert kv.pool.free_queue() == [4, 5, 2, 1, 3]
+    serve(kv, ids(3, 3))  # 4, 5, then the least recently freed cached block: 2
+    assert events.removed == token_block_hashes(ids(1, 2), BS)[1:]
+    assert hit(kv, [*ids(1, 2), 0]) == BS and hit(kv, [*ids(2, 1), 0]) == BS
 
 
 def test_a_running_requests_blocks_are_never_evicted() -> None:
