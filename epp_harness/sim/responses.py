@@ -57,9 +57,11 @@ def usage(
     prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
 ) -> dict[str, Any]:
     """vLLM's ``usage`` object. ``cached_tokens`` is None unless the server reports prompt
-    token details (``--enable-prompt-tokens-details``); vLLM then fills
-    ``prompt_tokens_details`` only when some tokens were cached (0 stays null)."""
-    details = {"cached_tokens": cached_tokens} if cached_tokens else None
+    token details (``--enable-prompt-tokens-details``); vLLM 0.32 then fills
+    ``prompt_tokens_details`` for every request, 0 included (its serving code tests the
+    engine's ``num_cached_tokens`` against None, which it never is; older versions left
+    0 null)."""
+    details = None if cached_tokens is None else {"cached_tokens": cached_tokens}
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,

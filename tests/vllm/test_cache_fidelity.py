@@ -61,10 +61,12 @@ def complete(url: str, model: str, prompt: list[int], max_tokens: int) -> tuple[
     status, _, body = request(f"{url}/v1/completions", orjson.dumps(doc), timeout=300)
     assert status == 200, body[:500]
     answer: dict[str, Any] = orjson.loads(body)
-    details = answer["usage"].get("prompt_tokens_details") or {}
+    # both report the details on every request, a cold one's as {"cached_tokens": 0}
+    details = answer["usage"]["prompt_tokens_details"]
+    assert isinstance(details, dict) and isinstance(details["cached_tokens"], int), answer
     output = answer["choices"][0]["token_ids"]
     assert len(output) == max_tokens
-    return int(details.get("cached_tokens") or 0), list(output)
+    return details["cached_tokens"], list(output)
 
 
 def reset(pair: Pair) -> None:

@@ -204,7 +204,7 @@ def test_prompt_tokens_details_as_vllm_shapes_them() -> None:
     req = chat([{"role": "user", "content": "x" * 400}])
     # Off (vLLM's default) or nothing cached: null; otherwise the cached count.
     assert responses.usage(100, 2)["prompt_tokens_details"] is None
-    assert responses.usage(100, 2, 0)["prompt_tokens_details"] is None
+    assert responses.usage(100, 2, 0)["prompt_tokens_details"] == {"cached_tokens": 0}
     assert responses.usage(100, 2, 96)["prompt_tokens_details"] == {"cached_tokens": 96}
     body = responses.full_response(req, "r", 1, 2, cached_tokens=96)
     assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 96}
