@@ -5,8 +5,9 @@ wire format, vLLM's Prometheus metrics, a queue bounded by ``--max-num-seqs``, a
 block-hashed prefix cache and a simple latency model, so routing decisions can be
 judged without GPUs.
 
-Layout: ``config`` (SimConfig), ``prefix_cache`` (pure hashing + LRU), ``protocol``
-(request parsing, pure), ``engine`` (admission queue and timing),
+Layout: ``config`` (SimConfig), ``prefix_cache`` (chained block hashes, pure),
+``block_pool`` and ``kv_cache`` (vLLM's KV block pool and its requests, pure),
+``protocol`` (request parsing, pure), ``engine`` (admission queue and timing),
 ``responses`` (vLLM response bodies and SSE chunks, pure), ``metrics`` (Prometheus
 exposition), ``server`` (aiohttp app), ``flags`` (the CLI flags), ``cli`` (process
 entry point). Prefill/decode handoffs: ``kv_params`` (P/D request fields, pure),

@@ -115,6 +115,9 @@ class SimConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.kv_blocks < 2:
+            # one block is reserved, as vLLM's null block (epp_harness.sim.block_pool)
+            raise ValueError(f"kv_blocks must be >= 2, got {self.kv_blocks}")
         for name in (
             "prefill_overhead_ms",
             "prefill_ms_per_token",

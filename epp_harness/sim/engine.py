@@ -1,10 +1,12 @@
 """The simulated engine: FIFO admission, prefix-cache lookups, KV accounting, timing.
 
-At most ``max_num_seqs`` sequences run at once; later ones wait in arrival order. A
-running sequence holds ceil((prompt + generated) / block_size) KV blocks; the prefix
-cache may use whatever blocks running sequences do not hold. Latencies come from the
-pure functions below (seconds, already multiplied by ``time_scale``), so they can be
-checked without an event loop; the clock and sleep are injectable for the same reason.
+At most ``max_num_seqs`` sequences run at once; later ones wait in arrival order. KV
+blocks and the prefix cache follow vLLM's block pool (epp_harness.sim.kv_cache): a
+running sequence holds the blocks of its computed tokens, every full block is cached,
+and a finished sequence's blocks stay cached until allocation evicts them. Latencies
+come from the pure functions below (seconds, already multiplied by ``time_scale``), so
+they can be checked without an event loop; the clock and sleep are injectable for the
+same reason.
 """
 
 from __future__ import annotations
@@ -17,25 +19,15 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
 
+from epp_harness.sim.chunk_tokenizer import token_keys
 from epp_harness.sim.config import SimConfig
-from epp_harness.sim.prefix_cache import (
-    BlockHash,
-    PrefixCache,
-    text_block_hashes,
-    token_block_hashes,
-)
+from epp_harness.sim.kv_cache import KvCache, SeqBlocks, blocks_for
+from epp_harness.sim.prefix_cache import BlockHash, TokenKey, block_hashes
 from epp_harness.sim.protocol import GenerationRequest
+from epp_harness.sim.responses import token_id, token_text
 from epp_harness.sim.steps import StepLoop
 
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    """KV blocks needed to hold ``tokens`` tokens."""
-    return -(-tokens // block_size)
-
-
-def cached_tokens(matched_blocks: int, block_size: int, prompt_tokens: int) -> int:
-    """Prompt tokens served from the prefix cache (never more than the prompt)."""
-    return min(matched_blocks * block_size, prompt_tokens)
+__all__ = ["Engine", "EngineCounters", "KvEventSink", "PromptReport", "blocks_for"]
 
 
 def prefill_seconds(config: SimConfig, uncached_tokens: int) -> float:
@@ -116,15 +108,31 @@ class KvEventSink(Protocol):
     def cleared(self) -> None: ...
 
 
+def prompt_keys(req: GenerationRequest) -> list[TokenKey]:
+    """The per-token keys the prefix cache sees: token ids, or 4-character pieces of a
+    text the simulator does not tokenize."""
+    if req.prompt_token_ids is not None:
+        return list(req.prompt_token_ids)
+    return list(token_keys(req.prompt_text))
+
+
+def output_key(req: GenerationRequest, index: int) -> TokenKey:
+    """The key of generated token ``index``: the token id the simulator reports for it,
+    or its text (4 characters) for a text prompt."""
+    return token_id(index) if req.prompt_token_ids is not None else token_text(index)
+
+
 @dataclass(slots=True, eq=False)
 class _Sequence:
-    prompt_tokens: int
-    hashes: list[BlockHash]
+    req: GenerationRequest
     arrival: float
-    token_ids: Sequence[int] | None = None
     generated: int = 0
-    blocks: int = 0
     cached_tokens: int = 0
+    kv: SeqBlocks | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.req.prompt_tokens
 
 
 class Engine:
@@ -142,12 +150,16 @@ class Engine:
         self.config = config
         self.counters = EngineCounters()
         self.kv_events = kv_events
-        self.prefix_cache = PrefixCache(None if kv_events is None else kv_events.removed)
+        self.kv = KvCache(
+            config.kv_blocks,
+            config.block_size,
+            on_stored=None if kv_events is None else self._announce,
+            on_removed=None if kv_events is None else kv_events.removed,
+        )
         self._clock = clock
         self._sleep = sleep
         self._on_first_token = on_first_token
         self._running = 0
-        self._blocks_used = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         # Step-level batching (chunked prefill, interference), unless turned off.
         self.steps = StepLoop(config, sleep) if config.max_num_batched_tokens else None
@@ -166,55 +178,45 @@ class Engine:
 
     @property
     def kv_blocks_used(self) -> int:
-        return self._blocks_used
+        return self.kv.blocks_used
 
     @property
     def kv_cache_usage(self) -> float:
-        return kv_usage(self._blocks_used, self.config.kv_blocks)
+        return kv_usage(self.kv.blocks_used, self.kv.pool.capacity)
 
-    def hold_blocks(self, blocks: int) -> None:
+    def hold_blocks(self, blocks: int) -> SeqBlocks:
         """Keep ``blocks`` KV blocks allocated outside any running sequence (a prefill's
         KV waiting for a decode to pull it); undo with ``release_blocks``."""
-        self._blocks_used += blocks
-        self.prefix_cache.trim(self._cache_capacity())
+        return self.kv.hold(blocks)
 
-    def release_blocks(self, blocks: int) -> None:
-        self._blocks_used -= blocks
+    def release_blocks(self, held: SeqBlocks) -> None:
+        self.kv.free(held)
 
-    def _cache_capacity(self) -> int:
-        return self.config.kv_blocks - self._blocks_used
-
-    def reset_prefix_cache(self) -> None:
-        """Drop every cached block (``POST /reset_prefix_cache``)."""
-        self.prefix_cache.clear()
-        if self.kv_events is not None:
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block (``POST /reset_prefix_cache``); as vLLM, refused
+        (False) while a request holds blocks."""
+        done = self.kv.pool.reset()
+        if done and self.kv_events is not None:
             self.kv_events.cleared()
+        return done
 
-    def _announce(self, seq: _Sequence, new: list[int]) -> None:
-        """Tell the KV-event sink which of ``seq``'s blocks were newly cached: one
-        BlockStored per run of consecutive new blocks, linked to the block before."""
-        if self.kv_events is None or seq.token_ids is None:
+    def _announce(
+        self, parent: BlockHash | None, hashes: Sequence[BlockHash], keys: Sequence[TokenKey]
+    ) -> None:
+        """Tell the KV-event sink of a run of newly cached blocks (token ids only: text
+        the simulator does not tokenize has none to announce)."""
+        if self.kv_events is None or not all(isinstance(k, int) for k in keys):
             return
-        size = self.config.block_size
-        start = 0
-        while start < len(new):
-            end = start
-            while end + 1 < len(new) and new[end + 1] == new[end] + 1:
-                end += 1
-            first, last = new[start], new[end]
-            self.kv_events.stored(
-                seq.hashes[first - 1] if first else None,
-                seq.hashes[first : last + 1],
-                seq.token_ids[first * size : (last + 1) * size],
-                size,
-            )
-            start = end + 1
+        ids = [k for k in keys if isinstance(k, int)]
+        self.kv_events.stored(parent, hashes, ids, self.config.block_size)
 
     def block_hashes(self, req: GenerationRequest) -> list[BlockHash]:
         """The chained hashes of the prompt's full KV blocks."""
-        if req.prompt_token_ids is not None:
-            return token_block_hashes(req.prompt_token_ids, self.config.block_size)
-        return text_block_hashes(req.prompt_text, self.config.block_chars)
+        return block_hashes(prompt_keys(req), self.config.block_size)
+
+    def cached_blocks(self, hashes: Sequence[BlockHash]) -> int:
+        """Leading blocks of ``hashes`` in the prefix cache now."""
+        return self.kv.peek(hashes)
 
     async def generate(
         self,
@@ -235,7 +237,7 @@ class Engine:
         ``report``, when given, gets the prompt tokens that were not prefilled here.
         """
         start = self._clock() if arrival is None else arrival
-        seq = _Sequence(req.prompt_tokens, self.block_hashes(req), start, req.prompt_token_ids)
+        seq = _Sequence(req, start)
         self.counters.requests_total += 1
         await self._admit()
         try:
@@ -253,17 +255,13 @@ class Engine:
                 async for _ in due:
                     if index == 0:
                         self.counters.prompt_tokens_total += seq.prompt_tokens
-                        # Cache the prompt only once it is computed, as a real engine would.
-                        announce = (
-                            None if self.kv_events is None else lambda new: self._announce(seq, new)
-                        )
-                        self.prefix_cache.insert(seq.hashes, self._cache_capacity(), announce)
                     self._emit_token(seq)
                     yield index
                     index += 1
             self.counters.request_success_total += 1
         finally:
-            self._blocks_used -= seq.blocks
+            if seq.kv is not None:
+                self.kv.free(seq.kv)
             self._release_slot()
 
     async def _pace_alone(
@@ -299,26 +297,20 @@ class Engine:
                 yield
 
     def _schedule(self, seq: _Sequence) -> None:
-        """A sequence got its slot: look up its prefix and allocate its prompt's blocks."""
-        block_size = self.config.block_size
-        matched = self.prefix_cache.match(seq.hashes)
-        seq.cached_tokens = cached_tokens(matched, block_size, seq.prompt_tokens)
+        """A sequence got its slot: look up its prefix, allocate and cache its prompt's
+        blocks (vLLM caches a block when it schedules the tokens that fill it)."""
+        seq.kv = self.kv.admit(prompt_keys(seq.req))
+        seq.cached_tokens = seq.kv.hit_tokens
         self.counters.prefix_cache_queries_tokens += seq.prompt_tokens
         self.counters.prefix_cache_hits_tokens += seq.cached_tokens
-        seq.blocks = blocks_for(seq.prompt_tokens, block_size)
-        self._blocks_used += seq.blocks
-        self.prefix_cache.trim(self._cache_capacity())
 
     def _emit_token(self, seq: _Sequence) -> None:
         if seq.generated == 0 and self._on_first_token is not None:
             self._on_first_token(self._clock() - seq.arrival)
+        assert seq.kv is not None
+        self.kv.append(seq.kv, output_key(seq.req, seq.generated))
         seq.generated += 1
         self.counters.generation_tokens_total += 1
-        needed = blocks_for(seq.prompt_tokens + seq.generated, self.config.block_size)
-        if needed > seq.blocks:
-            self._blocks_used += needed - seq.blocks
-            seq.blocks = needed
-            self.prefix_cache.trim(self._cache_capacity())
 
     async def _admit(self) -> None:
         if self._running < self.config.max_num_seqs and not self._waiters:

@@ -35,7 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sequences running at once; the rest wait FIFO",
     )
     add(
-        "--kv-blocks", type=argtypes.positive_int, default=d.kv_blocks, help="KV capacity in blocks"
+        "--kv-blocks",
+        type=argtypes.positive_int,
+        default=d.kv_blocks,
+        help="KV blocks in the pool, one of them reserved (vLLM's --num-gpu-blocks-override)",
     )
     add(
         "--block-size", type=argtypes.positive_int, default=d.block_size, help="tokens per KV block"

@@ -266,7 +266,7 @@ class SimHandoff:
             return plan
         # Blocks this instance has cached itself are not fetched again (as LMCache).
         in_pool = await pool.match(hashes)
-        if in_pool > self.engine.prefix_cache.peek(hashes):
+        if in_pool > self.engine.cached_blocks(hashes):
             self.counters.kv_transfers += 1
             plan.received_tokens = min(in_pool * self.config.block_size, req.prompt_tokens)
         else:

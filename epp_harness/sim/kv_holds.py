@@ -13,12 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epp_harness.sim.engine import Engine, blocks_for
+from epp_harness.sim.kv_cache import SeqBlocks
 
 
 @dataclass(slots=True, eq=False)
 class _Holding:
     block_ids: tuple[int, ...]
     tokens: int
+    blocks: SeqBlocks
     timer: asyncio.TimerHandle | None = field(default=None)
 
 
@@ -40,10 +42,9 @@ class KvHolds:
         count = max(1, blocks_for(prompt_tokens, self._engine.config.block_size))
         ids = tuple(range(self._next_id, self._next_id + count))
         self._next_id += count
-        holding = _Holding(ids, prompt_tokens)
+        holding = _Holding(ids, prompt_tokens, self._engine.hold_blocks(count))
         for block in ids:
             self._by_block[block] = holding
-        self._engine.hold_blocks(count)
         holding.timer = asyncio.get_running_loop().call_later(
             self._hold_seconds, self._free, holding
         )
@@ -70,6 +71,6 @@ class KvHolds:
             return  # freed already
         for block in holding.block_ids:
             del self._by_block[block]
-        self._engine.release_blocks(len(holding.block_ids))
+        self._engine.release_blocks(holding.blocks)
         if holding.timer is not None:
             holding.timer.cancel()

@@ -1,10 +1,12 @@
-"""Block-hashed prefix cache: chained block hashes plus an LRU of cached blocks (pure).
+"""Chained block hashes of a sequence of per-token keys (pure).
 
-A prompt is cut into fixed-size blocks (``block_size`` tokens: ``block_size * 4``
-characters of text, or ``block_size`` token ids). Each block's hash covers the previous
-block's hash, so a hash identifies the whole prefix up to and including its block, as in
-vLLM's automatic prefix caching. Only full blocks are hashed: a partial tail block is
-never reusable, so it never counts as cached.
+A sequence is a list of per-token keys: token ids (``int``) for token-id prompts and
+tokenized ones, or, for text the simulator does not tokenize, one ``str`` of 4
+characters per simulated token (its tokenizer rule). It is cut into blocks of
+``block_size`` keys; each block's hash covers the previous block's hash, so a hash
+identifies the whole prefix up to and including its block, as in vLLM's automatic
+prefix caching (``hash_block_tokens`` in ``vllm/v1/core/kv_cache_utils.py``). Only full
+blocks are hashed: a partial tail block is never reusable.
 
 Hashes are blake2b digests, identical in every process (Python's ``hash()`` on str is
 salted per process and would make two instances disagree).
@@ -13,10 +15,13 @@ salted per process and would make two instances disagree).
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+
+from epp_harness.sim.chunk_tokenizer import token_keys
+from epp_harness.sim.config import CHARS_PER_TOKEN
 
 BlockHash = bytes
+TokenKey = int | str
 
 _DIGEST_SIZE = 16
 # Distinct roots keep a text prompt and a token-id prompt from ever sharing a chain.
@@ -24,110 +29,48 @@ _TEXT_ROOT = b"epp-sim/text"
 _TOKENS_ROOT = b"epp-sim/token-ids"
 
 
-def _chain(root: bytes, blocks: Sequence[bytes]) -> list[BlockHash]:
-    hashes: list[BlockHash] = []
-    prev = hashlib.blake2b(root, digest_size=_DIGEST_SIZE).digest()
-    for block in blocks:
-        prev = hashlib.blake2b(prev + block, digest_size=_DIGEST_SIZE).digest()
-        hashes.append(prev)
+def _digest(data: bytes) -> BlockHash:
+    return hashlib.blake2b(data, digest_size=_DIGEST_SIZE).digest()
+
+
+_ROOTS = {int: _digest(_TOKENS_ROOT), str: _digest(_TEXT_ROOT)}
+
+
+def _block_bytes(keys: Sequence[TokenKey]) -> bytes:
+    if keys and isinstance(keys[0], str):
+        return "".join(map(str, keys)).encode("utf-8", "surrogatepass")
+    return ",".join(map(str, keys)).encode()
+
+
+def block_hash(parent: BlockHash | None, keys: Sequence[TokenKey]) -> BlockHash:
+    """The hash of one full block of ``keys`` whose previous block hashed to ``parent``
+    (None: the first block)."""
+    if parent is None:
+        parent = _ROOTS[str if keys and isinstance(keys[0], str) else int]
+    return _digest(parent + _block_bytes(keys))
+
+
+def block_hashes(
+    keys: Sequence[TokenKey], block_size: int, known: Sequence[BlockHash] = ()
+) -> list[BlockHash]:
+    """Chained hashes of the full ``block_size``-key blocks of ``keys``; ``known`` are
+    the hashes of its leading blocks already computed (extended, not recomputed)."""
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    hashes = list(known)
+    for i in range(len(hashes), len(keys) // block_size):
+        parent = hashes[-1] if hashes else None
+        hashes.append(block_hash(parent, keys[i * block_size : (i + 1) * block_size]))
     return hashes
 
 
 def text_block_hashes(text: str, block_chars: int) -> list[BlockHash]:
     """Chained hashes of the full ``block_chars``-character blocks of ``text``."""
-    if block_chars < 1:
-        raise ValueError("block_chars must be >= 1")
-    full = len(text) // block_chars
-    blocks = [
-        text[i * block_chars : (i + 1) * block_chars].encode("utf-8", "surrogatepass")
-        for i in range(full)
-    ]
-    return _chain(_TEXT_ROOT, blocks)
+    if block_chars < 1 or block_chars % CHARS_PER_TOKEN:
+        raise ValueError(f"block_chars must be a positive multiple of {CHARS_PER_TOKEN}")
+    return block_hashes(token_keys(text), block_chars // CHARS_PER_TOKEN)
 
 
 def token_block_hashes(token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
     """Chained hashes of the full ``block_size``-id blocks of a token-id prompt."""
-    if block_size < 1:
-        raise ValueError("block_size must be >= 1")
-    full = len(token_ids) // block_size
-    blocks = [
-        ",".join(map(str, token_ids[i * block_size : (i + 1) * block_size])).encode()
-        for i in range(full)
-    ]
-    return _chain(_TOKENS_ROOT, blocks)
-
-
-class PrefixCache:
-    """An LRU set of block hashes whose size the caller bounds on every change.
-
-    The bound is not fixed: the simulator gives the cache whatever KV blocks running
-    sequences do not hold, so callers pass the current capacity to ``insert``/``trim``.
-    A prompt's blocks are used tail first, so its tail is evicted before its head (as
-    vLLM frees a request's blocks): what remains is always a matchable prefix.
-    ``on_evict`` hears of every evicted block (the KV-event publisher).
-    """
-
-    def __init__(self, on_evict: Callable[[BlockHash], None] | None = None) -> None:
-        # Insertion order is recency order: first = least recently used.
-        self._blocks: OrderedDict[BlockHash, None] = OrderedDict()
-        self._on_evict = on_evict
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-    def __contains__(self, block: object) -> bool:
-        return block in self._blocks
-
-    def match(self, hashes: Sequence[BlockHash]) -> int:
-        """Number of leading blocks of ``hashes`` that are cached; marks them recently used.
-
-        Chaining makes the first miss final: a later block cannot be valid once an
-        earlier one is missing.
-        """
-        matched = self.peek(hashes)
-        for h in reversed(hashes[:matched]):
-            self._blocks.move_to_end(h)
-        return matched
-
-    def peek(self, hashes: Sequence[BlockHash]) -> int:
-        """Number of leading blocks of ``hashes`` that are cached, leaving recency as is."""
-        matched = 0
-        for h in hashes:
-            if h not in self._blocks:
-                break
-            matched += 1
-        return matched
-
-    def insert(
-        self,
-        hashes: Sequence[BlockHash],
-        capacity: int,
-        stored: Callable[[list[int]], None] | None = None,
-    ) -> None:
-        """Cache a prompt's blocks as most recently used, keeping at most ``capacity``.
-
-        When the prompt alone exceeds the capacity only its leading blocks are kept: a
-        tail without its head can never be matched. ``stored`` hears the positions of
-        the blocks that were not cached before, ahead of any eviction this causes.
-        """
-        keep = hashes[: max(capacity, 0)]
-        blocks = self._blocks
-        new = [i for i, h in enumerate(keep) if h not in blocks]
-        for h in reversed(keep):
-            blocks[h] = None
-            blocks.move_to_end(h)
-        if stored is not None and new:
-            stored(new)
-        self.trim(capacity)
-
-    def clear(self) -> None:
-        """Forget every block (vLLM's reset_prefix_cache)."""
-        self._blocks.clear()
-
-    def trim(self, capacity: int) -> None:
-        """Evict least recently used blocks until at most ``capacity`` remain."""
-        excess = len(self._blocks) - max(capacity, 0)
-        for _ in range(excess):
-            evicted, _ = self._blocks.popitem(last=False)
-            if self._on_evict is not None:
-                self._on_evict(evicted)
+    return block_hashes(token_ids, block_size)

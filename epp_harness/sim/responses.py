@@ -31,6 +31,13 @@ def token_text(index: int) -> str:
     return WORDS[index % len(WORDS)]
 
 
+def token_id(index: int) -> int:
+    """The token id reported for the ``index``-th generated token (``return_token_ids``,
+    and what a token-id prompt's blocks cache): its word's first byte, as the
+    simulator's byte tokenizer numbers it."""
+    return WORDS[index % len(WORDS)].encode()[0]
+
+
 def generated_text(count: int) -> str:
     """The concatenated text of the first ``count`` generated tokens."""
     whole, rest = divmod(count, len(WORDS))
@@ -50,9 +57,11 @@ def usage(
     prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
 ) -> dict[str, Any]:
     """vLLM's ``usage`` object. ``cached_tokens`` is None unless the server reports prompt
-    token details (``--enable-prompt-tokens-details``); vLLM then fills
-    ``prompt_tokens_details`` only when some tokens were cached (0 stays null)."""
-    details = {"cached_tokens": cached_tokens} if cached_tokens else None
+    token details (``--enable-prompt-tokens-details``); vLLM 0.32 then fills
+    ``prompt_tokens_details`` for every request, 0 included (its serving code tests the
+    engine's ``num_cached_tokens`` against None, which it never is; older versions left
+    0 null)."""
+    details = None if cached_tokens is None else {"cached_tokens": cached_tokens}
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
@@ -79,7 +88,7 @@ def full_response(
         choice["text"] = text
         obj = "text_completion"
     choice.update(logprobs=None, finish_reason=FINISH_LENGTH, stop_reason=None)
-    return {
+    body: dict[str, Any] = {
         "id": rid,
         "object": obj,
         "created": created,
@@ -87,6 +96,13 @@ def full_response(
         "choices": [choice],
         "usage": usage(req.prompt_tokens, completion_tokens, cached_tokens),
     }
+    if req.body.get("return_token_ids") is True:
+        # vLLM's return_token_ids: the output's token ids on the choice, the prompt's
+        # on the choice (completions) or the response (chat); null when not token ids
+        choice["token_ids"] = [token_id(i) for i in range(completion_tokens)]
+        prompt = None if req.prompt_token_ids is None else list(req.prompt_token_ids)
+        (body if req.kind is ApiKind.CHAT else choice)["prompt_token_ids"] = prompt
+    return body
 
 
 def _chunk(req: GenerationRequest, rid: str, created: int, choices: list[Any]) -> dict[str, Any]:

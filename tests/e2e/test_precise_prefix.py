@@ -82,8 +82,8 @@ def complete(url: str, prompt: str) -> tuple[str, int]:
     body = orjson.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": 1})
     status, headers, raw = request(f"{url}/v1/completions", body)
     assert status == 200, raw
-    details = orjson.loads(raw)["usage"]["prompt_tokens_details"]  # null when none cached
-    return headers["x-sim-instance"], details["cached_tokens"] if details else 0
+    details = orjson.loads(raw)["usage"]["prompt_tokens_details"]
+    return headers["x-sim-instance"], details["cached_tokens"]
 
 
 def synced(stack: LocalStack, servers: list[SimProc]) -> None:

@@ -14,13 +14,13 @@ from epp_harness.sim.engine import (
     Engine,
     PromptReport,
     blocks_for,
-    cached_tokens,
     first_token_seconds,
     itl_seconds,
     kv_usage,
     prefill_seconds,
 )
 from epp_harness.sim.protocol import ApiKind, GenerationRequest, parse_request
+from epp_harness.sim.responses import token_id
 
 CONFIG = SimConfig(
     prefill_overhead_ms=5,
@@ -30,6 +30,13 @@ CONFIG = SimConfig(
     time_scale=1.0,
     max_num_batched_tokens=0,  # per-request timing (test_steps.py checks the steps)
 )
+
+
+def token_request(ids: list[int], max_tokens: int) -> GenerationRequest:
+    body = {"model": CONFIG.model, "prompt": ids, "max_tokens": max_tokens}
+    return parse_request(
+        ApiKind.COMPLETION, orjson.dumps(body), served_model=CONFIG.model, default_max_tokens=16
+    )
 
 
 def request(prompt: str, max_tokens: int = 4) -> GenerationRequest:
@@ -84,13 +91,11 @@ def test_first_token_formula_for_received_kv() -> None:
 
 def test_block_and_usage_formulas() -> None:
     assert [blocks_for(t, 16) for t in (0, 1, 16, 17, 32)] == [0, 1, 1, 2, 2]
-    assert cached_tokens(3, 16, 100) == 48
-    assert cached_tokens(10, 16, 100) == 100  # never more than the prompt
     assert kv_usage(0, 8) == 0 and kv_usage(4, 8) == 0.5 and kv_usage(80, 8) == 1.0
 
 
 def test_invalid_config_is_rejected() -> None:
-    for bad in ({"max_num_seqs": 0}, {"time_scale": -1.0}, {"kv_blocks": 0}, {"port": 70000}):
+    for bad in ({"max_num_seqs": 0}, {"time_scale": -1.0}, {"kv_blocks": 1}, {"port": 70000}):
         with pytest.raises(ValueError):
             replace(CONFIG, **bad)
 
@@ -134,35 +139,29 @@ async def test_time_scale_zero_never_sleeps() -> None:
 
 
 async def test_kv_blocks_are_held_while_running() -> None:
-    config = replace(CONFIG, time_scale=0, kv_blocks=10)
+    config = replace(CONFIG, time_scale=0, kv_blocks=11)  # 10 usable, one reserved
     engine = Engine(config)
     async with aclosing(engine.generate(request("k" * 4 * 30, 10))) as tokens:
-        assert await anext(tokens) == 0  # 30 prompt + 1 generated = 31 tokens = 2 blocks
+        assert await anext(tokens) == 0  # 30 prompt tokens computed = 2 blocks
         assert engine.kv_blocks_used == 2 and engine.kv_cache_usage == pytest.approx(0.2)
-        for _ in range(2):
-            await anext(tokens)  # 33 tokens: a third block
+        for _ in range(3):
+            await anext(tokens)  # token 4 out: 33 tokens computed, a third block
         assert engine.kv_blocks_used == 3
-        # The cache (1 full prompt block) fits in what running sequences leave free.
-        assert len(engine.prefix_cache) == 1
+        assert engine.kv.pool.num_cached == 2  # the full prompt block, then 16-31
     assert engine.kv_blocks_used == 0 and engine.running == 0
+    assert engine.kv.pool.num_cached == 2  # a finished request's full blocks stay cached
 
 
-async def test_cache_only_gets_blocks_running_sequences_do_not_hold() -> None:
-    config = replace(CONFIG, time_scale=0, kv_blocks=7)
-    engine = Engine(config)
-
-    def check() -> None:
-        assert len(engine.prefix_cache) <= config.kv_blocks - engine.kv_blocks_used
-
-    await run(engine, request("a" * 64 * 3, 1))  # held 4 of 7 blocks at most
-    assert len(engine.prefix_cache) == 3
-    async with aclosing(engine.generate(request("b" * 64 * 2, 40))) as tokens:
-        for _ in range(40):
-            await anext(tokens)
-            check()
-        assert engine.kv_blocks_used == 5  # 32 prompt + 40 generated = 72 tokens
-        assert len(engine.prefix_cache) == 2
-    assert engine.kv_blocks_used == 0
+async def test_generated_tokens_fill_cached_blocks_and_a_next_turn_hits_them() -> None:
+    engine = Engine(replace(CONFIG, time_scale=0, kv_blocks=20))
+    ids = list(range(40))
+    await run(engine, token_request(ids, 25))  # 40 + 24 computed = 64 tokens: 4 blocks
+    assert engine.kv.pool.num_cached == 4
+    turn = ids + [token_id(i) for i in range(25)] + [7] * 10
+    report = PromptReport()
+    async with aclosing(engine.generate(token_request(turn, 1), report=report)) as tokens:
+        assert [i async for i in tokens] == [0]
+    assert report.cached_tokens == 64
 
 
 async def test_admission_is_fifo_and_bounded() -> None:
@@ -224,13 +223,13 @@ async def run_received(
 
 
 async def test_held_blocks_count_as_used_and_squeeze_the_cache() -> None:
-    engine = Engine(replace(CONFIG, time_scale=0, kv_blocks=20))
+    engine = Engine(replace(CONFIG, time_scale=0, kv_blocks=21))  # 20 usable
     await run(engine, request("h" * 64 * 6, 1))
-    assert len(engine.prefix_cache) == 6
-    engine.hold_blocks(17)
+    assert engine.kv.pool.num_cached == 6
+    held = engine.hold_blocks(17)  # 14 never-used blocks first, then 3 cached ones
     assert engine.kv_blocks_used == 17 and engine.kv_cache_usage == pytest.approx(0.85)
-    assert len(engine.prefix_cache) == 3
-    engine.release_blocks(17)
+    assert engine.kv.pool.num_cached == 3
+    engine.release_blocks(held)
     assert engine.kv_blocks_used == 0
 
 

@@ -79,15 +79,16 @@ def test_the_request_is_tokenized_as_the_simulators_tokenizer_says() -> None:
 
 
 def test_evictions_go_tail_first_and_leave_a_matchable_head() -> None:
-    sim, rec = engine(kv_blocks=10)
+    sim, rec = engine(kv_blocks=6)  # 5 usable blocks
     asyncio.run(run(sim, "a" * 4 * BS))  # 4 blocks cached
     first = token_block_hashes(encode("a" * 4 * BS), BS)
-    assert sim.prefix_cache.peek(first) == 4
+    assert sim.cached_blocks(first) == 4
     rec.events.clear()
-    asyncio.run(run(sim, "b" * 4 * BS))  # needs room: the a-chain loses its tail
+    # needs 4 blocks: the never-used one, then the a-chain's, which were freed tail first
+    asyncio.run(run(sim, "b" * 4 * BS))
     removed = [block for kind, block in rec.events if kind == "removed"]
     assert removed == first[::-1][:3]
-    assert sim.prefix_cache.peek(first) == 1
+    assert sim.cached_blocks(first) == 1
 
 
 def test_reset_announces_all_blocks_cleared() -> None:
@@ -95,4 +96,4 @@ def test_reset_announces_all_blocks_cleared() -> None:
     asyncio.run(run(sim, "x" * 3 * BS))
     sim.reset_prefix_cache()
     assert rec.events[-1] == ("cleared", None)
-    assert len(sim.prefix_cache) == 0
+    assert sim.kv.pool.num_cached == 0

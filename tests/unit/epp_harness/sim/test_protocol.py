@@ -140,6 +140,22 @@ def test_generated_text_is_four_chars_per_token_and_matches_the_chunks() -> None
         assert text == "".join(responses.token_text(i) for i in range(n))
 
 
+def test_return_token_ids_gives_the_output_ids_and_the_prompts() -> None:
+    ask = {"model": MODEL, "prompt": [5, 6, 7], "return_token_ids": True}
+    body = responses.full_response(parse(ApiKind.COMPLETION, ask, "rid"), "cmpl-rid", 1, 3)
+    choice = body["choices"][0]
+    assert choice["token_ids"] == [responses.token_id(i) for i in range(3)]
+    assert choice["prompt_token_ids"] == [5, 6, 7]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    body = responses.full_response(
+        parse(ApiKind.CHAT, {**chat, "return_token_ids": True}, "rid"), "chatcmpl-rid", 1, 2
+    )
+    assert body["choices"][0]["token_ids"] == [responses.token_id(0), responses.token_id(1)]
+    assert body["prompt_token_ids"] is None  # a text prompt the simulator did not tokenize
+    plain = responses.full_response(parse(ApiKind.CHAT, chat, "rid"), "chatcmpl-rid", 1, 2)
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain
+
+
 def test_completion_response_shapes() -> None:
     req = parse(ApiKind.COMPLETION, {"model": MODEL, "prompt": "x" * 8}, "rid")
     body = responses.full_response(req, responses.response_id(req), 123, 3)
@@ -188,7 +204,7 @@ def test_prompt_tokens_details_as_vllm_shapes_them() -> None:
     req = chat([{"role": "user", "content": "x" * 400}])
     # Off (vLLM's default) or nothing cached: null; otherwise the cached count.
     assert responses.usage(100, 2)["prompt_tokens_details"] is None
-    assert responses.usage(100, 2, 0)["prompt_tokens_details"] is None
+    assert responses.usage(100, 2, 0)["prompt_tokens_details"] == {"cached_tokens": 0}
     assert responses.usage(100, 2, 96)["prompt_tokens_details"] == {"cached_tokens": 96}
     body = responses.full_response(req, "r", 1, 2, cached_tokens=96)
     assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 96}
