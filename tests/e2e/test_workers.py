@@ -198,7 +198,7 @@ def test_a_killed_worker_costs_no_error_once_envoy_sees_it_gone(stack: LocalStac
         while "failed_active_hc" not in epp_hosts(stack).get(port, ""):
             if len(load.errors()) > errors_then:
                 errors_then, last_error = len(load.errors()), time.monotonic()
-            assert time.monotonic() - killed < 10, "Envoy's health check never saw it"
+            assert time.monotonic() - killed < 60, "Envoy's health check never saw it"
             time.sleep(0.01)
         seen_after = time.monotonic() - killed
         seen = len(load.results)
