@@ -210,8 +210,11 @@ class FlowController:
                 went += self._spill(deferred, now, held_for)
                 deferred, band = [], item.band
             waiter: _Waiter[object] = item.payload
-            if waiter.future.done():  # its client left; its coroutine removes it
+            if waiter.future.done():  # its client left (its coroutine finds it gone)
                 queues.remove(item)
+                self.observe(
+                    waiter.fairness_id, item.band, EVICTED_CANCELLED, now - item.enqueued_at
+                )
                 continue
             room = waiter.room()
             if not room:

@@ -125,6 +125,13 @@ class EppMetrics:
             "for the chunk timeout after the first byte (epp serve --stream-chunk-timeout).",
             registry=self.registry,
         )
+        self.open_streams = Gauge(
+            "epp_extproc_open_streams",
+            "ext_proc streams open now (one per request Envoy is still processing with "
+            "the EPP, from its headers until the stream ends, however it ends; "
+            "epp_extproc_streams_total counts them as they end).",
+            registry=self.registry,
+        )
         self.responses = Counter(
             "epp_responses",
             "Upstream responses seen on the response path, by endpoint and status class.",

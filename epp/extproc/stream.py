@@ -140,6 +140,7 @@ class ExtProcStream:
         self._req = _Request()
         self._subset_hint: frozenset[str] | None = None
         self._trace: RequestTrace | None = None  # with --tracing only
+        router.metrics.open_streams.inc()  # until close()
 
     @property
     def phase(self) -> Phase:
@@ -183,6 +184,7 @@ class ExtProcStream:
         self._advance(Outcome.CLOSED)
         self._finish()
         self._router.metrics.streams.labels(end).inc()
+        self._router.metrics.open_streams.dec()
         trace, self._trace = self._trace, None
         if trace is not None:
             trace.end(self._req.status, end)

@@ -7,7 +7,8 @@ How each family merges:
 * counters, histograms and summaries (requests, streams, scheduling time, scrapes, ...):
   summed per label set over every process;
 * gauges of what every worker counts for itself and that add up (in-flight requests,
-  flow control's queues, the pool's mean in-flight per endpoint): summed;
+  open ext_proc streams, flow control's queues, the pool's mean in-flight per
+  endpoint): summed;
 * gauges of membership and endpoint data (``epp_endpoint*``, the pool's ready count,
   queue and KV averages, the scrape interval): the parent's, which owns that data;
 * ``process_*`` and ``python_*``: one series per process, the workers' with a ``worker``
@@ -29,6 +30,7 @@ WORKER_LABEL = "worker"
 SUMMED_GAUGES = frozenset(
     {
         "epp_in_flight_requests",
+        "epp_extproc_open_streams",
         "llm_d_epp_flow_control_queue_size",
         "llm_d_epp_flow_control_queue_bytes",
         "llm_d_router_pool_average_running_requests",

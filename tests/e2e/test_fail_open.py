@@ -14,7 +14,7 @@ from epp_harness.envoyproc import EnvoyProcess, write_config
 from epp_harness.procs import ManagedProcess, start_epp
 from tests.support.http import metric_sum, request
 from tests.support.sim import SimProc, sims
-from tests.support.wait import wait_for
+from tests.support.wait import quiesce_epps, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,9 @@ def _post(envoy: EnvoyProcess) -> tuple[int, str]:
 
 
 def _routed(epp: ManagedProcess) -> float:
-    _, _, body = request(f"http://127.0.0.1:{epp.info['http_port']}/metrics")
+    url = f"http://127.0.0.1:{epp.info['http_port']}"
+    quiesce_epps([url])
+    _, _, body = request(f"{url}/metrics")
     return metric_sum(body.decode(), 'epp_requests_total{outcome="routed"}')
 
 

@@ -6,7 +6,6 @@ same with ``--workers 2``: the parent watches, each worker's scheduler follows i
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -92,10 +91,9 @@ def test_an_objectives_priority_decides_admission(stack: LocalStack) -> None:
         # the watched objective makes it sheddable: refused at once while full (asked
         # four times: with workers, Envoy spreads them over both)
         for _ in range(4):
-            start = time.monotonic()
             status, body = complete(stack, "batch", 5, **{"x-gateway-inference-objective": "batch"})
             assert (status, body["error"]["code"]) == (429, "shed")
-            assert time.monotonic() - start < 2
+            assert not busy.done()  # refused while the server is full, not queued behind it
         # a critical one waits in its own band, then is served
         critical = pool_.submit(
             complete, stack, "urgent", 5, **{"x-llm-d-inference-objective": "critical"}

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import get_json, metric_samples, request
-from tests.support.wait import wait_for
+from tests.support.wait import quiesce, wait_for
 
 pytestmark = pytest.mark.e2e
 BASE = "sim-model"
@@ -180,6 +180,7 @@ def adapters_on(url: str) -> list[str]:
 
 
 def epp_counter(stack: LocalStack, name: str) -> float:
+    quiesce(stack)
     return metric_samples(f"{stack.epp_http_url}/metrics", name).get(name, 0.0)
 
 

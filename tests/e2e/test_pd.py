@@ -13,7 +13,7 @@ import pytest
 from epp_harness.stack import SIM_CONNECTOR, LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import get_json, metric_sum, request
-from tests.support.wait import wait_for
+from tests.support.wait import quiesce, wait_for
 
 pytestmark = pytest.mark.e2e
 MODEL = "sim-model"
@@ -108,6 +108,7 @@ def test_short_prompt_goes_decode_only(pd: LocalStack) -> None:
 
 
 def epp_metric(stack: LocalStack, name: str) -> float:
+    quiesce(stack)
     _, _, text = request(f"{stack.epp_http_url}/metrics")
     return metric_sum(text.decode(), name)
 

@@ -13,7 +13,7 @@ import pytest
 from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import get_json, metric_samples, request
-from tests.support.wait import wait_for
+from tests.support.wait import quiesce, wait_for
 
 pytestmark = pytest.mark.e2e
 MODEL = "sim-model"
@@ -104,6 +104,7 @@ def test_slo_headers_are_read_through_envoy(three: LocalStack) -> None:
     url = f"{three.epp_http_url}/metrics"
 
     def verdicts() -> dict[str, float]:
+        quiesce(three)
         return metric_samples(url, "epp_slo_predictions_total")
 
     before = verdicts()

@@ -12,7 +12,7 @@ from epp_harness.envoyconfig import PROCESSING_MODES, Processing
 from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import epp_in_flight, get_json, open_raw_post, request
-from tests.support.wait import wait_for
+from tests.support.wait import quiesce, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -33,6 +33,7 @@ def test_stream_counts_until_the_response_ends(processing: Processing) -> None:
         short = orjson.dumps({"model": "sim-model", "prompt": "x", "max_tokens": 2})
         assert request(f"{stack.envoy_url}/v1/completions", short)[0] == 200
         wait_for(lambda: epp_in_flight(stack.epp_http_url) == 0, what="release after completion")
+        quiesce(stack)  # and every ext_proc stream ended, in this mode too
 
 
 def test_buffered_mode_routes_and_forwards_bodies_unchanged() -> None:

@@ -43,14 +43,18 @@ class Candidates:
         self.changes: list[tuple[str, bool]] = []
         self._leases: list[KubeLeases] = []
 
-    async def add(self, name: str, *, start: bool = True) -> LeaderElector:
+    async def add(
+        self, name: str, *, start: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> LeaderElector:
         leases = KubeLeases(await api_client(self.kubeconfig), timeout_s=1.0)
         self._leases.append(leases)
 
         async def changed(leader: bool) -> None:
             self.changes.append((name, leader))
 
-        elector = LeaderElector(leases, LeaseRef(LEASE, "default", name), FAST, changed)
+        elector = LeaderElector(
+            leases, LeaseRef(LEASE, "default", name), FAST, changed, clock=clock
+        )
         self.electors[name] = elector
         if start:
             elector.start()
@@ -91,14 +95,13 @@ async def test_one_of_two_leads_and_a_clean_stop_hands_over_at_once(
         await b.step()
         await asyncio.sleep(FAST.retry_s)
     assert candidates.leaders() == ["a"] and candidates.holder() == "a"
-    b.start()
     before = candidates.fake.lease("default", LEASE)
     assert before is not None and before["spec"]["leaseDurationSeconds"] == 2
 
-    began = time.monotonic()
-    await a.stop()  # releases the lease: b takes it at its next retry
-    await until(lambda: b.leader, "b taking over")
-    assert time.monotonic() - began < FAST.duration_s  # not waiting for the lease to run out
+    await a.stop()  # releases the lease: b takes it at its next retry ...
+    await b.step()  # ... this one, not waiting for the lease to run out
+    assert b.leader
+    b.start()
     assert candidates.leaders() == ["b"] and candidates.holder() == "b"
     after = candidates.fake.lease("default", LEASE)
     assert after is not None and after["spec"]["leaseTransitions"] == 1
@@ -129,18 +132,21 @@ async def test_a_leader_that_cannot_renew_steps_down_before_anyone_may_take_over
 ) -> None:
     a = await candidates.add("a")
     await until(lambda: a.leader, "a leading")
-    await a.stop()  # released; from here one elector driven by hand, every retry
-    b = await candidates.add("b", start=False)
+    await a.stop()  # released; from here one elector driven by hand, every retry, ...
+    now = [0.0]  # ... on its own clock: what counts is its time, not the machine's
+    b = await candidates.add("b", start=False, clock=lambda: now[0])
     await b.step()
     assert b.leader
     candidates.fake.fail_next(*[500] * 1000)  # the API server fails every call
-    began = time.monotonic()
-    while b.leader:
-        await asyncio.sleep(FAST.retry_s)
+    retries = 0
+    while b.leader and retries < 10 * FAST.duration_s / FAST.retry_s:
+        retries += 1
+        now[0] = retries * FAST.retry_s
         await b.step()
-        assert time.monotonic() - began < FAST.renew_deadline_s + 0.5
-    # stepped down after the renew deadline, before the lease (2 s) could run out
-    assert time.monotonic() - began >= FAST.renew_deadline_s
+    # stepped down at the first retry past the renew deadline, before the lease (2 s)
+    # could run out
+    assert FAST.renew_deadline_s <= now[0] < FAST.renew_deadline_s + FAST.retry_s
+    assert now[0] < FAST.duration_s
     assert candidates.changes[-2:] == [("b", True), ("b", False)]
 
 
@@ -183,9 +189,12 @@ def test_only_the_leading_replica_is_ready_and_a_standby_takes_over(tmp_path: Pa
             assert lease is not None and lease["spec"]["holderIdentity"].count("_") >= 1
 
             os.kill(leader.pid, signal.SIGKILL)  # no release: the lease has to run out
-            began = time.monotonic()
-            wait_for(lambda: ready(ports[standby.name]), timeout=10, what="the standby ready")
-            assert time.monotonic() - began < 2 * 2 + 1  # within the lease duration (+ retries)
+            wait_for(lambda: ready(ports[standby.name]), timeout=60, what="the standby ready")
+            # it took the dead leader's lease over (its 2 s ran out), not a fresh one
+            taken = kube.call(lambda: kube.fake.lease("default", LEASE))
+            assert taken is not None
+            assert taken["spec"]["holderIdentity"] != lease["spec"]["holderIdentity"]
+            assert taken["spec"]["leaseTransitions"] == lease["spec"]["leaseTransitions"] + 1
         finally:
             for p in procs:
                 p.stop()

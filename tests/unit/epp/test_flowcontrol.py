@@ -93,6 +93,24 @@ async def test_a_client_that_leaves_is_removed_at_once() -> None:
     assert router.datastore.in_flight("10.0.0.1:8000") == 0
 
 
+async def test_a_client_that_leaves_just_before_a_pump_is_counted_as_evicted() -> None:
+    """Cancelling the waiting task cancels its future at once, its coroutine only on the
+    next loop turn: a pump in between takes the request out, and counts it."""
+    clock = Clock()
+    router = make_router(clock)
+    first = router.admit(req("a"), 1)
+    waiting = router.admit(req("b"), 1)
+    assert isinstance(first, Routed) and isinstance(waiting, Waiting)
+    task = asyncio.ensure_future(waiting.result)
+    await asyncio.sleep(0)
+    task.cancel()  # Envoy closed the stream: the future is cancelled now ...
+    router.flow.pump()  # ... and a pump (its timer, a request ending) runs first
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert router.flow.idle and count(router, "EvictedContextCancelled") == 1
+    first.release()
+
+
 @pytest.mark.parametrize(
     ("pool_left", "status", "error_type"),
     [(True, 429, "rate_limit_exceeded"), (False, 503, "service_unavailable")],

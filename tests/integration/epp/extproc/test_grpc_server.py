@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp_harness.procs import ManagedProcess
 from tests.support import extproc as m
+from tests.support.http import metric_sum
 from tests.support.wait import wait_for
 
 BODY = orjson.dumps({"model": "m", "prompt": "a long enough prompt " * 20})
@@ -30,11 +31,13 @@ def metrics(proc: ManagedProcess) -> str:
 
 
 def in_flight(proc: ManagedProcess) -> int:
-    total = 0
-    for line in metrics(proc).splitlines():
-        if line.startswith("epp_in_flight_requests{"):
-            total += int(float(line.rsplit(" ", 1)[1]))
-    return total
+    return int(metric_sum(metrics(proc), "epp_in_flight_requests"))
+
+
+def open_streams(proc: ManagedProcess) -> int:
+    text = metrics(proc)
+    assert "# TYPE epp_extproc_open_streams gauge" in text
+    return int(metric_sum(text, "epp_extproc_open_streams"))
 
 
 def test_health_services_are_serving(epp_server: ManagedProcess) -> None:
@@ -72,12 +75,20 @@ def test_requests_spread_and_in_flight_returns_to_zero_on_eof(
         feeds.append(feed)
     assert sorted(seen) == sorted(closed_addresses * 2)
     assert in_flight(epp_server) == 4
+    assert open_streams(epp_server) == 4
     calls[0].cancel()  # Envoy resets the stream when the client goes away
     feeds[1].put(None)  # or half-closes it
-    wait_for(lambda: in_flight(epp_server) == 2, what="two streams released")
+    released = (2, 2)  # (in flight, open streams): each stream's end releases both
+    wait_for(
+        lambda: (in_flight(epp_server), open_streams(epp_server)) == released,
+        what="two streams released and closed",
+    )
     for call in calls[2:]:
         call.cancel()
-    wait_for(lambda: in_flight(epp_server) == 0, what="all streams released")
+    wait_for(
+        lambda: (in_flight(epp_server), open_streams(epp_server)) == (0, 0),
+        what="all streams released and closed",
+    )
 
 
 def test_errors_are_immediate_json_and_server_keeps_serving(epp_server: ManagedProcess) -> None:
@@ -124,3 +135,4 @@ def test_illegal_messages_get_defined_answers_and_the_server_keeps_serving(
         lambda: 'epp_extproc_streams_total{end="error"} 1.0' in metrics(epp_server),
         what="the ended stream counted",
     )
+    wait_for(lambda: open_streams(epp_server) == 0, what="every stream closed, the failed one too")

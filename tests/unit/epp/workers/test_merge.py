@@ -63,4 +63,5 @@ def test_kinds() -> None:
     assert kind("epp_requests", "counter") == "sum"
     assert kind("epp_endpoint_status", "gauge") == "parent"
     assert kind("epp_in_flight_requests", "gauge") == "sum"
+    assert kind("epp_extproc_open_streams", "gauge") == "sum"
     assert kind("epp_latency_model", "gauge") == "per-worker"
