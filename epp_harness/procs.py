@@ -111,7 +111,7 @@ class ManagedProcess:
         return "\n".join(text[-lines:])
 
     def wait_ready(
-        self, timeout: float = 30.0, probe: Callable[[], dict[str, Any] | None] | None = None
+        self, timeout: float = 90.0, probe: Callable[[], dict[str, Any] | None] | None = None
     ) -> dict[str, Any]:
         """Block until ``probe`` (default: read the ready file) returns info; raise
         ProcessFailed if the child dies first or time runs out."""

@@ -120,7 +120,9 @@ def test_a_stream_frozen_after_its_first_bytes_is_cut(stack: LocalStack) -> None
             os.kill(pid, signal.SIGCONT)
     # no retry is possible once the client has bytes: the response ends unfinished
     assert b"[DONE]" not in rest and not rest.endswith(b"0\r\n\r\n")
-    assert IDLE_S - 0.1 < cut_after < IDLE_S + 2.0, cut_after
+    # cut by the per-try idle timeout: not before it, and long before the EPP's own
+    # 15 s chunk watch or the route timeout (a wide margin for a busy machine)
+    assert IDLE_S - 0.1 < cut_after < 10.0, cut_after
 
 
 def test_unreachable_epp_answers_503_with_a_json_error(stack: LocalStack) -> None:
