@@ -8,7 +8,7 @@ the new config. On any error the previous config keeps running, the error is log
 ``epp_config_reloads_total{result="failure"}`` counts it.
 
 A reload can change ``plugins``, ``schedulingProfiles``, ``saturationDetector``,
-``admission``, ``latencyModel`` and ``models``. ``dataLayer``, ``disaggregation``,
+``admission``, ``latencyModel``, ``models`` and ``conformance``. ``dataLayer``, ``disaggregation``,
 ``flowControl``, ``endpoints`` and ``loraPlacement`` are wired into running tasks at
 start: a file that changes any of them is rejected as a whole (restart to apply it).
 Plugins whose spec (type, name, parameters) is unchanged are kept with what they
@@ -194,6 +194,7 @@ class ConfigReloader:
             scheduler.latency.reset(cfg.latency)
         self._router.scheduler = scheduler
         self._router.models = cfg.models
+        self._router.echo_served_endpoint = cfg.conformance.echo_served_endpoint
         self.config, self.scheduler = cfg, scheduler
         self._success.inc()
         log.info("config reloaded (%s) from %s:\n%s", why, cfg.source, yaml.rstrip())
