@@ -27,6 +27,7 @@ from epp.addresses import parse_address
 from epp.datalayer.engines import ENGINES
 from epp.datalayer.settings import DataLayerConfig
 from epp.disagg.settings import DisaggConfig
+from epp.extproc.conformance import ConformanceConfig
 from epp.modelnames import ModelsConfig
 from epp.placement import PlacementConfig
 from epp.scheduling import defaults
@@ -99,6 +100,9 @@ class EppConfig:
     models: ModelsConfig = field(default_factory=ModelsConfig, metadata=section_key("models"))
     lora_placement: PlacementConfig = field(
         default_factory=PlacementConfig, metadata=section_key("loraPlacement")
+    )
+    conformance: ConformanceConfig = field(
+        default_factory=ConformanceConfig, metadata=section_key("conformance")
     )
     # static endpoints (beside `epp serve --decode/--prefill` flags and discovery)
     endpoints: tuple[Endpoint, ...] = ()

@@ -8,12 +8,12 @@ the new config. On any error the previous config keeps running, the error is log
 ``epp_config_reloads_total{result="failure"}`` counts it.
 
 A reload can change ``plugins``, ``schedulingProfiles``, ``saturationDetector``,
-``admission``, ``latencyModel`` and ``models``. ``dataLayer``, ``disaggregation``,
-``flowControl``, ``endpoints`` and ``loraPlacement`` are wired into running tasks at
-start: a file that changes any of them is rejected as a whole (restart to apply it).
-Plugins whose spec (type, name, parameters) is unchanged are kept with what they
-learned (a prefix index, a session table); plugins that refer to others (the P/D
-handler) are bound again to the new config's plugins. A changed ``latencyModel``
+``admission``, ``latencyModel``, ``models`` and ``conformance``. ``dataLayer``,
+``disaggregation``, ``flowControl``, ``endpoints`` and ``loraPlacement`` are wired into
+running tasks at start: a file that changes any of them is rejected as a whole (restart
+to apply it). Plugins whose spec (type, name, parameters) is unchanged are kept with
+what they learned (a prefix index, a session table); plugins that refer to others (the
+P/D handler) are bound again to the new config's plugins. A changed ``latencyModel``
 restarts the latency model from the new priors. Plugins that read KV events (a precise
 prefix scorer) have subscribers started with them, so adding, removing or changing one
 is also a restart.
@@ -194,6 +194,7 @@ class ConfigReloader:
             scheduler.latency.reset(cfg.latency)
         self._router.scheduler = scheduler
         self._router.models = cfg.models
+        self._router.echo_served_endpoint = cfg.conformance.echo_served_endpoint
         self.config, self.scheduler = cfg, scheduler
         self._success.inc()
         log.info("config reloaded (%s) from %s:\n%s", why, cfg.source, yaml.rstrip())

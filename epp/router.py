@@ -116,6 +116,7 @@ class Router:
         flow: FlowController | None = None,
         tracer: Tracer | None = None,
         stream_chunk_timeout_s: float = 0.0,
+        echo_served_endpoint: bool = False,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -144,6 +145,8 @@ class Router:
         # a streamed response silent this long after its first byte is ended by the EPP
         # (where the response body passes it; 0: never; epp.extproc.stall)
         self.stream_chunk_timeout_s = stream_chunk_timeout_s
+        # the conformance suite's served-endpoint echo (epp.extproc.conformance)
+        self.echo_served_endpoint = echo_served_endpoint
         self._routed = metrics.requests.labels("routed")
         self._forwarded = metrics.requests.labels("forwarded")
         self._orca_ok = metrics.orca_reports.labels("header", "ok")

@@ -407,6 +407,7 @@ def build(
         flow=flow,
         tracer=tracer,
         stream_chunk_timeout_s=opts.stream_chunk_timeout_s,
+        echo_served_endpoint=cfg.conformance.echo_served_endpoint,
     )
     reloader = ConfigReloader(
         config_file or ConfigFile(None),

@@ -144,3 +144,9 @@ EMPTY_REQUEST_TRAILERS = ProcessingResponse(request_trailers=TrailersResponse())
 EMPTY_RESPONSE_HEADERS = ProcessingResponse(response_headers=HeadersResponse())
 EMPTY_RESPONSE_BODY = ProcessingResponse(response_body=BodyResponse())
 EMPTY_RESPONSE_TRAILERS = ProcessingResponse(response_trailers=TrailersResponse())
+
+
+def response_headers_set(headers: Iterable[tuple[str, str]]) -> ProcessingResponse:
+    """The reply to response headers that sets ``headers`` on the client's response."""
+    common = CommonResponse(header_mutation=header_mutation(headers))
+    return ProcessingResponse(response_headers=HeadersResponse(response=common))

@@ -27,6 +27,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
+from epp.extproc.conformance import SERVED_ECHO_HEADER
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
 from epp.extproc.stall import ChunkWatch, Send, end_stalled
 from epp.flowcontrol import Waiting
@@ -35,6 +36,7 @@ from epp.modelnames import REWRITE_HEADERS
 from epp.requestparse import parse_request
 from epp.router import Routed, Router
 from epp.scheduling.flowqueue import fairness_id
+from epp.scheduling.plugins.selection import SELECTION_HEADER
 from epp.tracing import RequestTrace
 from epp.types import InferenceRequest
 from epp.usage import find_usage, keep_tail
@@ -44,9 +46,11 @@ log = logging.getLogger(__name__)
 
 # Client-sent routing headers are never trusted: only the EPP sets them.
 _STRIPPED_PREFIX = "x-gateway-destination-endpoint"
-# the model-name rewrite headers are the EPP's to act on, not the model server's
+# the model-name rewrite headers and the conformance suite's endpoint selection are the
+# EPP's to act on, not the model server's
 _STRIPPED_EXACT = frozenset(
     {
+        SELECTION_HEADER,
         "x-prefiller-host-port",
         "x-prefiller-fallbacks",
         messages.STREAM_HEADER,
@@ -533,6 +537,8 @@ class ExtProcStream:
             self._router.response_headers_seen(routed.ticket.address, headers)
         if msg.end_of_stream:
             self._finish()
+        if self._router.echo_served_endpoint and self._req.served:
+            return [messages.response_headers_set([(SERVED_ECHO_HEADER, self._req.served)])]
         return [messages.EMPTY_RESPONSE_HEADERS]
 
     def _on_response_body(self, data: bytes, end: bool) -> list[ProcessingResponse]:

@@ -21,6 +21,7 @@ from epp.scheduling.plugins import (
     pickers,
     precise,
     prefix,
+    selection,
 )
 from epp.scheduling.scheduler import SingleProfileHandler
 
@@ -114,6 +115,12 @@ def register_builtin_plugins(registry: Registry) -> Registry:
     r("label-selector-filter", "filter", filters.label_selector_filter, "by `matchLabels`")
     r("lora-affinity-filter", "filter", lora.lora_affinity_filter, "adapter active, else a slot")
     r("saturation-filter", "filter", filters.saturation_filter, "drop saturated endpoints")
+    r(
+        "endpoint-selection-header-filter",
+        "filter",
+        selection.endpoint_selection_header_filter,
+        "the endpoints the conformance suite's test header names",
+    )
     r("queue-scorer", "scorer", load.queue_scorer, "shorter engine queue")
     r("running-requests-scorer", "scorer", load.running_requests_scorer, "smaller batch")
     r("kv-cache-utilization-scorer", "scorer", load.kv_cache_scorer, "more free KV cache")

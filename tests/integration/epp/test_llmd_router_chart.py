@@ -39,6 +39,7 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 # readiness), and what Envoy's health checks of the ext_proc cluster ask for
 PROBED = ("inference-extension", "liveness", "readiness", EXT_PROC_SERVICE, "")
 CHART_PORTS = {"grpc": 9002, "grpc-health": 9003, "metrics": 9090}
+CONFORMANCE = Path(__file__).resolve().parents[3] / "configs" / "conformance.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +172,24 @@ def test_the_chart_literal_list_on_its_ports(
     finally:
         proc.stop()
     assert chosen == f"127.0.0.1:{sim.port}"
+
+
+def test_the_conformance_suite_args(cluster: dict[str, str], sim: SimProc, tmp_path: Path) -> None:
+    """The argument list the Inference Extension conformance suite's resources/base.yaml
+    gives its EPP, plus configs/conformance.yaml as text (docs/llm-d-router.md) and free
+    ports: health on its own port, ext_proc over TLS with the selection filter running."""
+    ready = tmp_path / "epp.ready"
+    args = [
+        "--pool-name", "qwen", "--pool-namespace", "default", "--zap-encoder", "json",
+        "--grpc-port", "0", "--grpc-health-port", "0",
+        "--config-text", CONFORMANCE.read_text(),
+        "--metrics-port", "0", "--ready-file", str(ready),
+    ]  # fmt: skip
+    proc = start(tmp_path, cluster, args)
+    try:
+        grpc_port, health_port, http_port = ready_ports(proc, ready)
+        assert check_ports(proc, grpc_port, health_port, http_port) == f"127.0.0.1:{sim.port}"
+    finally:
+        proc.stop()
+    log = (tmp_path / "epp.log").read_text()
+    assert "endpoint-selection-header-filter" in log and "echoServedEndpoint: true" in log

@@ -101,6 +101,13 @@ def test_models_are_applied_on_reload(setup: Setup) -> None:
     assert setup.router.models.rewrites == {"m": {"m-v2": 1}}
 
 
+def test_the_served_endpoint_echo_is_applied_on_reload(setup: Setup) -> None:
+    assert not setup.router.echo_served_endpoint
+    setup.path.write_text(zone_config("a", "conformance: {echoServedEndpoint: true}\n"))
+    assert setup.reloader.reload("test")
+    assert setup.router.echo_served_endpoint
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
