@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bench import inference_perf_report, pd_report
+from bench import inference_perf_report, pd_report, vllm_routing_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 INDEX = RESULTS / "README.md"
@@ -158,6 +158,17 @@ BENCHMARKS = [
         "its own numbers side by side: KV-cache hit %, TTFT mean/p50/p90, throughput, "
         "requests and errors. Needs Python >= 3.12 (`IPERF_PYTHON`); not part of "
         "`make bench`",
+    ),
+    (
+        "vllm",
+        "the routing policies on 4 real vLLM CPU servers (`bench/vllm_routing.py`, "
+        "about 12 minutes; `vllm-routing.md`): the tiny model, 32 KV blocks of 128 tokens "
+        "each, 8 equal-popularity groups of ~1,000-token system prompts, unique questions, "
+        "8-16 output tokens, Poisson at 4 and 8 req/s, 60 s each; round robin, the "
+        "default config and `configs/precise-prefix.yaml` (the servers' KV events). Per "
+        "cell: vLLM's own prefix-cache hit rate (its counters' deltas summed over the "
+        "servers), TTFT p50/p90, completed requests and errors. Needs `.venv-vllm` as "
+        "`make test-vllm` installs it; not part of `make bench`",
     ),
 ]
 
@@ -544,6 +555,20 @@ def inference_perf_section() -> list[str]:
     return out[:-1]
 
 
+def vllm_section() -> list[str]:
+    out = ["## Routing on real vLLM servers", ""]
+    for name in names("vllm-routing"):
+        data = load(name)
+        meta = data["meta"]
+        out += [f"### {link(name)}: {meta['date']}", ""]
+        if meta.get("note"):
+            out += [meta["note"], ""]
+        out += [*vllm_routing_report.table(data["rows"]), ""]
+    if len(out) == 2:
+        out += ["No run committed yet: `make bench-vllm` writes one.", ""]
+    return [*out[:-1], "", vllm_routing_report.NOISE]
+
+
 def benchmarks_table() -> list[str]:
     rows = [[name, f"`make bench-{name}`", what] for name, what in BENCHMARKS]
     return table(["benchmark", "run it", "what it measures"], rows, right_from=9)
@@ -605,6 +630,7 @@ def render() -> str:
         lora_section(),
         pd_section(),
         inference_perf_section(),
+        vllm_section(),
         ["## Other measurements", "", *[f"- {m}" for m in OTHER_MEASUREMENTS]],
     ]
     return "\n\n".join("\n".join(s) for s in sections) + "\n"

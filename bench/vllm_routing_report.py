@@ -1,0 +1,153 @@
+"""bench.vllm_routing's numbers: vLLM's own counters per server, their deltas over a
+run, the report's rows, table and result files (``NAME.md`` and ``NAME.json``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+NONE = "\N{EN DASH}"
+HITS = "vllm:prefix_cache_hits_total"
+QUERIES = "vllm:prefix_cache_queries_total"
+SUCCESS = "vllm:request_success_total"
+NOISE = (
+    "On this 2-core machine, where four vLLM servers, Envoy, the EPP and the load "
+    "generator share the cores, timings are noisy (TTFT moves with whatever else runs); "
+    "the hit rates are exact: they are vLLM's own counters."
+)
+HEADER = [
+    "policy",
+    "rate req/s",
+    "sent",
+    "completed",
+    "errors",
+    "vLLM prefix-cache hit %",
+    "hit / queried tokens",
+    "TTFT p50 ms",
+    "TTFT p90 ms",
+    "requests per server",
+]
+
+
+def counters(metrics_text: str) -> dict[str, float]:
+    """One server's prefix-cache hits and queries (tokens) and finished requests, every
+    label summed, from its /metrics; keyed as bench.routing.summarize reads them."""
+    sums = {HITS: 0.0, QUERIES: 0.0, SUCCESS: 0.0}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in sums:
+                sums[sample.name] += sample.value
+    return {
+        "prefix_cache_hits_tokens": sums[HITS],
+        "prefix_cache_queries_tokens": sums[QUERIES],
+        "requests_done": sums[SUCCESS],
+    }
+
+
+def deltas(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a run moved: hit and queried tokens summed over the servers, their ratio
+    (NaN when nothing was queried), and each server's finished requests."""
+    moved = [
+        {k: b[k] - a[k] for k in ("prefix_cache_hits_tokens", "prefix_cache_queries_tokens")}
+        | {"requests_done": b["requests_done"] - a["requests_done"]}
+        for a, b in zip(before, after, strict=True)
+    ]
+    hits = sum(m["prefix_cache_hits_tokens"] for m in moved)
+    queries = sum(m["prefix_cache_queries_tokens"] for m in moved)
+    return {
+        "vllm_hit_tokens": round(hits),
+        "vllm_query_tokens": round(queries),
+        "vllm_hit_rate": hits / queries if queries else math.nan,
+        "per_server": {
+            a["instance"]: round(m["requests_done"]) for a, m in zip(before, moved, strict=True)
+        },
+    }
+
+
+def report_row(row: dict[str, Any], moved: dict[str, Any]) -> dict[str, Any]:
+    """A bench.routing row (one policy at one rate) cut to what this report shows, with
+    the servers' counter deltas."""
+    keep = ("policy", "rate", "duration_s", "sent", "ok", "errors", "error_kinds")
+    out = {k: row[k] for k in keep}
+    out |= {k: row[k] for k in ("ttft_p50_ms", "ttft_p90_ms", "throughput_rps", "cpu")}
+    return out | moved
+
+
+def _ms(value: float) -> str:
+    return NONE if math.isnan(value) else f"{value:.0f}"
+
+
+def table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The markdown table of ``rows`` (:func:`report_row`), one line per policy and rate."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|---" + "|---:" * (len(HEADER) - 1) + "|"]
+    for r in rows:
+        rate = r["vllm_hit_rate"]
+        cells = [
+            r["policy"],
+            f"{r['rate']:g}",
+            str(r["sent"]),
+            str(r["ok"]),
+            str(r["errors"]) + "".join(f" {k}:{n}" for k, n in sorted(r["error_kinds"].items())),
+            NONE if math.isnan(rate) else f"{100 * rate:.1f}",
+            f"{r['vllm_hit_tokens']:,} / {r['vllm_query_tokens']:,}",
+            _ms(r["ttft_p50_ms"]),
+            _ms(r["ttft_p90_ms"]),
+            " ".join(str(n) for n in r["per_server"].values()),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    wl = meta["workload"]
+    lines = [f"# Routing on real vLLM servers: {meta['title']}", ""]
+    if meta.get("note"):
+        lines += [f"**{meta['note']}**", ""]
+    lines += [
+        f"Measured {meta['date']} on {meta['machine']}, code at {meta['git']}, in "
+        f"{meta['elapsed_s']:.0f} s:",
+        "",
+        f"    {meta['command']}",
+        "",
+        NOISE,
+        "",
+        f"{meta['servers']} vLLM {meta['vllm_version']} CPU servers on the tiny random "
+        f"Llama (`tests/vllm/build_model.py`), each `{' '.join(meta['server_args'])}` "
+        f"({meta['kv_blocks'] - 1} usable KV blocks of {meta['block_size']} tokens; prefix "
+        "caching on, KV events published), their prefix caches reset before each policy. "
+        f"Workload (`bench/workload.py`, groups): {wl['groups']} groups of equal "
+        f"popularity, each sharing a system prompt of {meta['prefix_model_tokens']} model "
+        f"tokens ({meta['prefix_blocks']} full blocks; all prefixes together "
+        f"{meta['all_prefix_blocks']} blocks), a unique question of "
+        f"{meta['question_model_tokens'][0]}-{meta['question_model_tokens'][1]} tokens, "
+        f"{wl['output_tokens'][0]}-{wl['output_tokens'][1]} output tokens (`ignore_eos`), "
+        "streaming chat completions with Poisson arrivals (bench.routing's load "
+        f"generator); {meta['warmup_s']:g} s of unmeasured warm-up at the lowest rate, "
+        f"then each rate for {meta['duration_s']:g} s, in increasing order. The hit rate "
+        "is `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`, their "
+        "deltas over the rate's run summed over the servers; requests per server are "
+        "`vllm:request_success_total` deltas; errors include requests still running "
+        f"{meta['drain_timeout_s']:g} s after the last arrival (`timeout`).",
+        "",
+        "Policies:",
+        "",
+        *[f"- `{name}`: {text}" for name, text in meta["policies"].items()],
+        "",
+        *table(rows),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_results(
+    out: Path, name: str, meta: dict[str, Any], rows: Sequence[dict[str, Any]]
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": meta, "rows": list(rows)}
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / f"{name}.md").write_text(markdown(meta, rows))
