@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -540,33 +540,37 @@ def pd_section() -> list[str]:
     return out[:-1]
 
 
-def inference_perf_section() -> list[str]:
-    out = ["## inference-perf as the client", ""]
-    for name in names("inference-perf"):
+def runs_section(
+    heading: str, prefix: str, table: Callable[[list[dict[str, Any]]], list[str]], target: str
+) -> list[str]:
+    """Every committed ``PREFIX*.json`` run: its date, its note, its table of rows."""
+    out = [f"## {heading}", ""]
+    for name in names(prefix):
         data = load(name)
         meta = data["meta"]
         out += [f"### {link(name)}: {meta['date']}", ""]
         if meta.get("note"):
             out += [meta["note"], ""]
-        out += [*inference_perf_report.table(data["rows"]), ""]
+        out += [*table(data["rows"]), ""]
     if len(out) == 2:
-        out.append("No run committed yet: `make bench-inference-perf` writes one.")
-        out.append("")
+        out += [f"No run committed yet: `make {target}` writes one.", ""]
     return out[:-1]
 
 
+def inference_perf_section() -> list[str]:
+    return runs_section(
+        "inference-perf as the client",
+        "inference-perf",
+        inference_perf_report.table,
+        "bench-inference-perf",
+    )
+
+
 def vllm_section() -> list[str]:
-    out = ["## Routing on real vLLM servers", ""]
-    for name in names("vllm-routing"):
-        data = load(name)
-        meta = data["meta"]
-        out += [f"### {link(name)}: {meta['date']}", ""]
-        if meta.get("note"):
-            out += [meta["note"], ""]
-        out += [*vllm_routing_report.table(data["rows"]), ""]
-    if len(out) == 2:
-        out += ["No run committed yet: `make bench-vllm` writes one.", ""]
-    return [*out[:-1], "", vllm_routing_report.NOISE]
+    section = runs_section(
+        "Routing on real vLLM servers", "vllm-routing", vllm_routing_report.table, "bench-vllm"
+    )
+    return [*section, "", vllm_routing_report.NOISE]
 
 
 def benchmarks_table() -> list[str]:

@@ -292,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             reset_caches(servers)
             recorder = Recorder()
             with front(policy, servers, workdir / policy) as target:
-                warm = WarmTracker(BLOCK_SIZE, max(1, round(measured["chars_per_model_token"])))
+                warm = WarmTracker(BLOCK_SIZE, measured["chars_per_model_token"])
                 runs = run_async(
                     drive(target, warmup, cells, args.drain_timeout, warm, stats=recorder)
                 )
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "machine": machine_description(),
         "git": git_state(),
-        "command": "make bench-vllm: .venv/bin/python -m bench.vllm_routing"
+        "command": ".venv/bin/python -m bench.vllm_routing"
         + "".join(f" {shlex.quote(a)}" for a in (sys.argv[1:] if argv is None else argv)),
         "elapsed_s": round(time.monotonic() - began, 1),
         "vllm_version": vllm_version(),

@@ -3,13 +3,14 @@ run, the report's rows, table and result files (``NAME.md`` and ``NAME.json``)."
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from bench.result_files import policy_lines, run_header, write_pair
 
 NONE = "\N{EN DASH}"
 HITS = "vllm:prefix_cache_hits_total"
@@ -74,12 +75,17 @@ def report_row(row: dict[str, Any], moved: dict[str, Any]) -> dict[str, Any]:
     the servers' counter deltas."""
     keep = ("policy", "rate", "duration_s", "sent", "ok", "errors", "error_kinds")
     out = {k: row[k] for k in keep}
-    out |= {k: row[k] for k in ("ttft_p50_ms", "ttft_p90_ms", "throughput_rps", "cpu")}
-    return out | moved
+    out |= {k: _finite(row[k]) for k in ("ttft_p50_ms", "ttft_p90_ms", "throughput_rps")}
+    return out | {"cpu": row["cpu"]} | moved | {"vllm_hit_rate": _finite(moved["vllm_hit_rate"])}
 
 
-def _ms(value: float) -> str:
-    return NONE if math.isnan(value) else f"{value:.0f}"
+def _finite(value: float) -> float | None:
+    """None for NaN (nothing measured): JSON has no NaN."""
+    return None if math.isnan(value) else value
+
+
+def _ms(value: float | None) -> str:
+    return NONE if value is None else f"{value:.0f}"
 
 
 def table(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -93,7 +99,7 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
             str(r["sent"]),
             str(r["ok"]),
             str(r["errors"]) + "".join(f" {k}:{n}" for k, n in sorted(r["error_kinds"].items())),
-            NONE if math.isnan(rate) else f"{100 * rate:.1f}",
+            NONE if rate is None else f"{100 * rate:.1f}",
             f"{r['vllm_hit_tokens']:,} / {r['vllm_query_tokens']:,}",
             _ms(r["ttft_p50_ms"]),
             _ms(r["ttft_p90_ms"]),
@@ -105,15 +111,8 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def markdown(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     wl = meta["workload"]
-    lines = [f"# Routing on real vLLM servers: {meta['title']}", ""]
-    if meta.get("note"):
-        lines += [f"**{meta['note']}**", ""]
-    lines += [
-        f"Measured {meta['date']} on {meta['machine']}, code at {meta['git']}, in "
-        f"{meta['elapsed_s']:.0f} s:",
-        "",
-        f"    {meta['command']}",
-        "",
+    lines = [
+        *run_header(f"Routing on real vLLM servers: {meta['title']}", meta),
         NOISE,
         "",
         f"{meta['servers']} vLLM {meta['vllm_version']} CPU servers on the tiny random "
@@ -134,9 +133,7 @@ def markdown(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
         "`vllm:request_success_total` deltas; errors include requests still running "
         f"{meta['drain_timeout_s']:g} s after the last arrival (`timeout`).",
         "",
-        "Policies:",
-        "",
-        *[f"- `{name}`: {text}" for name, text in meta["policies"].items()],
+        *policy_lines(meta["policies"]),
         "",
         *table(rows),
         "",
@@ -147,7 +144,4 @@ def markdown(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
 def write_results(
     out: Path, name: str, meta: dict[str, Any], rows: Sequence[dict[str, Any]]
 ) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"meta": meta, "rows": list(rows)}
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / f"{name}.md").write_text(markdown(meta, rows))
+    write_pair(out, name, {"meta": meta, "rows": list(rows)}, markdown(meta, rows))

@@ -65,6 +65,7 @@ def test_no_queries_is_no_hit_rate_not_zero() -> None:
     moved = vllm_routing_report.deltas(same, same)
     assert math.isnan(moved["vllm_hit_rate"])
     row = vllm_routing_report.report_row(routing_row(), moved)
+    assert row["vllm_hit_rate"] is None and row["ttft_p90_ms"] is None  # JSON has no NaN
     assert "| \N{EN DASH} |" in vllm_routing_report.table([row])[2]
 
 
