@@ -44,7 +44,13 @@ import aiohttp
 
 from bench.host import git_state, machine_description
 from bench.routing import Policy, Workload, drive, run_async
-from bench.vllm_routing_report import counters, deltas, report_row, write_results
+from bench.vllm_routing_report import (
+    counters,
+    deltas,
+    kv_index_view,
+    report_row,
+    write_results,
+)
 from bench.warmth import WarmTracker
 from bench.workload import CHARS_PER_TOKEN, WorkloadSpec, system_prompts
 from epp.tokenization import HfTokenizer
@@ -174,6 +180,14 @@ def wait_scraped(stack: LocalStack, servers: int, timeout: float = 60.0) -> None
     raise RuntimeError(f"the EPP did not scrape all {servers} servers in {timeout:g} s")
 
 
+def epp_kv_index(target: VllmFront) -> dict[str, float]:
+    """The EPP's precise-index view now ({} without an EPP)."""
+    if not target.replica_metrics_urls:
+        return {}
+    with urllib.request.urlopen(target.replica_metrics_urls[0], timeout=10) as resp:
+        return kv_index_view(resp.read().decode())
+
+
 def reset_caches(servers: Sequence[VllmServer]) -> None:
     for s in servers:
         req = urllib.request.Request(f"{s.url}/reset_prefix_cache", data=b"", method="POST")
@@ -285,6 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     began = time.monotonic()
     rows: list[dict[str, Any]] = []
+    kv_index: dict[str, dict[str, float]] = {}
     specs = [(f"vllm-{i}", server_args, {}) for i in range(args.servers)]
     with vllm_servers(workdir, specs) as servers:
         for policy in args.policies:
@@ -296,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs = run_async(
                     drive(target, warmup, cells, args.drain_timeout, warm, stats=recorder)
                 )
+                kv_index[policy] = epp_kv_index(target)
             pairs = zip(recorder.snapshots[::2], recorder.snapshots[1::2], strict=True)
             for row, (before, after) in zip(runs, pairs, strict=True):
                 rows.append(report_row(row, deltas(before, after)))
@@ -319,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "drain_timeout_s": args.drain_timeout,
+        "epp_kv_index": kv_index,
         **measured,
     }
     write_results(args.out, args.name, meta, rows)

@@ -50,6 +50,39 @@ def counters(metrics_text: str) -> dict[str, float]:
     }
 
 
+def kv_index_view(metrics_text: str) -> dict[str, float]:
+    """The EPP's precise index at a glance, from its /metrics: endpoints by state
+    (``endpoints_trusted``, ...) and KV-event stream counters (``events_gaps``, ...),
+    every plugin summed. Empty for an EPP without the precise scorer."""
+    view: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "epp_kv_index_endpoints":
+                key = f"endpoints_{sample.labels['state']}"
+            elif sample.name == "epp_kv_event_total":
+                key = f"events_{sample.labels['kind']}"
+            else:
+                continue
+            view[key] = view.get(key, 0.0) + sample.value
+    return view
+
+
+def kv_index_lines(views: dict[str, dict[str, float]]) -> list[str]:
+    """One line per policy whose EPP kept a precise index: how it stood after the run."""
+    lines = []
+    for policy, v in views.items():
+        if not v:
+            continue
+        held = v.get("endpoints_trusted", 0) + v.get("endpoints_untrusted", 0)
+        lines.append(
+            f"- `{policy}`, after its last rate: the EPP's precise index trusted "
+            f"{v.get('endpoints_trusted', 0):.0f} of {held:.0f} servers' KV events; "
+            f"{v.get('events_events', 0):,.0f} events, {v.get('events_gaps', 0):.0f} gaps, "
+            f"{v.get('events_decode_errors', 0):.0f} decode errors"
+        )
+    return lines
+
+
 def deltas(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What a run moved: hit and queried tokens summed over the servers, their ratio
     (NaN when nothing was queried), and each server's finished requests."""
@@ -138,6 +171,8 @@ def markdown(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
         *table(rows),
         "",
     ]
+    if kv := kv_index_lines(meta.get("epp_kv_index", {})):
+        lines += [*kv, ""]
     return "\n".join(lines)
 
 

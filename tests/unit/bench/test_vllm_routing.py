@@ -12,7 +12,7 @@ from epp.tokenization import HfTokenizer
 
 TINY = Path(__file__).resolve().parents[2] / "fixtures" / "tiny-llama"
 
-# The lines vLLM 0.32's /metrics writes for these counters (a server named by its model)
+# These counters in the form vLLM 0.32's /metrics writes them (labels as its loggers set)
 METRICS = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
 # TYPE vllm:prefix_cache_queries_total counter
@@ -37,6 +37,38 @@ def test_counters_sum_every_label_of_the_three_counters() -> None:
         "prefix_cache_queries_tokens": 4480.0,
         "requests_done": 5.0,
     }
+
+
+EPP_METRICS = """\
+# HELP epp_kv_event_total KV-event stream counters by plugin and kind.
+# TYPE epp_kv_event_total counter
+epp_kv_event_total{kind="events",plugin="precise-prefix-cache-scorer"} 1234.0
+epp_kv_event_total{kind="gaps",plugin="precise-prefix-cache-scorer"} 0.0
+epp_kv_event_total{kind="decode_errors",plugin="precise-prefix-cache-scorer"} 0.0
+# HELP epp_kv_index_endpoints Endpoints in the precise index.
+# TYPE epp_kv_index_endpoints gauge
+epp_kv_index_endpoints{plugin="precise-prefix-cache-scorer",state="trusted"} 3.0
+epp_kv_index_endpoints{plugin="precise-prefix-cache-scorer",state="untrusted"} 1.0
+# HELP epp_requests_total Requests.
+# TYPE epp_requests_total counter
+epp_requests_total{result="ok"} 91.0
+"""
+
+
+def test_the_epps_precise_index_view_and_its_report_line() -> None:
+    view = vllm_routing_report.kv_index_view(EPP_METRICS)
+    assert view == {
+        "events_events": 1234.0,
+        "events_gaps": 0.0,
+        "events_decode_errors": 0.0,
+        "endpoints_trusted": 3.0,
+        "endpoints_untrusted": 1.0,
+    }
+    lines = vllm_routing_report.kv_index_lines({"default": {}, "precise-prefix": view})
+    assert lines == [
+        "- `precise-prefix`, after its last rate: the EPP's precise index trusted 3 of 4 "
+        "servers' KV events; 1,234 events, 0 gaps, 0 decode errors"
+    ]
 
 
 def snap(instance: str, hits: float, queries: float, done: float) -> dict[str, object]:
