@@ -57,9 +57,9 @@ test-vllm: $(STAMP) $(VLLM_STAMP)
 	EPP_VLLM_PYTHON=$(VLLM_VENV)/bin/python EPP_VLLM_MODEL=$(VLLM_MODEL) \
 		$(BIN)/python -m pytest -v tests/vllm --timeout 900
 
-# Routing on real vLLM servers (opt-in, not part of `make bench`; ~12 minutes with the
+# Routing on real vLLM servers (opt-in, not part of `make bench`; ~14 minutes with the
 # venv and model present): 4 vLLM CPU servers on the tiny model behind Envoy, round robin,
-# the default config and configs/precise-prefix.yaml, scored by vLLM's own prefix-cache
+# the default config, configs/precise-prefix.yaml and an oracle, scored by vLLM's prefix-cache
 # counters (bench/vllm_routing.py; bench/results/vllm-routing.*; docs/test-vllm.md).
 # Needs .venv-vllm as `make test-vllm` installs it. A short run:
 #   make bench-vllm VLLM_BENCH_ARGS="--duration 20 --rates 4 --name vllm-routing-smoke"

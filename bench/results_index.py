@@ -162,10 +162,11 @@ BENCHMARKS = [
     (
         "vllm",
         "the routing policies on 4 real vLLM CPU servers (`bench/vllm_routing.py`, "
-        "about 12 minutes; `vllm-routing.md`): the tiny model, 32 KV blocks of 128 tokens "
+        "about 14 minutes; `vllm-routing.md`): the tiny model, 32 KV blocks of 128 tokens "
         "each, 8 equal-popularity groups of ~1,000-token system prompts, unique questions, "
         "8-16 output tokens, Poisson at 4 and 8 req/s, 60 s each; round robin, the "
-        "default config and `configs/precise-prefix.yaml` (the servers' KV events). Per "
+        "default config, `configs/precise-prefix.yaml` (the servers' KV events) and "
+        "`ideal` (the load generator sends each group to one fixed server). Per "
         "cell: vLLM's own prefix-cache hit rate (its counters' deltas summed over the "
         "servers), TTFT p50/p90, completed requests and errors. Needs `.venv-vllm` as "
         "`make test-vllm` installs it; not part of `make bench`",

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -43,6 +44,7 @@ from typing import Any
 import aiohttp
 
 from bench.host import git_state, machine_description
+from bench.oracle import assign_groups
 from bench.routing import Policy, Workload, drive, run_async
 from bench.vllm_routing_report import (
     counters,
@@ -52,9 +54,9 @@ from bench.vllm_routing_report import (
     write_results,
 )
 from bench.warmth import WarmTracker
-from bench.workload import CHARS_PER_TOKEN, WorkloadSpec, system_prompts
+from bench.workload import CHARS_PER_TOKEN, WorkloadSpec, group_weights, system_prompts
 from epp.tokenization import HfTokenizer
-from epp_harness.envoyconfig import EnvoyOptions, baseline_config
+from epp_harness.envoyconfig import EnvoyOptions, baseline_config, client_routed_config
 from epp_harness.envoyproc import EnvoyProcess, write_config
 from epp_harness.procs import scratch_dir
 from epp_harness.stack import LocalStack, StackOptions, kv_events_config
@@ -64,7 +66,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 PRECISE = REPO / "configs" / "precise-prefix.yaml"
 BLOCK_SIZE = 128  # vLLM's CPU build's block size for the tiny model
-POLICIES = ("round-robin", "default", "precise-prefix")
+POLICIES = ("round-robin", "default", "precise-prefix", "ideal")
 
 
 def spec_tokens(model_tokens: int, chars_per_model_token: float) -> int:
@@ -127,6 +129,12 @@ def epp_args(policy: str, servers: Sequence[VllmServer], workdir: Path) -> list[
 def describe(policy: str) -> str:
     if policy == "round-robin":
         return "Envoy alone, static ROUND_ROBIN cluster, no EPP"
+    if policy == "ideal":
+        return (
+            "the reference: Envoy alone, ORIGINAL_DST cluster, no EPP; the load generator "
+            "sends each group to one fixed server (bench/oracle.py: groups spread evenly, "
+            "`x-gateway-destination-endpoint`)"
+        )
     if policy == "default":
         return "Envoy + `epp serve --endpoint ADDR ...` (the built-in default config)"
     return (
@@ -138,11 +146,15 @@ def describe(policy: str) -> str:
 @contextmanager
 def front(policy: str, servers: list[VllmServer], workdir: Path) -> Iterator[VllmFront]:
     workdir.mkdir(parents=True, exist_ok=True)
-    name = Policy(policy, None if policy == "round-robin" else ())
-    if policy == "round-robin":
-        config = baseline_config(
-            EnvoyOptions(listen_port=0, admin_port=0), [("127.0.0.1", s.port) for s in servers]
-        )
+    envoy_alone = policy in ("round-robin", "ideal")
+    name = Policy(
+        policy, None if envoy_alone else (), oracle="ideal" if policy == "ideal" else None
+    )
+    if envoy_alone:
+        cluster = "original-dst" if name.oracle else "eds"
+        opts = EnvoyOptions(listen_port=0, admin_port=0, cluster=cluster)
+        addresses = [("127.0.0.1", s.port) for s in servers]
+        config = client_routed_config(opts) if name.oracle else baseline_config(opts, addresses)
         envoy = EnvoyProcess(write_config(config, workdir / "envoy.yaml"), workdir, concurrency=1)
         envoy.start()
         try:
@@ -262,7 +274,10 @@ def workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any]]:
         "question_model_tokens": args.question_tokens,
         "workload": {**spec.__dict__, "seed": args.seed},
     }
-    wl = Workload("groups", spec, prompts, {}, args.servers, {"ignore_eos": True})
+    # the oracle's homes: groups spread evenly, one server each (equal popularity)
+    per_server = math.ceil(args.groups / args.servers)
+    homes = assign_groups(group_weights(args.groups, 0.0), args.servers, per_server)
+    wl = Workload("groups", spec, prompts, {"ideal": homes}, args.servers, {"ignore_eos": True})
     return wl, measured
 
 
