@@ -73,10 +73,11 @@ def kv_index_lines(views: dict[str, dict[str, float]]) -> list[str]:
     for policy, v in views.items():
         if not v:
             continue
-        held = v.get("endpoints_trusted", 0) + v.get("endpoints_untrusted", 0)
         lines.append(
-            f"- `{policy}`, after its last rate: the EPP's precise index trusted "
-            f"{v.get('endpoints_trusted', 0):.0f} of {held:.0f} servers' KV events; "
+            f"- `{policy}`, after its last rate: the EPP's precise index followed "
+            f"{v.get('endpoints_trusted', 0):.0f} servers' KV events as trusted and "
+            f"{v.get('endpoints_untrusted', 0):.0f} as untrusted (a server that published "
+            f"nothing since the EPP started is in neither); "
             f"{v.get('events_events', 0):,.0f} events, {v.get('events_gaps', 0):.0f} gaps, "
             f"{v.get('events_decode_errors', 0):.0f} decode errors"
         )

@@ -66,8 +66,9 @@ def test_the_epps_precise_index_view_and_its_report_line() -> None:
     }
     lines = vllm_routing_report.kv_index_lines({"default": {}, "precise-prefix": view})
     assert lines == [
-        "- `precise-prefix`, after its last rate: the EPP's precise index trusted 3 of 4 "
-        "servers' KV events; 1,234 events, 0 gaps, 0 decode errors"
+        "- `precise-prefix`, after its last rate: the EPP's precise index followed 3 "
+        "servers' KV events as trusted and 1 as untrusted (a server that published nothing "
+        "since the EPP started is in neither); 1,234 events, 0 gaps, 0 decode errors"
     ]
 
 
