@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run test test-vllm test-compose lint typecheck bench bench-overhead bench-decision bench-scrape \
-	bench-kv-events bench-routing bench-lora bench-pd bench-fairness bench-inference-perf clean
+	bench-kv-events bench-routing bench-lora bench-pd bench-fairness bench-inference-perf \
+	bench-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,6 +56,21 @@ test-vllm: $(STAMP) $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -c 'import peft' 2>/dev/null || $(VLLM_VENV)/bin/python -m pip install --quiet peft
 	EPP_VLLM_PYTHON=$(VLLM_VENV)/bin/python EPP_VLLM_MODEL=$(VLLM_MODEL) \
 		$(BIN)/python -m pytest -v tests/vllm --timeout 900
+
+# Routing on real vLLM servers (opt-in, not part of `make bench`; ~14 minutes with the
+# venv and model present): 4 vLLM CPU servers on the tiny model behind Envoy, round robin,
+# the default config, configs/precise-prefix.yaml and an oracle, scored by vLLM's prefix-cache
+# counters (bench/vllm_routing.py; bench/results/vllm-routing.*; docs/test-vllm.md).
+# Needs .venv-vllm as `make test-vllm` installs it. A short run:
+#   make bench-vllm VLLM_BENCH_ARGS="--duration 20 --rates 4 --name vllm-routing-smoke"
+VLLM_BENCH_ARGS ?=
+bench-vllm: $(STAMP)
+	@test -x $(VLLM_VENV)/bin/python || { echo "bench-vllm: no $(VLLM_VENV): install vLLM first with \
+	\`make $(VLLM_STAMP)\` (the install step of \`make test-vllm\`, docs/test-vllm.md)" >&2; exit 2; }
+	$(VLLM_VENV)/bin/python tests/vllm/build_model.py $(VLLM_MODEL)
+	EPP_VLLM_PYTHON=$(VLLM_VENV)/bin/python EPP_VLLM_MODEL=$(VLLM_MODEL) \
+		$(BIN)/python -m bench.vllm_routing $(VLLM_BENCH_ARGS)
+	$(BIN)/python -m bench.results_index
 
 # docker-compose.yml on a real Docker engine (docs/compose.md; opt-in, as root): Debian's
 # docker.io, a daemon, Compose v2 and a debootstrap stand-in for the base image, readied

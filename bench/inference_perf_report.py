@@ -3,9 +3,10 @@ read from the per-stage reports it wrote (``stage_N_lifecycle_metrics.json``).""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from bench.result_files import policy_lines, run_header, write_pair
 
 NONE = "\N{EN DASH}"
 HEADER = [
@@ -102,18 +103,9 @@ def table(data_rows: list[dict[str, Any]]) -> list[str]:
 def markdown(meta: dict[str, Any], data_rows: list[dict[str, Any]]) -> str:
     sim = meta["sim"]
     shared = meta["config"]["data"]["shared_prefix"]
+    title = "inference-perf shared_prefix: Envoy round robin and the EPP on the simulators"
     lines = [
-        "# inference-perf shared_prefix: Envoy round robin and the EPP on the simulators",
-        "",
-    ]
-    if meta.get("note"):
-        lines += [f"**{meta['note']}**", ""]
-    lines += [
-        f"Measured {meta['date']} on {meta['machine']}, code at {meta['git']}, with "
-        f"{meta['client']}, in {meta['elapsed_s']:.0f} s:",
-        "",
-        f"    {meta['command']}",
-        "",
+        *run_header(title, meta, meta["client"]),
         f"inference-perf's `shared_prefix` data, unchanged: {shared['num_groups']} groups "
         f"of {shared['system_prompt_len']}-token system prompts, "
         f"{shared['num_prompts_per_group']} questions of {shared['question_len']} tokens "
@@ -128,9 +120,7 @@ def markdown(meta: dict[str, Any], data_rows: list[dict[str, Any]]) -> str:
         "`cached_tokens`), *count mismatches* the requests whose prompt length the "
         "server counted differently from inference-perf's tokenizer.",
         "",
-        "Policies:",
-        "",
-        *[f"- `{name}`: {p['describe']}" for name, p in meta["policies"].items()],
+        *policy_lines({name: p["describe"] for name, p in meta["policies"].items()}),
         "",
         *table(data_rows),
         "",
@@ -142,8 +132,6 @@ def write_results(
     out: Path, name: str, meta: dict[str, Any], stages: dict[str, list[dict[str, Any]]]
 ) -> None:
     """``NAME.json`` (meta, the table's rows, inference-perf's reports) and ``NAME.md``."""
-    out.mkdir(parents=True, exist_ok=True)
     data_rows = rows(stages)
     doc = {"meta": meta, "rows": data_rows, "reports": stages}
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / f"{name}.md").write_text(markdown(meta, data_rows))
+    write_pair(out, name, doc, markdown(meta, data_rows))

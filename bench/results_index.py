@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from bench import inference_perf_report, pd_report
+from bench import inference_perf_report, pd_report, vllm_routing_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 INDEX = RESULTS / "README.md"
@@ -158,6 +158,18 @@ BENCHMARKS = [
         "its own numbers side by side: KV-cache hit %, TTFT mean/p50/p90, throughput, "
         "requests and errors. Needs Python >= 3.12 (`IPERF_PYTHON`); not part of "
         "`make bench`",
+    ),
+    (
+        "vllm",
+        "the routing policies on 4 real vLLM CPU servers (`bench/vllm_routing.py`, "
+        "about 14 minutes; `vllm-routing.md`): the tiny model, 32 KV blocks of 128 tokens "
+        "each, 8 equal-popularity groups of ~1,000-token system prompts, unique questions, "
+        "8-16 output tokens, Poisson at 4 and 8 req/s, 60 s each; round robin, the "
+        "default config, `configs/precise-prefix.yaml` (the servers' KV events) and "
+        "`ideal` (the load generator sends each group to one fixed server). Per "
+        "cell: vLLM's own prefix-cache hit rate (its counters' deltas summed over the "
+        "servers), TTFT p50/p90, completed requests and errors. Needs `.venv-vllm` as "
+        "`make test-vllm` installs it; not part of `make bench`",
     ),
 ]
 
@@ -529,19 +541,37 @@ def pd_section() -> list[str]:
     return out[:-1]
 
 
-def inference_perf_section() -> list[str]:
-    out = ["## inference-perf as the client", ""]
-    for name in names("inference-perf"):
+def runs_section(
+    heading: str, prefix: str, table: Callable[[list[dict[str, Any]]], list[str]], target: str
+) -> list[str]:
+    """Every committed ``PREFIX*.json`` run: its date, its note, its table of rows."""
+    out = [f"## {heading}", ""]
+    for name in names(prefix):
         data = load(name)
         meta = data["meta"]
         out += [f"### {link(name)}: {meta['date']}", ""]
         if meta.get("note"):
             out += [meta["note"], ""]
-        out += [*inference_perf_report.table(data["rows"]), ""]
+        out += [*table(data["rows"]), ""]
     if len(out) == 2:
-        out.append("No run committed yet: `make bench-inference-perf` writes one.")
-        out.append("")
+        out += [f"No run committed yet: `make {target}` writes one.", ""]
     return out[:-1]
+
+
+def inference_perf_section() -> list[str]:
+    return runs_section(
+        "inference-perf as the client",
+        "inference-perf",
+        inference_perf_report.table,
+        "bench-inference-perf",
+    )
+
+
+def vllm_section() -> list[str]:
+    section = runs_section(
+        "Routing on real vLLM servers", "vllm-routing", vllm_routing_report.table, "bench-vllm"
+    )
+    return [*section, "", vllm_routing_report.NOISE]
 
 
 def benchmarks_table() -> list[str]:
@@ -605,6 +635,7 @@ def render() -> str:
         lora_section(),
         pd_section(),
         inference_perf_section(),
+        vllm_section(),
         ["## Other measurements", "", *[f"- {m}" for m in OTHER_MEASUREMENTS]],
     ]
     return "\n\n".join("\n".join(s) for s in sections) + "\n"

@@ -105,7 +105,7 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -566,12 +566,34 @@ def client_session() -> aiohttp.ClientSession:
     )
 
 
+class Target(Protocol):
+    """What :func:`drive` sends to: a :class:`Deployment`, or real servers behind Envoy
+    (bench.vllm_routing)."""
+
+    policy: Policy
+    sim_addresses: list[str]  # the model servers, as the oracles name them
+    sim_urls: list[str]  # their base URLs, for ``stats``
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def replica_metrics_urls(self) -> list[str]: ...
+
+    def pids(self) -> dict[str, list[int]]: ...
+
+
+# Each server's counters, as /sim/stats names them (summarize reads the prefix cache's)
+Stats = Callable[[aiohttp.ClientSession, list[str]], Awaitable[list[dict[str, Any]]]]
+
+
 async def drive(
-    dep: Deployment,
+    dep: Target,
     warmup: Cell | None,
     cells: list[Cell],
     drain_timeout: float,
     warm: WarmTracker,
+    stats: Stats = sim_stats,
 ) -> list[dict[str, Any]]:
     rows = []
     oracle = (dep.policy.oracle, dep.sim_addresses) if dep.policy.oracle else None
@@ -581,10 +603,10 @@ async def drive(
             records = await run_cell(session, dep.url, warmup, drain_timeout, oracle)
             warm.account(visits(warmup, records))
         for cell in cells:
-            stats0, cpu0 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
+            stats0, cpu0 = await stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
             handled0 = await replica_requests(session, dep.replica_metrics_urls)
             records = await run_cell(session, dep.url, cell, drain_timeout, oracle)
-            stats1, cpu1 = await sim_stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
+            stats1, cpu1 = await stats(session, dep.sim_urls), cpu_snapshot(dep.pids())
             handled1 = await replica_requests(session, dep.replica_metrics_urls)
             row = summarize(dep.policy, cell, records, stats0, stats1, cpu0, cpu1)
             row["replica_requests"] = [b - a for a, b in zip(handled0, handled1, strict=True)]
@@ -922,6 +944,7 @@ class Workload:
     prompts: list[str]
     assignments: dict[str, Assignment | None]
     servers: int
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every body
 
     def cell(self, rate: float, duration: float, seed: int) -> Cell:
         cell = Cell(rate, duration)
@@ -935,7 +958,7 @@ class Workload:
             cell.requests.append(
                 Planned(
                     r.offset_s,
-                    orjson.dumps(r.body),
+                    orjson.dumps(r.body | self.extra_body),
                     r.group,
                     r.body["max_tokens"],
                     dict(r.headers),

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from bench.workload import CHARS_PER_TOKEN
 
 
-def full_block_tokens(chars: int, block_size: int, chars_per_token: int = CHARS_PER_TOKEN) -> int:
+def full_block_tokens(chars: int, block_size: int, chars_per_token: float = CHARS_PER_TOKEN) -> int:
     """Tokens in the full KV blocks of a ``chars``-character prefix (what can be cached)."""
-    return chars // (block_size * chars_per_token) * block_size
+    return int(chars // (block_size * chars_per_token)) * block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +51,10 @@ class WarmCount:
 class WarmTracker:
     """Which prefix keys have been computed so far in one policy's run, and when."""
 
-    def __init__(self, block_size: int, chars_per_token: int = CHARS_PER_TOKEN) -> None:
+    def __init__(self, block_size: int, chars_per_token: float = CHARS_PER_TOKEN) -> None:
         """``block_size`` in the servers' tokens, ``chars_per_token`` their tokenizer's
-        (4 for the simulator's default rule, 1 for its byte tokenizer)."""
+        (4 for the simulator's default rule, 1 for its byte tokenizer, a measured mean
+        for a real model's)."""
         self.block_size = block_size
         self.chars_per_token = chars_per_token
         self._computed: dict[str, float] = {}  # key -> earliest first token
