@@ -37,8 +37,7 @@ def _generating(server: Server) -> bool:
         return False
 
 
-def _set_statuses(server: Server, spec: str, seed: int) -> None:
-    doc = {"status": spec, "seed": seed}
+def _set_faults(server: Server, doc: dict[str, object]) -> None:
     status, _, body = request(f"http://{server.address}/sim/faults", orjson.dumps(doc))
     assert status == 200, body
 
@@ -53,12 +52,12 @@ def apply(s: Scenario, d: Deployment, driver: Driver) -> list[FaultEvent]:
         os.kill(d.epp_pid(f.target), signal.SIGKILL)
         return [FaultEvent(f.kind, time.monotonic(), victim=f"epp replica {f.target}")]
     victim = [srv for srv in d.servers() if srv.decodes][f.target]
-    if f.kind == "fault-status":
-        _set_statuses(victim, f.statuses, s.seed)
+    if f.kind in ("fault-status", "metrics-fault"):
+        _set_faults(victim, {"status": f.statuses, "seed": s.seed, "metrics": f.metrics or "ok"})
         event = FaultEvent(f.kind, time.monotonic(), victim=victim.address)
         healed_at = driver.answered() + f.heal_after
         _wait(lambda: driver.answered() >= healed_at, driver, HEAL_WAIT_S)
-        _set_statuses(victim, "", s.seed)
+        _set_faults(victim, {"status": "", "metrics": "ok"})
         event.until = time.monotonic()
         return [event]
     _wait(lambda: _generating(victim), driver, STRIKE_WAIT_S)

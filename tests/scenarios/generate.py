@@ -50,6 +50,7 @@ def scenario(seed: int, shape: str | None = None, fault: str | None = None) -> S
             target=rng.randrange(2 if kind == "epp-replica-kill" else decoders),
             after=after,
             statuses=rng.choice(STATUS_MIXES) if kind == "fault-status" else "",
+            metrics=rng.choice(("fail", "slow:3")) if kind == "metrics-fault" else "",
             heal_after=rng.randrange(15, 35),
         ),
         workload=workload,

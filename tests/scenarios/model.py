@@ -8,8 +8,16 @@ from dataclasses import dataclass, field
 # deployment shapes this step covers (docs/testing.md)
 SHAPES = ("plain", "lora-subset", "workers-2", "stack-replicas", "pd-nixl")
 # faults: none, a server SIGKILLed or SIGSTOPped while streams run on it, a server
-# answering a share of requests with an error status, an EPP replica SIGKILLed
-FAULTS = ("none", "sigkill-mid-stream", "sigstop-mid-stream", "fault-status", "epp-replica-kill")
+# answering a share of requests with an error status, a server's /metrics failing or
+# slow, an EPP replica SIGKILLed
+FAULTS = (
+    "none",
+    "sigkill-mid-stream",
+    "sigstop-mid-stream",
+    "fault-status",
+    "metrics-fault",
+    "epp-replica-kill",
+)
 BASE_MODEL = "sim-model"
 ADAPTER = "ad-1"  # preloaded on the first two servers of the lora-subset shape
 
@@ -25,7 +33,8 @@ class Fault:
     target: int = 0  # the server (index among the servers that decode) or EPP replica
     after: int = 0  # strikes once this many requests have been answered
     statuses: str = ""  # fault-status: the sim's --fault-status spec
-    heal_after: int = 0  # fault-status, sigstop: healed once this many more are answered
+    metrics: str = ""  # metrics-fault: the sim's --fault-metrics spec
+    heal_after: int = 0  # fault-status, metrics-fault, sigstop: healed this many answers on
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,8 @@ class Scenario:
         f, w = self.fault, self.workload
         return (
             f"seed {self.seed}: shape {self.shape}, fault {f.kind} (target {f.target}, after "
-            f"{f.after}{', ' + f.statuses if f.statuses else ''}), {w.requests} requests by "
+            f"{f.after}{''.join(', ' + x for x in (f.statuses, f.metrics) if x)}), "
+            f"{w.requests} requests by "
             f"{w.clients} clients (stream {w.stream_share:.0%}, hang-up {w.hangup_share:.0%}, "
             f"220 KB {w.big_share:.0%}, adapter {w.adapter_share:.0%})"
         )

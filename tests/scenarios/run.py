@@ -19,7 +19,7 @@ from tests.support.http import get_json, metric_samples
 
 QUIESCE_S = 30.0  # a wide safety net: rest normally comes within a second
 REJOIN_S = 60.0  # a restarted server starts, passes the readiness check, is scraped
-SERVER_VICTIMS = ("sigkill-mid-stream", "sigstop-mid-stream", "fault-status")
+SERVER_VICTIMS = ("sigkill-mid-stream", "sigstop-mid-stream", "fault-status", "metrics-fault")
 
 
 def _scrape(d: Deployment) -> list[dict[str, float]]:

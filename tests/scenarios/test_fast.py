@@ -15,11 +15,11 @@ pytestmark = pytest.mark.e2e
 # seeds whose scenarios cover every shape and every fault (python -m
 # tests.scenarios.replay --list shows what a seed draws)
 FAST = {
-    14: "plain, sigkill-mid-stream",
-    21: "lora-subset, fault-status",
-    13: "workers-2, sigstop-mid-stream",
-    24: "stack-replicas, epp-replica-kill",
+    1: "lora-subset, metrics-fault",
     5: "pd-nixl, sigstop-mid-stream",
+    7: "workers-2, sigkill-mid-stream",
+    27: "stack-replicas, epp-replica-kill",
+    31: "plain, fault-status",
 }
 
 
