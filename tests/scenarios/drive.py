@@ -20,13 +20,17 @@ CLIENT_TIMEOUT_S = 60.0
 
 
 def send(url: str, spec: RequestSpec) -> Outcome:
-    """One request to Envoy's listener, read to its end (or to the first body bytes,
-    when the client is to hang up)."""
+    """One request to Envoy's listener, read to its end; a client that is to hang up
+    closes the connection after the first body bytes of a stream, or right after
+    sending a non-streaming request."""
     parts = urlsplit(url)
     out = Outcome(spec, started=time.monotonic())
     conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=CLIENT_TIMEOUT_S)
     try:
         conn.request("POST", "/v1/completions", spec.body, {"content-type": "application/json"})
+        if spec.hangup and not spec.stream:  # walks away before any answer
+            out.hung_up = True
+            return out
         resp = conn.getresponse()
         out.status, out.served = resp.status, resp.getheader("x-sim-instance", "")
         while chunk := resp.read1(65536):

@@ -76,6 +76,6 @@ def requests(s: Scenario) -> list[RequestSpec]:
         }
         if stream:
             doc["stream"] = True
-        hangup = stream and rng.random() < w.hangup_share
+        hangup = rng.random() < w.hangup_share
         specs.append(RequestSpec(i, orjson.dumps(doc), model, stream, hangup))
     return specs

@@ -42,7 +42,8 @@ class Workload:
     requests: int
     clients: int  # concurrent client threads
     stream_share: float
-    hangup_share: float  # streams the client walks away from after the first chunk
+    hangup_share: float  # requests the client walks away from (a stream after its first
+    # chunk, a non-streaming request once sent)
     big_share: float  # 220 KB prompts
     adapter_share: float  # requests for ADAPTER (lora-subset only)
     max_tokens: tuple[int, int]
@@ -75,7 +76,7 @@ class RequestSpec:
     body: bytes
     model: str
     stream: bool
-    hangup: bool  # the client closes the connection after the first body bytes
+    hangup: bool  # the client closes the connection early (drive.send)
 
 
 @dataclass

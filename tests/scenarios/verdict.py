@@ -40,5 +40,6 @@ def judge(seed: int, tmp: Path) -> str:
     s = scenario(seed)
     run = run_seed(s, tmp)
     found = violations(run)
-    print(report(s, run, found) if found else f"ok: {s.describe()}; {summary(run)}")
-    return report(s, run, found) if found else ""
+    verdict = report(s, run, found) if found else ""
+    print(verdict or f"ok: {s.describe()}; {summary(run)}")
+    return verdict
