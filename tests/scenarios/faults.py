@@ -60,9 +60,10 @@ def apply(s: Scenario, d: Deployment, driver: Driver) -> list[FaultEvent]:
         _set_faults(victim, {"status": "", "metrics": "ok"})
         event.until = time.monotonic()
         return [event]
-    _wait(lambda: _generating(victim), driver, STRIKE_WAIT_S)
+    if f.kind.endswith("-mid-stream"):
+        _wait(lambda: _generating(victim), driver, STRIKE_WAIT_S)
     pid = d.server_pid(victim.name)
-    if f.kind == "sigkill-mid-stream":
+    if f.kind.startswith("sigkill"):
         os.kill(pid, signal.SIGKILL)
         return [FaultEvent(f.kind, time.monotonic(), victim=victim.address)]
     os.kill(pid, signal.SIGSTOP)

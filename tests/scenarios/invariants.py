@@ -11,6 +11,7 @@ from tests.scenarios.model import IDLE_S, Outcome, Run
 ATTEMPTS = 4
 # generation itself (queueing, prefill, 48 tokens) on a loaded shared machine: generous
 GENERATION_S = 30.0
+SERVER_DEATHS = ("sigkill-mid-stream", "sigstop-mid-stream", "sigkill-at-once", "sigstop-at-once")
 RECOVERY_REQUESTS = 60  # I6: the victim serves again within this many requests
 
 
@@ -31,8 +32,10 @@ def _explained(run: Run, o: Outcome) -> str | None:
         return "injected by the simulator"
     if _window(run, o, ("epp-replica-kill",)):
         return "open on an EPP replica that died (docs/replicas.md)"
-    began = o.status == 200 and bool(o.body)
-    if began and _window(run, o, ("sigkill-mid-stream", "sigstop-mid-stream"), o.served):
+    # begun: its 200 reached the client. A server sends a stream's headers before its
+    # first token (the simulator as vLLM), so one frozen between the two is cut with no
+    # body at all: the status is out, Envoy cannot retry (docs/timeouts.md)
+    if o.status == 200 and _window(run, o, SERVER_DEATHS, o.served):
         return "cut mid-stream by its server's death or freeze"
     return None
 

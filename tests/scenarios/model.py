@@ -7,13 +7,17 @@ from dataclasses import dataclass, field
 
 # deployment shapes this step covers (docs/testing.md)
 SHAPES = ("plain", "lora-subset", "workers-2", "stack-replicas", "pd-nixl")
-# faults: none, a server SIGKILLed or SIGSTOPped while streams run on it, a server
+# faults: none, a server SIGKILLed or SIGSTOPped while streams run on it (or at once,
+# whatever it is doing: the requests it was sent meanwhile meet it before their first
+# byte), a server
 # answering a share of requests with an error status, a server's /metrics failing or
 # slow, an EPP replica SIGKILLed
 FAULTS = (
     "none",
     "sigkill-mid-stream",
     "sigstop-mid-stream",
+    "sigkill-at-once",
+    "sigstop-at-once",
     "fault-status",
     "metrics-fault",
     "epp-replica-kill",

@@ -13,13 +13,13 @@ from tests.scenarios.deploy import Deployment, Server, deployed
 from tests.scenarios.drive import Driver, send
 from tests.scenarios.faults import apply
 from tests.scenarios.generate import requests
-from tests.scenarios.invariants import RECOVERY_REQUESTS
+from tests.scenarios.invariants import RECOVERY_REQUESTS, SERVER_DEATHS
 from tests.scenarios.model import BASE_MODEL, FaultEvent, Outcome, RequestSpec, Run, Scenario
 from tests.support.http import get_json, metric_samples
 
 QUIESCE_S = 30.0  # a wide safety net: rest normally comes within a second
 REJOIN_S = 60.0  # a restarted server starts, passes the readiness check, is scraped
-SERVER_VICTIMS = ("sigkill-mid-stream", "sigstop-mid-stream", "fault-status", "metrics-fault")
+SERVER_VICTIMS = (*SERVER_DEATHS, "fault-status", "metrics-fault")
 
 
 def _scrape(d: Deployment) -> list[dict[str, float]]:

@@ -15,11 +15,13 @@ pytestmark = pytest.mark.e2e
 # seeds whose scenarios cover every shape and every fault (python -m
 # tests.scenarios.replay --list shows what a seed draws)
 FAST = {
-    1: "lora-subset, metrics-fault",
+    1: "lora-subset, sigstop-at-once",
     5: "pd-nixl, sigstop-mid-stream",
+    6: "pd-nixl, metrics-fault",
     7: "workers-2, sigkill-mid-stream",
-    27: "stack-replicas, epp-replica-kill",
-    31: "plain, fault-status",
+    11: "stack-replicas, epp-replica-kill",
+    28: "plain, fault-status",
+    31: "plain, sigkill-at-once",
 }
 
 

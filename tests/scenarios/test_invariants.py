@@ -46,6 +46,9 @@ def test_i1_lets_through_a_cut_on_the_killed_server_only() -> None:
     assert len(i1_avoidable_errors(run([cut], other))) == 1
     later = FaultEvent("sigkill-mid-stream", at=12.0, victim=A)
     assert len(i1_avoidable_errors(run([cut], later))) == 1
+    headers_only = outcome(1, 200, b"")  # frozen between its headers and first token
+    freeze = FaultEvent("sigstop-mid-stream", at=10.5, victim=A)
+    assert i1_avoidable_errors(run([headers_only], freeze)) == []
 
 
 def test_i1_catches_a_real_404_and_lets_an_injected_one_through() -> None:
