@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 
 from tests.scenarios.deploy import Deployment, Server, deployed
-from tests.scenarios.drive import Driver, send
+from tests.scenarios.drive import Driver
 from tests.scenarios.faults import apply
 from tests.scenarios.generate import requests
 from tests.scenarios.invariants import RECOVERY_REQUESTS, SERVER_DEATHS
@@ -19,6 +19,8 @@ from tests.support.http import get_json, metric_samples
 
 QUIESCE_S = 30.0  # a wide safety net: rest normally comes within a second
 REJOIN_S = 60.0  # a restarted server starts, passes the readiness check, is scraped
+BURST = 4  # I6's probe: concurrent requests, so an idle favourite cannot take them all
+STALE_AFTER_S = 2.0  # dataLayer.staleAfterSeconds, the default
 SERVER_VICTIMS = (*SERVER_DEATHS, "fault-status", "metrics-fault")
 
 
@@ -59,39 +61,49 @@ def quiesce(d: Deployment) -> str:
     return ""
 
 
-def _healthy(d: Deployment, server: Server) -> bool:
+def _rejoined(d: Deployment, server: Server) -> bool:
+    """Whether the EPP has ``server`` healthy and its load fresh: a load older than
+    staleAfterSeconds (2 s by default; a slow /metrics leaves it so for a while after
+    it heals) counts as unknown, which the load scorers rate lowest (docs/timeouts.md)."""
     try:
         samples = metric_samples(f"{d.epp_http_urls()[0]}/metrics")
     except OSError:
         return False
-    return any(
-        k.startswith("epp_endpoint_status{") and f'"{server.address}"' in k
-        and 'status="healthy"' in k and v == 1
-        for k, v in samples.items()
-    )  # fmt: skip
+    mine = {k.split("{")[0]: v for k, v in samples.items() if f'"{server.address}"' in k
+            and (not k.startswith("epp_endpoint_status{") or 'status="healthy"' in k)}  # fmt: skip
+    return (
+        mine.get("epp_endpoint_status") == 1
+        and mine.get("epp_endpoint_metrics_age_seconds", STALE_AFTER_S) < STALE_AFTER_S
+    )
 
 
 def recover(s: Scenario, d: Deployment, events: list[FaultEvent]) -> tuple[list[Outcome], str]:
-    """I6's probe: once the victim is healthy again in the EPP's view, short requests one
-    at a time until it serves one."""
+    """I6's probe: once the victim is healthy again in the EPP's view with a fresh load,
+    bursts of BURST concurrent short requests until it serves one."""
     if s.fault.kind not in SERVER_VICTIMS or not events:
         return [], ""
     victim = next(srv for srv in d.servers() if srv.address == events[0].victim)
     deadline = time.monotonic() + REJOIN_S
-    while not _healthy(d, victim):
+    while not _rejoined(d, victim):
         if time.monotonic() > deadline:
-            return [], f"{victim.name} not healthy in the EPP's view {REJOIN_S:g}s after"
+            return [], f"{victim.name} not healthy and fresh in the EPP's view {REJOIN_S:g}s after"
         time.sleep(0.1)
-    outcomes = []
-    for i in range(RECOVERY_REQUESTS):
-        body = {"model": BASE_MODEL, "prompt": f"recovery {s.seed} {i}", "max_tokens": 2}
-        spec = RequestSpec(10_000 + i, orjson.dumps(body), BASE_MODEL, False, False)
-        outcomes.append(send(d.url, spec))
-        if not outcomes[-1].complete:
-            return outcomes, f"a recovery request failed: {outcomes[-1]}"
-        if outcomes[-1].served == victim.address:
+    outcomes: list[Outcome] = []
+    while len(outcomes) < RECOVERY_REQUESTS:
+        with Driver(d.url, [_probe(s, len(outcomes) + k) for k in range(BURST)], BURST) as burst:
+            pass
+        outcomes += burst.outcomes
+        failed = [o for o in burst.outcomes if not o.complete]
+        if failed:
+            return outcomes, f"a recovery request failed: {failed[0]}"
+        if any(o.served == victim.address for o in burst.outcomes):
             return outcomes, ""
     return outcomes, f"{victim.name} served none of {RECOVERY_REQUESTS} requests after healing"
+
+
+def _probe(s: Scenario, i: int) -> RequestSpec:
+    body = {"model": BASE_MODEL, "prompt": f"recovery {s.seed} {i}", "max_tokens": 8}
+    return RequestSpec(10_000 + i, orjson.dumps(body), BASE_MODEL, False, False)
 
 
 def run_scenario(s: Scenario, d: Deployment) -> Run:
