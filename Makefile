@@ -34,7 +34,7 @@ test: lint typecheck
 
 # The scenario matrix's full tier (docs/testing.md): SCENARIOS generated seeds from
 # SCENARIO_BASE on, each a deployment shape x fault x workload checked against the
-# invariants (about 15 s a scenario on the shared 2-core VM). A failure prints its seed
+# invariants (10 to 20 s a scenario on the shared 2-core VM). A failure prints its seed
 # and the command that replays it; `make test` runs the fast tier's fixed seeds.
 SCENARIOS ?= 200
 SCENARIO_BASE ?= 1000
