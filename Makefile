@@ -4,9 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm test-compose lint typecheck bench bench-overhead bench-decision bench-scrape \
-	bench-kv-events bench-routing bench-lora bench-pd bench-fairness bench-inference-perf \
-	bench-vllm clean
+.PHONY: run test test-scenarios test-vllm test-compose lint typecheck bench bench-overhead \
+	bench-decision bench-scrape bench-kv-events bench-routing bench-lora bench-pd bench-fairness \
+	bench-inference-perf bench-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,17 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/python -m pytest -q
+
+# The scenario matrix's full tier (docs/testing.md): SCENARIOS generated seeds from
+# SCENARIO_BASE on, each a deployment shape x fault x workload checked against the
+# invariants (10 to 20 s a scenario on the shared 2-core VM). A failure prints its seed
+# and the command that replays it; `make test` runs the fast tier's fixed seeds.
+SCENARIOS ?= 200
+SCENARIO_BASE ?= 1000
+
+test-scenarios: $(STAMP)
+	EPP_SCENARIOS=$(SCENARIOS) EPP_SCENARIO_BASE=$(SCENARIO_BASE) \
+		$(BIN)/python -m pytest -q tests/scenarios/test_matrix.py
 
 # The real-engine tier (docs/test-vllm.md; opt-in, ~5 minutes, +2-3 the first time): vLLM's
 # CPU build in a venv of its own (only the model servers run from it), a tiny random

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from epp.types import Role
+from epp_harness.sim.faults import MetricsFault
 
 # The simulator's one tokenizer rule: a token is about 4 characters of text.
 CHARS_PER_TOKEN = 4
@@ -83,6 +84,11 @@ class SimConfig:
     lora_swap_ms: float = 50.0  # cost of evicting an adapter from a full slot table
     # whose metric names /metrics uses: vllm | sglang | trtllm (epp_harness.sim.metrics)
     metrics_dialect: str = "vllm"
+    # injected faults (epp_harness.sim.faults): (status, share) pairs answered instead of
+    # a generation, /metrics failing or slow, and the seed of the per-request draws
+    fault_status: tuple[tuple[int, float], ...] = ()
+    fault_metrics: MetricsFault = field(default_factory=MetricsFault)
+    fault_seed: int = 0
 
     def __post_init__(self) -> None:
         if not self.model:

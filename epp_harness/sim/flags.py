@@ -8,6 +8,7 @@ from epp import argtypes
 from epp.logsetup import add_log_level
 from epp.types import Role
 from epp_harness.sim.config import METRICS_DIALECTS, KvConnector, SimConfig, address
+from epp_harness.sim.faults import parse_fault_metrics, parse_fault_status
 from epp_harness.sim.lora import parse_lora_module
 
 
@@ -122,6 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_disaggregation_arguments(parser, d)
     _add_kv_event_arguments(parser, d)
     _add_lora_arguments(parser, d)
+    _add_fault_arguments(parser, d)
     add_log_level(parser)
 
 
@@ -201,6 +203,35 @@ def _add_lora_arguments(parser: argparse.ArgumentParser, d: SimConfig) -> None:
         default=d.lora_swap_ms,
         help="time an adapter takes to enter a full slot table (evicting the least "
         "recently used idle one), scaled by --time-scale",
+    )
+
+
+def _add_fault_arguments(parser: argparse.ArgumentParser, d: SimConfig) -> None:
+    group = parser.add_argument_group(
+        "injected faults", "for fault tests; also settable at runtime with POST /sim/faults"
+    )
+    add = group.add_argument
+    add(
+        "--fault-status",
+        type=argtypes.checked(parse_fault_status),
+        default=None,
+        metavar="STATUS:SHARE[,...]",
+        help="answer this share of generation requests with STATUS in vLLM's error shape "
+        "(e.g. 503:0.2,404:0.1; message 'injected fault ...')",
+    )
+    add(
+        "--fault-metrics",
+        type=argtypes.checked(parse_fault_metrics),
+        default=d.fault_metrics.spec,
+        metavar="{ok,fail,slow:SECONDS}",
+        help="/metrics answers 503 (fail) or only after SECONDS (slow, wall time)",
+    )
+    add(
+        "--fault-seed",
+        type=argtypes.non_negative_int,
+        default=d.fault_seed,
+        help="seed of the draws that pick which requests --fault-status answers, one per "
+        "generation request in arrival order",
     )
 
 
@@ -296,4 +327,7 @@ def config_from_args(args: argparse.Namespace, port: int) -> SimConfig:
         lora_modules=tuple(args.lora_modules),
         lora_swap_ms=args.lora_swap_ms,
         metrics_dialect=args.metrics_dialect,
+        fault_status=args.fault_status or (),
+        fault_metrics=args.fault_metrics,
+        fault_seed=args.fault_seed,
     )

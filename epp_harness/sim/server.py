@@ -15,6 +15,7 @@ is read, recorded, parsed, planned (the KV handoff, epp_harness.sim.handoff) and
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import logging
@@ -29,6 +30,13 @@ from multidict import CIMultiDictProxy
 from epp_harness.sim import orca, responses
 from epp_harness.sim.config import SimConfig
 from epp_harness.sim.engine import Engine, PromptReport
+from epp_harness.sim.faults import (
+    FAULT_MESSAGE,
+    Faults,
+    MetricsFault,
+    parse_fault_metrics,
+    parse_fault_status,
+)
 from epp_harness.sim.handoff import Plan, SimHandoff
 from epp_harness.sim.kv_events import KvEventPublisher
 from epp_harness.sim.kv_routes import KvRoutes
@@ -92,8 +100,8 @@ class SimServer:
         self.lora = lora_slots(config)
         self.metrics.attach(self.engine, self.handoff, self.lora)
         self.last_request: LastRequest | None = None
-        # fault injection for tests: /metrics answers 503 while set (see /sim/faults)
-        self.metrics_down = False
+        # injected faults for tests (epp_harness.sim.faults; --fault-*, /sim/faults)
+        self.injected_faults = Faults(config.fault_status, config.fault_metrics, config.fault_seed)
 
     async def close(self, app: web.Application) -> None:
         await self.handoff.close()
@@ -116,6 +124,9 @@ class SimServer:
                 SimError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes")
             )
         self.last_request = LastRequest(request.path, request.headers, raw)
+        injected = self.injected_faults.draw()
+        if injected is not None:
+            return error_response(SimError(injected, f"{FAULT_MESSAGE} ({injected})"))
         try:
             req = parse_request(
                 kind,
@@ -234,8 +245,11 @@ class SimServer:
         return web.Response(status=200)
 
     async def prometheus(self, request: web.Request) -> web.Response:
-        if self.metrics_down:
-            return web.Response(status=503, text="metrics disabled by /sim/faults\n")
+        fault = self.injected_faults.metrics
+        if fault.fail:
+            return web.Response(status=503, text=f"{FAULT_MESSAGE}: /metrics fails\n")
+        if fault.delay_s:
+            await asyncio.sleep(fault.delay_s)
         return web.Response(
             body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
         )
@@ -271,28 +285,36 @@ class SimServer:
         )
 
     async def faults(self, request: web.Request) -> web.Response:
-        """``POST /sim/faults {"metrics_down": bool}``: make /metrics fail (or recover)
-        while requests are still served, as a model server with a broken exporter.
-        ``{"kv_events_drop": n}``: do not send the next n KV-event messages (a
-        subscriber sees a sequence gap; the replay socket still has them)."""
+        """``POST /sim/faults``: change the injected faults at runtime, every key
+        optional: ``{"status": "503:0.2,404:0.1"}`` (as --fault-status; ``""`` = none),
+        ``{"metrics": "ok"|"fail"|"slow:SECONDS"}`` (as --fault-metrics;
+        ``{"metrics_down": bool}`` is ``fail``/``ok``), ``{"seed": n}`` (restart the
+        draws, as --fault-seed), ``{"kv_events_drop": n}`` (do not send the next n
+        KV-event messages: a subscriber sees a sequence gap; the replay socket still has
+        them). Answers the faults now in force."""
         try:
             doc = orjson.loads(await request.read())
-            down = doc.get("metrics_down", self.metrics_down)
-            drop = doc.get("kv_events_drop", 0)
-            if not isinstance(down, bool) or not set(doc) & {"metrics_down", "kv_events_drop"}:
-                raise TypeError
-            if isinstance(drop, bool) or not isinstance(drop, int) or drop < 0:
-                raise TypeError
-        except (orjson.JSONDecodeError, AttributeError, TypeError):
-            return error_response(
-                SimError(400, 'expected {"metrics_down": true|false} or {"kv_events_drop": n}')
-            )
+            update = _fault_update(doc, self.injected_faults)
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+            keys = ", ".join(sorted(_FAULT_KEYS))
+            return error_response(SimError(400, f"/sim/faults: {exc} (keys: {keys})"))
+        statuses, metrics, seed, drop = update
         if drop and self.kv_events is None:
             return error_response(SimError(400, "kv_events_drop: KV events are off"))
-        self.metrics_down = down
+        self.injected_faults.statuses, self.injected_faults.metrics = statuses, metrics
+        if seed is not None:
+            self.injected_faults.reseed(seed)
         if drop and self.kv_events is not None:
             self.kv_events.drop_next(drop)
-        return json_response({"metrics_down": down, "kv_events_drop": drop})
+        return json_response(
+            {
+                "status": self.injected_faults.status_spec(),
+                "metrics": metrics.spec,
+                "metrics_down": metrics.fail,
+                "kv_events_drop": drop,
+                "injected": self.injected_faults.injected,
+            }
+        )
 
     async def last_request_info(self, request: web.Request) -> web.Response:
         if self.last_request is None:
@@ -309,6 +331,34 @@ async def _after_first(
             if index == 0:
                 await step()
             yield index
+
+
+_FAULT_KEYS = {"status", "metrics", "metrics_down", "seed", "kv_events_drop"}
+
+
+def _fault_update(
+    doc: object, now: Faults
+) -> tuple[tuple[tuple[int, float], ...], MetricsFault, int | None, int]:
+    """A /sim/faults body → (statuses, metrics fault, new seed or None, events to drop);
+    TypeError/ValueError with the reason when it is not one."""
+    if not isinstance(doc, dict) or not doc or not set(doc) <= _FAULT_KEYS:
+        raise TypeError("expected a JSON object with some of the keys")
+    status, metrics = doc.get("status"), doc.get("metrics")
+    down, seed, drop = doc.get("metrics_down"), doc.get("seed"), doc.get("kv_events_drop", 0)
+    if not isinstance(status, str | None) or not isinstance(metrics, str | None):
+        raise TypeError("status and metrics are strings")
+    if not isinstance(down, bool | None) or (down is not None and metrics is not None):
+        raise TypeError("metrics_down is true or false, and not beside metrics")
+    for name, value in (("seed", seed), ("kv_events_drop", drop)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} is an integer >= 0")
+        if value is not None and value < 0:
+            raise ValueError(f"{name} is an integer >= 0")
+    statuses = now.statuses if status is None else parse_fault_status(status)
+    fault = now.metrics if metrics is None else parse_fault_metrics(metrics)
+    if down is not None:
+        fault = MetricsFault(fail=down)
+    return statuses, fault, seed, drop
 
 
 SIM_SERVER = web.AppKey("sim_server", SimServer)

@@ -1,0 +1,98 @@
+"""The load driver: client threads that take the scenario's requests in order, read
+each answer piece by piece and record everything about it (status, bytes, who served,
+first byte, end, a cut, a hang-up on purpose)."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+from urllib.parse import urlsplit
+
+from tests.scenarios.model import Outcome, RequestSpec
+
+# a client gives up after this long without a byte: a safety net far above every budget
+# of docs/timeouts.md that a scenario sets (a request that hits it breaks I4)
+CLIENT_TIMEOUT_S = 60.0
+
+
+def send(url: str, spec: RequestSpec) -> Outcome:
+    """One request to Envoy's listener, read to its end; a client that is to hang up
+    closes the connection after the first body bytes of a stream, or right after
+    sending a non-streaming request."""
+    parts = urlsplit(url)
+    out = Outcome(spec, started=time.monotonic())
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=CLIENT_TIMEOUT_S)
+    try:
+        conn.request("POST", "/v1/completions", spec.body, {"content-type": "application/json"})
+        if spec.hangup and not spec.stream:  # walks away before any answer
+            out.hung_up = True
+            return out
+        resp = conn.getresponse()
+        out.status, out.served = resp.status, resp.getheader("x-sim-instance", "")
+        while chunk := resp.read1(65536):
+            if out.first_byte_s is None:
+                out.first_byte_s = time.monotonic() - out.started
+            out.body += chunk
+            if spec.hangup:
+                out.hung_up = True
+                break
+    except (OSError, http.client.HTTPException) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+        out.seconds = time.monotonic() - out.started
+    return out
+
+
+class Driver:
+    """``with Driver(url, specs, clients) as d:`` sends every spec once, ``clients`` at a
+    time; ``d.outcomes`` grows as answers come in; leaving the block waits for all."""
+
+    def __init__(self, url: str, specs: Sequence[RequestSpec], clients: int) -> None:
+        self.url = url
+        self.outcomes: list[Outcome] = []
+        self._specs = list(specs)
+        self._next = 0
+        self._lock = threading.Lock()
+        self.done = threading.Event()
+        self._threads = [threading.Thread(target=self._client) for _ in range(clients)]
+
+    def answered(self) -> int:
+        return len(self.outcomes)
+
+    def _take(self) -> RequestSpec | None:
+        with self._lock:
+            if self._next >= len(self._specs):
+                return None
+            self._next += 1
+            return self._specs[self._next - 1]
+
+    def _client(self) -> None:
+        while (spec := self._take()) is not None:
+            outcome = send(self.url, spec)
+            with self._lock:
+                self.outcomes.append(outcome)
+                if len(self.outcomes) == len(self._specs):
+                    self.done.set()
+
+    def __enter__(self) -> Self:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join()
+        self.done.set()
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        if _e is not None:
+            with self._lock:
+                self._next = len(self._specs)  # on an error: no new requests
+        self.join()

@@ -1,0 +1,129 @@
+"""The invariants, as pure functions of a recorded run: each returns its violations
+(empty: it holds). I1-I6 as docs/testing.md states them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.scenarios.model import IDLE_S, Outcome, Run
+
+# Envoy tries a request on each of the EPP's 3 picks plus one fallback host
+ATTEMPTS = 4
+# generation itself (queueing, prefill, 48 tokens) on a loaded shared machine: generous
+GENERATION_S = 30.0
+SERVER_DEATHS = ("sigkill-mid-stream", "sigstop-mid-stream", "sigkill-at-once", "sigstop-at-once")
+RECOVERY_REQUESTS = 60  # I6: the victim serves again within this many requests
+
+
+def _window(run: Run, o: Outcome, kinds: tuple[str, ...], victim: str | None = None) -> bool:
+    """Whether a fault of ``kinds`` (on ``victim``, if given) struck while ``o`` ran."""
+    end = o.started + o.seconds
+    return any(
+        e.what in kinds and o.started <= e.at <= end and (victim is None or e.victim == victim)
+        for e in run.events
+    )
+
+
+def _explained(run: Run, o: Outcome) -> str | None:
+    """Why a failed outcome is not an avoidable error, or None if it is one."""
+    if o.hung_up:
+        return "the client hung up"
+    if o.injected:
+        return "injected by the simulator"
+    if _window(run, o, ("epp-replica-kill",)):
+        return "open on an EPP replica that died (docs/replicas.md)"
+    # begun: its 200 reached the client. A server sends a stream's headers before its
+    # first token (the simulator as vLLM), so one frozen between the two is cut with no
+    # body at all: the status is out, Envoy cannot retry (docs/timeouts.md)
+    if o.status == 200 and _window(run, o, SERVER_DEATHS, o.served):
+        return "cut mid-stream by its server's death or freeze"
+    return None
+
+
+def i1_avoidable_errors(run: Run) -> list[str]:
+    """I1: no client error that another endpoint could have avoided: every failure is an
+    injected status, a hang-up, a stream cut after its first byte by a fault on its own
+    server, or open on a dying EPP replica."""
+    out = []
+    for o in run.outcomes:
+        if o.complete or _explained(run, o) is not None:
+            continue
+        what = o.error or f"status {o.status}, {len(o.body)} bytes, incomplete"
+        out.append(f"I1: request {o.spec.index} ({o.spec.model}) failed: {what} {o.body[:160]!r}")
+    kills = [o for o in run.outcomes if not o.complete and _window(run, o, ("epp-replica-kill",))]
+    if len(kills) > run.scenario.workload.clients:
+        out.append(f"I1: {len(kills)} failures around the replica's death, more than were open")
+    return out
+
+
+def i2_misrouted(run: Run) -> list[str]:
+    """I2: a request for a model or adapter only reaches a server that serves it."""
+    return [
+        f"I2: request {o.spec.index} for {o.spec.model} served by {o.served}, which "
+        f"serves {sorted(run.serves.get(o.served, set()))}"
+        for o in [*run.outcomes, *run.recovery]
+        if o.served and o.spec.model not in run.serves.get(o.served, set())
+    ]
+
+
+def i3_not_at_rest(run: Run) -> list[str]:
+    """I3: in-flight counts, pending decodes and the servers' queues return to 0."""
+    return [f"I3: {run.quiesce_error}"] if run.quiesce_error else []
+
+
+def i4_over_budget(run: Run) -> list[str]:
+    """I4: every request gets an answer or a clean cut, within the budget of its
+    phases (docs/timeouts.md: one per-try idle timeout per attempt, plus generation)."""
+    budget = ATTEMPTS * IDLE_S + GENERATION_S
+    out = [
+        f"I4: request {o.spec.index} took {o.seconds:.1f}s (budget {budget:.0f}s): {o.error}"
+        for o in run.outcomes
+        if o.seconds > budget or "timed out" in o.error
+    ]
+    missing = run.scenario.workload.requests - len(run.outcomes)
+    return out + ([f"I4: {missing} requests got no outcome"] if missing else [])
+
+
+def _delta(run: Run, name: str, match: Callable[[str], bool] = lambda _k: True) -> float:
+    def total(samples: list[dict[str, float]]) -> float:
+        return sum(v for s in samples for k, v in s.items() if k.split("{")[0] == name and match(k))
+
+    return total(run.epp_after) - total(run.epp_before)
+
+
+def i5_counters_disagree(run: Run) -> list[str]:
+    """I5: after quiescing, the EPPs counted the requests the clients sent (routed once
+    each, whatever the retries; one abandoned before any answer may not be).
+    Not checked where an EPP process died (its counters started again)."""
+    if run.epp_restarted:
+        return []
+    routed = _delta(run, "epp_requests_total", lambda k: 'outcome="routed"' in k)
+    sent = len(run.outcomes)
+    # a client that walks away before any answer may leave before its request is routed
+    early = sum(o.hung_up and not o.spec.stream for o in run.outcomes)
+    if not sent - early <= routed <= sent:
+        return [f"I5: the EPPs routed {routed:g} requests; the clients sent {sent}, {early} "
+                "of them abandoned before any answer"]  # fmt: skip
+    return []
+
+
+def i6_not_recovered(run: Run) -> list[str]:
+    """I6: after the fault heals, its victim rejoins the pool and is served again within
+    RECOVERY_REQUESTS requests."""
+    if run.recovery_error:
+        return [f"I6: {run.recovery_error}"]
+    return []
+
+
+CHECKS = (
+    i1_avoidable_errors,
+    i2_misrouted,
+    i3_not_at_rest,
+    i4_over_budget,
+    i5_counters_disagree,
+    i6_not_recovered,
+)
+
+
+def violations(run: Run) -> list[str]:
+    return [v for check in CHECKS for v in check(run)]

@@ -1,0 +1,95 @@
+"""The invariant checks on hand-made runs: each catches the break it is for, and lets
+through what a fault explains."""
+
+from __future__ import annotations
+
+from tests.scenarios.invariants import (
+    i1_avoidable_errors,
+    i2_misrouted,
+    i4_over_budget,
+    i5_counters_disagree,
+    i6_not_recovered,
+)
+from tests.scenarios.model import (
+    ADAPTER,
+    BASE_MODEL,
+    Fault,
+    FaultEvent,
+    Outcome,
+    RequestSpec,
+    Run,
+    Scenario,
+    Workload,
+)
+
+A, B = "127.0.0.1:1", "127.0.0.1:2"
+WORKLOAD = Workload(3, 2, 0.5, 0.0, 0.0, 0.5, (8, 24))
+DONE = b"data: {}\n\ndata: [DONE]\n\n"
+
+
+def outcome(i: int, status: int, body: bytes, served: str = A, model: str = BASE_MODEL) -> Outcome:
+    spec = RequestSpec(i, b"{}", model, True, False)
+    return Outcome(spec, started=10.0, status=status, served=served, body=body, seconds=1.0)
+
+
+def run(outcomes: list[Outcome], *events: FaultEvent, fault: str = "none") -> Run:
+    scenario = Scenario(1, "plain", Fault(fault), WORKLOAD)
+    serves = {A: {BASE_MODEL, ADAPTER}, B: {BASE_MODEL}}
+    return Run(scenario, outcomes, list(events), serves, [A, B])
+
+
+def test_i1_lets_through_a_cut_on_the_killed_server_only() -> None:
+    cut = outcome(0, 200, b"data: {}\n\n")
+    kill = FaultEvent("sigkill-mid-stream", at=10.5, victim=A)
+    assert i1_avoidable_errors(run([cut], kill)) == []
+    other = FaultEvent("sigkill-mid-stream", at=10.5, victim=B)
+    assert len(i1_avoidable_errors(run([cut], other))) == 1
+    later = FaultEvent("sigkill-mid-stream", at=12.0, victim=A)
+    assert len(i1_avoidable_errors(run([cut], later))) == 1
+    headers_only = outcome(1, 200, b"")  # frozen between its headers and first token
+    freeze = FaultEvent("sigstop-mid-stream", at=10.5, victim=A)
+    assert i1_avoidable_errors(run([headers_only], freeze)) == []
+
+
+def test_i1_catches_a_real_404_and_lets_an_injected_one_through() -> None:
+    real = outcome(0, 404, b'{"error": {"message": "The model does not exist."}}')
+    injected = outcome(1, 503, b'{"error": {"message": "injected fault (503)"}}')
+    found = i1_avoidable_errors(run([real, injected, outcome(2, 200, DONE)]))
+    assert len(found) == 1 and "request 0" in found[0]
+
+
+def test_i1_catches_a_connection_failure_before_the_first_byte() -> None:
+    failed = outcome(0, 0, b"")
+    failed.error = "ConnectionResetError: reset"
+    assert len(i1_avoidable_errors(run([failed]))) == 1
+
+
+def test_i2_catches_an_adapter_on_a_server_without_it() -> None:
+    wrong = outcome(0, 200, DONE, served=B, model=ADAPTER)
+    right = outcome(1, 200, DONE, served=A, model=ADAPTER)
+    assert len(i2_misrouted(run([wrong, right]))) == 1
+
+
+def test_i4_catches_a_request_past_its_budget_and_a_missing_one() -> None:
+    slow = outcome(0, 200, DONE)
+    slow.seconds = 500.0
+    found = i4_over_budget(run([slow, outcome(1, 200, DONE)]))
+    assert len(found) == 2 and "1 requests got no outcome" in found[1]
+
+
+def test_i5_compares_routed_requests_with_the_clients() -> None:
+    r = run([outcome(0, 200, DONE), outcome(1, 200, DONE)])
+    key = 'epp_requests_total{outcome="routed"}'
+    r.epp_before, r.epp_after = [{key: 5.0}], [{key: 7.0}]
+    assert i5_counters_disagree(r) == []
+    r.epp_after = [{key: 8.0}]
+    assert len(i5_counters_disagree(r)) == 1
+    r.epp_restarted = True
+    assert i5_counters_disagree(r) == []
+
+
+def test_i6_reports_a_victim_that_never_came_back() -> None:
+    r = run([])
+    assert i6_not_recovered(r) == []
+    r.recovery_error = "sim-1 served none of 60 requests after healing"
+    assert i6_not_recovered(r) == ["I6: sim-1 served none of 60 requests after healing"]

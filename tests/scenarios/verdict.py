@@ -1,0 +1,45 @@
+"""Run one seed and judge it: the violations, and a report that names the seed and the
+one command that replays exactly that scenario."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from tests.scenarios.generate import scenario
+from tests.scenarios.invariants import violations
+from tests.scenarios.model import Run, Scenario
+from tests.scenarios.run import run_seed
+
+
+def summary(run: Run) -> str:
+    kinds = Counter(
+        "ok" if o.complete else "hung up" if o.hung_up else "injected" if o.injected
+        else f"status {o.status}" + (" (cut)" if o.body else "")
+        for o in run.outcomes
+    )  # fmt: skip
+    served = Counter(o.served or "-" for o in run.outcomes)
+    events = ", ".join(f"{e.what} on {e.victim}" for e in run.events) or "no fault"
+    return f"outcomes {dict(kinds)}; served by {dict(served)}; {events}"
+
+
+def report(s: Scenario, run: Run, found: list[str]) -> str:
+    lines = [
+        f"scenario {s.describe()}",
+        f"replay: {s.replay()}",
+        summary(run),
+        *found[:20],
+    ]
+    if len(found) > 20:
+        lines.append(f"... and {len(found) - 20} more")
+    return "\n".join(lines)
+
+
+def judge(seed: int, tmp: Path) -> str:
+    """Run the scenario of ``seed``; "" when every invariant holds, else the report."""
+    s = scenario(seed)
+    run = run_seed(s, tmp)
+    found = violations(run)
+    verdict = report(s, run, found) if found else ""
+    print(verdict or f"ok: {s.describe()}; {summary(run)}")
+    return verdict
