@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-scenarios test-vllm test-compose lint typecheck bench bench-overhead \
 	bench-decision bench-scrape bench-kv-events bench-routing bench-lora bench-pd bench-fairness \
-	bench-inference-perf bench-vllm clean
+	bench-inference-perf bench-vllm routing-model-shared clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -145,6 +145,23 @@ EVENTS_POLICIES ?= --policy round-robin --policy default= \
 REPLICAS_POLICIES ?= --policy "precise=--config configs/precise-prefix.yaml" \
 	--policy "precise-2=--replicas 2 --config configs/precise-prefix.yaml" \
 	--policy default= --policy "default-2=--replicas 2"
+# What users deploy an EPP for: time to first token on shared prefixes, judged with
+# inference-perf's shared_prefix data, groups of EQUAL popularity sharing a long system
+# prompt. Two shapes: `equal`, the matrix's own (16 groups, 1,500-token prompts, 150-token
+# questions) with no skew; `guide`, the llm-d guide's shape scaled to the simulators (32
+# groups, 3,000-token system prompt, 600-token question, 64-token output; 20 s of warmup, as
+# its rates are low and 32 groups take that long to be seen). At 1.6 copies a
+# server keeps about 6 of 16 prefixes where an even split needs 4: placement decides
+# whether the cache is kept. The `ideal` oracle (fixed homes sized by KV) is the bar.
+SHARED_equal := --groups 16 --prefix-tokens 1500 --question-tokens 150 150 \
+	--output-tokens 16 48 --skew 0 --max-num-seqs 4 --loads 0.4 0.7 1.2
+SHARED_guide := --groups 32 --prefix-tokens 3000 --question-tokens 600 600 \
+	--output-tokens 64 64 --skew 0 --max-num-seqs 4 --loads 0.4 0.7 1.2 --warmup 20
+SHARED_POLICIES ?= --policy round-robin --policy default= --policy ideal
+SHARED_CELLS ?= equal:1.6 equal:2.5 guide:1.6 guide:2.5
+MODEL_SEEDS ?= 1 2 3 4
+cell_shape = $(firstword $(subst :, ,$(1)))
+cell_copies = $(lastword $(subst :, ,$(1)))
 MATRIX_DURATION ?= 20
 MATRIX_CELLS ?= groups:1.6 control:1.6 groups:2.5 multi-turn:1.6
 
@@ -160,6 +177,20 @@ bench-routing: $(STAMP)
 	$(BIN)/python -m bench.routing $(MATRIX_SETTING) $(REPLICAS_POLICIES) --kv-events \
 		--duration $(MATRIX_DURATION) --workload groups --prefix-copies 1.6 \
 		--name routing-zipf-groups-kv1.6-replicas
+	$(foreach cell,$(SHARED_CELLS),$(BIN)/python -m bench.routing $(SHARED_$(call cell_shape,$(cell))) \
+		$(SHARED_POLICIES) --duration $(MATRIX_DURATION) --prefix-copies $(call cell_copies,$(cell)) \
+		--name routing-$(call cell_shape,$(cell))-groups-kv$(call cell_copies,$(cell)) || exit 1;)
+
+# The same equal-popularity cells on the routing model (docs/routing-model.md: virtual time,
+# deterministic, seconds per cell and seed, fine on a busy machine). Results:
+# bench/results/routing-model-SHAPE-groups-kvCOPIES.*; narrow or add a policy as above, e.g.
+#   make routing-model-shared SHARED_CELLS=equal:1.6 \
+#     SHARED_POLICIES='--policy default= --policy new=configs/new.yaml'
+routing-model-shared: $(STAMP)
+	$(foreach cell,$(SHARED_CELLS),$(BIN)/python -m bench.routing_model \
+		$(SHARED_$(call cell_shape,$(cell))) $(SHARED_POLICIES) --seeds $(MODEL_SEEDS) \
+		--prefix-copies $(call cell_copies,$(cell)) \
+		--name routing-model-$(call cell_shape,$(cell))-groups-kv$(call cell_copies,$(cell)) || exit 1;)
 
 # Issue 21: the same 4 simulators aggregated and split (1P:3D, 2P:2D; nixl and sidecar;
 # the deciders on 1P:3D), prefill-heavy, decode-heavy and mixed workloads, six loads up

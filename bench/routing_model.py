@@ -621,6 +621,34 @@ def fmt(values: list[float], scale: float = 1.0, digits: int = 0) -> str:
     return f"{mean:.{digits}f} ({min(finite):.{digits}f}-{max(finite):.{digits}f})"
 
 
+def ratio_table(
+    rows: list[dict[str, Any]],
+    seeds: list[int],
+    policies: list[str],
+    loads: list[float],
+    key: str,
+    title: str,
+    ref: str,
+) -> list[str]:
+    """``key`` of each policy as a multiple of ``ref``'s, the mean of per-seed ratios."""
+    by_seed = {(r["policy"], r["load"], r["seed"]): r[key] for r in rows}
+    lines = [f"## {title} (mean of per-seed ratios)", ""]
+    lines += ["| policy | " + " | ".join(f"{x:g}" for x in loads) + " |"]
+    lines.append("|---|" + "---:|" * len(loads))
+    for pol in policies:
+        cells = []
+        for x in loads:
+            ratios = [
+                by_seed[(pol, x, s)] / by_seed[(ref, x, s)]
+                for s in seeds
+                if by_seed.get((ref, x, s))
+            ]
+            cells.append(f"{statistics.fmean(ratios):.2f}x" if ratios else "-")
+        lines.append(f"| {pol} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
 def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     loads = sorted({r["load"] for r in rows})
@@ -644,6 +672,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         ("slow_share", f"TTFT above {meta['slow_ms']:g} ms, % of requests", 100.0, 1),
         ("warm_miss_rate", "warm misses %", 100.0, 0),
         ("throughput_rps", "achieved req/s", 1.0, 1),
+        ("prefix_hit_rate", "the servers' own prefix-cache hit rate %", 100.0, 1),
     ):
         agg = aggregate(rows, key)
         lines += [f"## {title}", "", "| policy | " + " | ".join(f"{x:g}" for x in loads) + " |"]
@@ -652,21 +681,14 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             cells = [fmt(agg.get((pol, x), []), scale, digits) for x in loads]
             lines.append(f"| {pol} | " + " | ".join(cells) + " |")
         lines.append("")
-    if "round-robin" in policies:
-        agg = aggregate(rows, "ttft_p90_ms")
-        lines += ["## TTFT p90 / round robin's (mean of per-seed ratios)", ""]
-        lines += ["| policy | " + " | ".join(f"{x:g}" for x in loads) + " |"]
-        lines.append("|---|" + "---:|" * len(loads))
-        by_seed = {(r["policy"], r["load"], r["seed"]): r["ttft_p90_ms"] for r in rows}
-        for pol in policies:
-            cells = []
-            for x in loads:
-                ratios = [
-                    by_seed[(pol, x, s)] / by_seed[("round-robin", x, s)] for s in meta["seeds"]
-                ]
-                cells.append(f"{statistics.fmean(ratios):.2f}x")
-            lines.append(f"| {pol} | " + " | ".join(cells) + " |")
-        lines.append("")
+    for key, title, ref in (
+        ("ttft_p50_ms", "TTFT p50 / round robin's", "round-robin"),
+        ("ttft_p90_ms", "TTFT p90 / round robin's", "round-robin"),
+        ("throughput_rps", "achieved req/s / round robin's", "round-robin"),
+        ("prefix_hit_rate", "prefix-cache hit rate / the ideal oracle's", "ideal"),
+    ):
+        if ref in policies:
+            lines += ratio_table(rows, meta["seeds"], policies, loads, key, title, ref)
     return "\n".join(lines)
 
 

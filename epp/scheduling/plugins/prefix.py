@@ -37,7 +37,10 @@ class PrefixCacheScorer:
     ``loadBound`` x the candidates' mean (+1) loses its prefix score, so a busy prefix
     spills to a less loaded endpoint, which then caches it too: popular prefixes get a
     second home before their first one queues (bounded-load consistent hashing, applied
-    to cache affinity).
+    to cache affinity). ``loadBoundKeepsFreeSlot`` (false): the bound spills only an
+    endpoint with no free slot (its in-flight count at least its slots as configured or
+    reported: ``latencyModel.maxNumSeqs``, the ``epp.dev/max-num-seqs`` label, learned);
+    while a slot is free the request keeps its cache (unknown slots: the bound alone).
     """
 
     def __init__(
@@ -47,9 +50,11 @@ class PrefixCacheScorer:
         capacity: int,
         shrink_with_kv_usage: bool = True,
         load_bound: float = LOAD_BOUND,
+        keep_free_slot: bool = False,
     ) -> None:
         self.block_tokens = block_tokens
         self.load_bound = load_bound
+        self.keep_free_slot = keep_free_slot
         self.shrink_with_kv_usage = shrink_with_kv_usage
         # the index hashes characters: a block is blockSize tokens of 4 characters
         self.block_chars = round(block_tokens * CHARS_PER_TOKEN)
@@ -112,13 +117,20 @@ class PrefixCacheScorer:
                 in_flight = ctx.snapshot.in_flight
                 loads = [in_flight.get(s.address, 0) for s in candidates]
                 cap = self.load_bound * sum(loads) / len(loads) + 1
+                if self.keep_free_slot:
+                    model = ctx.latency.endpoint
+                    slots = [model(s).reported_slots or 0 for s in candidates]
+                    loads = [ld if ld >= n else 0 for ld, n in zip(loads, slots, strict=True)]
                 scores = [0.0 if load > cap else x for x, load in zip(scores, loads, strict=True)]
             return scores
         view = ctx.view(candidates)
         array = view.by_address(matched) / len(self.hashes(ctx))
         if self.load_bound > 0 and len(candidates) > 1:
             load = view.counts(ctx.snapshot.in_flight)
-            array[load > self.load_bound * float(load.sum()) / len(load) + 1] = 0.0
+            over = load > self.load_bound * float(load.sum()) / len(load) + 1
+            if self.keep_free_slot:
+                over &= load >= ctx.latency.reported_slots_view(view)
+            array[over] = 0.0
         return array
 
     def on_routed(
@@ -187,4 +199,5 @@ def prefix_cache_scorer(p: Params) -> PrefixCacheScorer:
         capacity=p.integer("lruCapacityPerServer", 31_250, minimum=1),
         shrink_with_kv_usage=p.boolean("shrinkWithKvUsage", True),
         load_bound=p.number("loadBound", LOAD_BOUND, minimum=0.0),
+        keep_free_slot=p.boolean("loadBoundKeepsFreeSlot", False),
     )

@@ -14,6 +14,7 @@ from bench.routing_model import (
     build_pool,
     make_setting,
     parse_model_policy,
+    ratio_table,
     run_cell,
     run_seed,
 )
@@ -79,3 +80,16 @@ def test_runs_are_deterministic() -> None:
     second = run_seed(make_setting(args), policies, args.loads, args, 1)
     assert first == second
     assert [r["policy"] for r in first[1]] == ["round-robin", "default", "ideal-split"]
+
+
+def test_ratio_tables_divide_seed_by_seed_and_skip_a_missing_reference() -> None:
+    rows = [
+        {"policy": "round-robin", "load": 0.4, "seed": 1, "hit": 0.5},
+        {"policy": "round-robin", "load": 0.4, "seed": 2, "hit": 0.25},
+        {"policy": "ideal", "load": 0.4, "seed": 1, "hit": 1.0},
+        {"policy": "ideal", "load": 0.4, "seed": 2, "hit": 0.0},
+    ]
+    lines = ratio_table(rows, [1, 2], ["round-robin", "ideal"], [0.4], "hit", "hits", "ideal")
+    assert lines[0] == "## hits (mean of per-seed ratios)"
+    # seed 2's reference is 0: only seed 1 counts
+    assert lines[4:6] == ["| round-robin | 0.50x |", "| ideal | 1.00x |"]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from epp.config import build_scheduler
 from epp.errors import NoEndpointError
 from epp.scheduling.base import CycleContext
+from epp.scheduling.latency import LatencyModel, LatencyPriors
 from epp.scheduling.params import Params
 from epp.scheduling.plugins import affinity, filters, load, pickers, prefix
 from epp.scheduling.prefixindex import PrefixIndex, block_hashes
@@ -515,6 +516,27 @@ def test_prefix_score_is_withheld_from_an_endpoint_far_above_the_mean_load() -> 
     for s in states:
         unbounded.on_routed(req, SchedulingResult((s.endpoint,)), snap)
     assert unbounded.score(ctx(states, req, in_flight={states[0].address: 9}), states)[0] == 1.0
+
+
+@pytest.mark.parametrize("vectorize_from", [64, 1])  # the loop and the numpy columns
+def test_a_bound_that_keeps_free_slots_spills_only_a_full_endpoint(vectorize_from: int) -> None:
+    states = [state(1), state(2), state(3)]
+    req = InferenceRequest("r", "m", "/", prompt="shared system prompt " * 40)
+    scorer = prefix.prefix_cache_scorer(Params("t", {"loadBoundKeepsFreeSlot": True}))
+    snap = Snapshot(tuple(states), {})
+    for s in states:
+        scorer.on_routed(req, SchedulingResult((s.endpoint,)), snap)
+
+    def score(home_load: int, latency: LatencyModel) -> float:
+        snapshot = Snapshot(tuple(states), {states[0].address: home_load})
+        c = CycleContext(req, snapshot, NOW, random.Random(0), latency=latency)
+        c.vectorize_from = vectorize_from
+        return float(scorer.score(c, states)[0])
+
+    four = LatencyModel(LatencyPriors(max_num_seqs=4))
+    assert score(3, four) == 1.0  # 3 > 1.25 x mean(1) + 1, but one of its 4 slots is free
+    assert score(4, four) == 0.0  # full and above the bound: spill
+    assert score(3, LatencyModel()) == 0.0  # slots unknown: the bound alone
 
 
 def test_room_on_numpy_columns_agrees_with_the_loop() -> None:
