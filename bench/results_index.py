@@ -32,6 +32,69 @@ NONE = "\N{EN DASH}"  # an empty table cell
 MATRIX = "routing-zipf-"  # issue 13's matrix and its companions
 MODEL = "routing-model"  # bench.routing_model: a design tool's numbers, not the benchmark
 
+# Result files whose routing numbers rest on the simulator's KV cache as it was before it
+# cached block for block like vLLM's (6be4733, 2026-11-27: the old cache dropped a
+# request's unique blocks and let a shared prefix go before the questions after it).
+# Take a name out when its file is re-run; render() refuses a file here dated after.
+BEFORE_VLLM_CACHE = frozenset(
+    {
+        "fairness",
+        "inference-perf-smoke-busy-machine",
+        "kv-events",
+        "lora",
+        "pd-mixed",
+        "pd-mixed-2p2d",
+        "pd-mixed-stall",
+        "pd-prefill-decode",
+        "pd-short",
+        "routing",
+        "routing-bounded",
+        "routing-kv-shrink",
+        "routing-model-calibration",
+        "routing-model-control-kv1.6",
+        "routing-model-fairness",
+        "routing-model-groups-kv1.6",
+        "routing-model-groups-kv1.6-events",
+        "routing-model-groups-kv1.6-flow",
+        "routing-model-groups-kv2.5",
+        "routing-model-multi-turn-kv1.6",
+        "routing-roomy",
+        "routing-tuning",
+        "routing-tuning-2",
+        "routing-zipf-baseline",
+        "routing-zipf-control-kv1.6",
+        "routing-zipf-groups-kv1.6",
+        "routing-zipf-groups-kv1.6-events",
+        "routing-zipf-groups-kv1.6-flow",
+        "routing-zipf-groups-kv1.6-flow-control-on",
+        "routing-zipf-groups-kv1.6-replicas",
+        "routing-zipf-groups-kv2.5",
+        "routing-zipf-multi-turn-kv1.6",
+    }
+)
+VLLM_CACHE_DATE = "2026-11-27 10:05"
+
+
+def before_vllm_cache_section() -> list[str]:
+    """The files measured on the old simulator cache, named once at the top."""
+    for name in sorted(BEFORE_VLLM_CACHE):
+        date = str(load(name).get("meta", {}).get("date") or "")
+        if date >= VLLM_CACHE_DATE:
+            raise ValueError(f"{name} was re-run ({date}): take it out of BEFORE_VLLM_CACHE")
+    return [
+        "## Measured on the old simulator cache",
+        "",
+        "The simulator's KV cache follows vLLM's block pool since 2026-11-27 (checked "
+        "block for block against vLLM by `make test-vllm`; docs/simulator.md). These "
+        "files were measured before, on a cache that dropped a request's unique blocks "
+        "and let a shared prefix go before the questions after it: their routing numbers "
+        "are to be re-run on today's simulator, and until then read them as the old "
+        "simulator's.",
+        "",
+        ", ".join(link(name) for name in sorted(BEFORE_VLLM_CACHE)) + ".",
+    ]
+
+
 # What a file's policy names meant when it ran, where that differs from today.
 POLICY_NOTES = {
     "ddeff04": "At ddeff04, when this ran, `default` was the latency-model scheduler "
@@ -626,6 +689,7 @@ def render() -> str:
     intro, outro = INTRO.split("{benchmarks}\n")
     sections = [
         [*intro.splitlines(), *benchmarks_table(), "", *outro.rstrip("\n").splitlines()],
+        before_vllm_cache_section(),
         targets_section(),
         overhead_section(),
         decision_section(),
