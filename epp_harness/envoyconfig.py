@@ -54,6 +54,9 @@ _HCM = (
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 )
 _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+_PREVIOUS_HOSTS = (
+    "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+)
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _OVERRIDE_HOST = (
     "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost"
@@ -390,6 +393,19 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
         connect_timeout_s=opts.connect_timeout_s,
     )
     if opts.more_epps:
+        # a new stream that cannot reach its EPP (a replica or worker just died, not
+        # yet out of the cluster) is opened again on another one, not answered 503
+        grpc_service["retry_policy"] = {
+            "retry_on": "connect-failure,refused-stream,reset,unavailable",
+            "num_retries": len(opts.more_epps),
+            "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"},
+            "retry_host_predicate": [
+                {
+                    "name": "envoy.retry_host_predicates.previous_hosts",
+                    "typed_config": {"@type": _PREVIOUS_HOSTS},
+                }
+            ],
+        }
         epp["health_checks"] = [_epp_health_check()]
         # a worker that refuses connections is skipped at once, before its health checks fail
         epp["outlier_detection"] = {
