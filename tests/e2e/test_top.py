@@ -74,6 +74,9 @@ def terminal(stack: LocalStack) -> Iterator[Terminal]:
     env = {**os.environ, "COLUMNS": "160", "LINES": "40", "TERM": "xterm-256color"}
     pid, fd = pty.fork()
     if pid == 0:  # the child: becomes `epp top`
+        # as a shell gives a program it runs in a terminal: a test run started in the
+        # background (SIGINT ignored, which children inherit) must not make Ctrl-C a no-op
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execve(sys.executable, argv, env)
     term = Terminal(pid, fd)
     try:
