@@ -16,7 +16,7 @@ config call for its source (its ``create`` returns one, or None). Built in:
   ``--state-file`` they keep (:class:`~epp.discovery.runtime.RuntimeMembership`); always on.
 
 Installed packages add kinds through the ``epp.discovery`` entry-point group
-(:mod:`epp.extensions`, docs/extending.md).
+(:mod:`epp.common.extensions`, docs/extending.md).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from aiohttp import web
 
 from epp.admin.auth import ApiKeyAuth
 from epp.admin.instances import add_membership_routes
+from epp.common.extensions import Installed, OpenRegistry, instance_of
+from epp.common.health import ReadinessGate
 from epp.datastore import Datastore
 from epp.discovery.file_source import DEFAULT_POLL_S, FileSource
 from epp.discovery.names import NameResolver
@@ -37,10 +39,8 @@ from epp.discovery.poolref import PoolRef, SelectorRef
 from epp.discovery.runtime import Check, RuntimeMembership
 from epp.discovery.serve_pool import PoolSource
 from epp.discovery.static import StaticSource
-from epp.extensions import Installed, OpenRegistry, instance_of
-from epp.health import ReadinessGate
-from epp.membershipflags import MembershipOptions
 from epp.scheduling.saturation import WatchedObjectives
+from epp.serving.membershipflags import MembershipOptions
 from epp.types import Endpoint
 
 
