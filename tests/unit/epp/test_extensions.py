@@ -144,3 +144,14 @@ def test_the_shipped_registries_hold_the_built_ins() -> None:
         "admin-api",
     ]
     assert COORDINATORS["nixl"] is NixlCoordinator
+
+
+def test_plugin_packages_import_the_discovery_source_api_where_extending_md_says() -> None:
+    """docs/extending.md names epp.sources.DiscoveryKind; the module moved to
+    epp.serving.sources and the old path re-exports it."""
+    import epp.serving.sources
+    import epp.sources
+
+    assert epp.sources.DiscoveryKind is epp.serving.sources.DiscoveryKind
+    assert epp.sources.DiscoverySource is epp.serving.sources.DiscoverySource
+    assert epp.sources.DiscoveryContext is epp.serving.sources.DiscoveryContext
