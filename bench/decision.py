@@ -22,9 +22,9 @@ import orjson
 from bench.host import machine_description
 from epp.config import build_scheduler
 from epp.datastore import Datastore
-from epp.metrics import EppMetrics
+from epp.flowcontrol.queues import fairness_id
+from epp.observability.metrics import EppMetrics
 from epp.scheduling.base import VECTORIZE_FROM
-from epp.scheduling.flowqueue import fairness_id
 from epp.types import Endpoint, EndpointMetrics, EndpointState, InferenceRequest, Snapshot
 
 RESULTS = Path(__file__).resolve().parent / "results"

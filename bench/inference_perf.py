@@ -45,7 +45,7 @@ from bench.host import git_state, machine_description
 from bench.inference_perf_report import write_results
 from bench.routing import Deployment, Policy, SimSettings, derived_kv_blocks, parse_policy
 from bench.workload import WorkloadSpec
-from epp import argtypes
+from epp.common import argtypes
 from epp_harness.procs import scratch_dir
 from epp_harness.sim import chunk_tokenizer
 

@@ -32,11 +32,11 @@ import msgspec
 import orjson
 
 from bench.host import machine_description
+from epp.common.tokenization import CHAT, COMPLETIONS, HfTokenizer, prompt_token_ids
 from epp.config import build_scheduler
 from epp.kvevents.index import PreciseIndex, chain_keys, token_bytes
 from epp.kvevents.wire import BlockRemoved, BlockStored, KvEvent, decode_batch
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
-from epp.tokenization import CHAT, COMPLETIONS, HfTokenizer, prompt_token_ids
 from epp.types import Endpoint, EndpointState, InferenceRequest, Snapshot
 
 RESULTS = Path(__file__).resolve().parent / "results"

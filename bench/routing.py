@@ -134,7 +134,7 @@ from bench.workload import (
     group_weights,
     system_prompts,
 )
-from epp import argtypes
+from epp.common import argtypes
 from epp.extproc.messages import DESTINATION_HEADER
 from epp_harness.envoyconfig import (
     PROCESSING_MODES,

@@ -74,20 +74,20 @@ from bench.routing_report import mean_range
 from bench.virtualtime import run_virtual
 from bench.warmth import WarmTracker
 from bench.workload import CHARS_PER_TOKEN, KINDS, WorkloadSpec, group_weights, system_prompts
+from epp.common.requestparse import parse_request
+from epp.common.usage import Usage
 from epp.config import builtin_registry, instantiate, load_text
 from epp.datastore import Datastore
 from epp.errors import ClientVisibleError
-from epp.flowcontrol import FlowController, Waiting
+from epp.flowcontrol.controller import FlowController, Waiting
+from epp.flowcontrol.queues import FlowControlConfig
 from epp.kvevents.index import PreciseIndex
 from epp.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
-from epp.metrics import EppMetrics
-from epp.requestparse import parse_request
+from epp.observability.metrics import EppMetrics
 from epp.router import Router
-from epp.scheduling.flowqueue import FlowControlConfig
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, EndpointMetrics
-from epp.usage import Usage
 from epp_harness.sim.config import SimConfig
 from epp_harness.sim.engine import Engine, PromptReport
 from epp_harness.sim.kv_events import wire_hash

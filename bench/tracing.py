@@ -27,9 +27,9 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.stream import ExtProcStream
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
+from epp.observability.tracing import Tracer
 from epp.router import Router
-from epp.tracing import Tracer
 from epp.types import Endpoint
 
 BODY = orjson.dumps({"model": "m", "prompt": "Summarize the report. " * 40, "max_tokens": 8})
@@ -82,7 +82,7 @@ def otel_tracer() -> Tracer:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from epp.otel import OtelTracer
+    from epp.observability.otel import OtelTracer
 
     provider = TracerProvider()
     # a queue that holds every span of a round, exported every 200 ms (none dropped)

@@ -55,7 +55,7 @@ from bench.vllm_routing_report import (
 )
 from bench.warmth import WarmTracker
 from bench.workload import CHARS_PER_TOKEN, WorkloadSpec, group_weights, system_prompts
-from epp.tokenization import HfTokenizer
+from epp.common.tokenization import HfTokenizer
 from epp_harness.envoyconfig import EnvoyOptions, baseline_config, client_routed_config
 from epp_harness.envoyproc import EnvoyProcess, write_config
 from epp_harness.procs import scratch_dir

@@ -15,15 +15,18 @@ import sys
 from collections.abc import Sequence
 
 from epp import __version__
-from epp.logsetup import format_of, level_of, setup_logging
+from epp.observability.logsetup import format_of, level_of, setup_logging
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("epp.serve", "run the endpoint picker (Envoy ext_proc gRPC server + HTTP admin)"),
+    "serve": (
+        "epp.serving.serve",
+        "run the endpoint picker (Envoy ext_proc gRPC server + HTTP admin)",
+    ),
     "sim": ("epp_harness.sim.cli", "run one simulated vLLM-compatible model server"),
     "stack": ("epp_harness.stack", "run Envoy + EPP + simulated model servers locally (make run)"),
     "sidecar": ("epp.disagg.sidecar", "run the decode-side P/D proxy (coordinator: sidecar)"),
-    "config": ("epp.configcmd", "show the effective config, or list plugin types"),
+    "config": ("epp.serving.configcmd", "show the effective config, or list plugin types"),
     "top": ("epp.top.command", "a live terminal view of a running EPP (its /status and /metrics)"),
 }
 

@@ -22,17 +22,17 @@ from typing import Any
 
 import yaml
 
-from epp import routerconfig
-from epp.addresses import parse_address
+from epp.common.addresses import parse_address
 from epp.datalayer.engines import ENGINES
 from epp.datalayer.settings import DataLayerConfig
 from epp.disagg.settings import DisaggConfig
 from epp.extproc.conformance import ConformanceConfig
+from epp.flowcontrol.queues import FlowControlConfig
+from epp.llmd import routerconfig
+from epp.lora.placement import PlacementConfig
 from epp.modelnames import ModelsConfig
-from epp.placement import PlacementConfig
 from epp.scheduling import defaults
 from epp.scheduling.base import ReferencesPlugins, RoutingObserver
-from epp.scheduling.flowqueue import FlowControlConfig
 from epp.scheduling.latency import LatencyModel, LatencyPriors
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.profile import Profile, WeightedScorer

@@ -16,11 +16,11 @@ raises on purpose, and one branch of it is what a client may see.
     │   ├── QueueTimeoutError        429 or 503 (queue_timeout)  waited its time limit
     │   ├── ShuttingDownError        503 service_unavailable     the EPP is stopping
     │   ├── PrefillRejectedError     400-451 as the prefill server answered, with its body
-    │   └── PlacementError           (placement.py)              a server refused a LoRA
+    │   └── PlacementError           (lora/placement.py)         a server refused a LoRA
     │                                                            load or unload: its status
     └── InternalError                never shown to a client as it is: logged, counted
         ├── ConfigError              (scheduling/params.py)      config file or parameters
-        ├── ExtensionError           (extensions.py)             an installed plugin
+        ├── ExtensionError           (common/extensions.py)      an installed plugin
         │                                                        package's entry point
         ├── TlsError                 (extproc/tls.py)            certificate or key files
         ├── ResolveError             (discovery/names.py)        a name with no address
@@ -32,9 +32,9 @@ raises on purpose, and one branch of it is what a client may see.
         ├── OrcaParseError           (datalayer/orca.py)         a malformed ORCA report
         ├── KvEventDecodeError       (kvevents/wire.py)          an undecodable KV event
         ├── FrameError               (datalayer/peerload.py)     an unreadable peer-load frame
-        ├── TokenizerError           (tokenization.py)           tokenizer files, a template
+        ├── TokenizerError           (common/tokenization.py)    tokenizer files, a template
         ├── FetchError               (top/command.py)            `epp top` cannot read the EPP
-        ├── LeaseError               (leaderelection.py)         a Lease call failed
+        ├── LeaseError               (serving/leaderelection.py) a Lease call failed
         └── LegFailed                (disagg/legs.py)            prefill server unreachable
                                                                  or too slow
 

@@ -8,7 +8,7 @@ traffic splits, and the LoRA adapter catalogue.
   between adapters). The body's ``model`` is rewritten to the target.
 * **Catalogue**: a (rewritten) model in ``models.adapters`` is an adapter request,
   routed by LoRA affinity (epp.scheduling.plugins.lora) and, with placement on, loaded
-  where none has it (epp.placement). With ``models.baseModels`` also set, a model in
+  where none has it (epp.lora.placement). With ``models.baseModels`` also set, a model in
   neither list is answered 404, naming it.
 """
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
+from epp.common.usage import Usage
 from epp.datalayer.orca import (
     ORCA_BIN_HEADER,
     ORCA_HEADER,
@@ -22,19 +23,18 @@ from epp.datastore import Datastore, InFlightTicket
 from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
 from epp.errors import BadRequestError, ClientVisibleError, NoEndpointError, ShedError
-from epp.flowcontrol import DISPATCHED, FlowController, Waiting
-from epp.loraholdings import with_holders
-from epp.metrics import EppMetrics
+from epp.flowcontrol.controller import DISPATCHED, FlowController, Waiting
+from epp.flowcontrol.queues import FlowControlConfig, fairness_id, queue_timeout
+from epp.lora.holdings import with_holders
+from epp.lora.placement import AdapterPlacement
 from epp.modelnames import ModelsConfig, Resolved, resolve
-from epp.placement import AdapterPlacement
+from epp.observability.metrics import EppMetrics
+from epp.observability.tracing import Tracer
 from epp.scheduling.base import Scheduler
-from epp.scheduling.flowqueue import FlowControlConfig, fairness_id, queue_timeout
 from epp.scheduling.holding import Hold
 from epp.scheduling.latency import Dispatch, slo_missed
 from epp.scheduling.saturation import Room
-from epp.tracing import Tracer
 from epp.types import Endpoint, InferenceRequest, SchedulingResult, Snapshot
-from epp.usage import Usage
 from epp.xds.eds import EnvoySync
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from epp.addresses import is_ip
+from epp.common.addresses import is_ip
+from epp.common.health import EXT_PROC_SERVICE
 from epp.extproc.messages import (
     DESTINATION_HEADER,
     LB_NAMESPACE,
@@ -36,7 +37,6 @@ from epp.extproc.messages import (
 )
 from epp.extproc.stream import UPSTREAM_ADDRESS
 from epp.extproc.transport import MAX_DESTINATIONS_METADATA
-from epp.health import EXT_PROC_SERVICE
 from epp.xds.eds import MODEL_CLUSTER
 
 Processing = Literal["full", "lean", "buffered"]

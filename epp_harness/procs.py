@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from epp.readyfile import read_ready
+from epp.common.readyfile import read_ready
 
 
 class ProcessFailed(RuntimeError):

@@ -23,11 +23,12 @@ from typing import Any, Self
 
 import yaml
 
-from epp import argtypes, config
-from epp.extensions import ExtensionError
+from epp import config
+from epp.common import argtypes
+from epp.common.extensions import ExtensionError
 from epp.extproc.stall import CHUNK_TIMEOUT_S
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
-from epp.logsetup import add_log_level, level_of
+from epp.observability.logsetup import add_log_level, level_of
 from epp.scheduling.params import ConfigError
 from epp_harness.envoyconfig import (
     CLUSTER_KINDS,

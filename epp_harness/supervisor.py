@@ -2,7 +2,7 @@
 and EPP replicas. Each comes back on the ports it had (the flags ``pins`` names get the
 values its ready file gave), so whatever knew it there (Envoy's clusters, the EPP's
 endpoints, the other replicas' peer-load sockets) finds it again; a child that keeps
-exiting soon after its start waits longer each time (:mod:`epp.restarts`)."""
+exiting soon after its start waits longer each time (:mod:`epp.common.restarts`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from epp.readyfile import read_ready
-from epp.restarts import Restarts
+from epp.common.readyfile import read_ready
+from epp.common.restarts import Restarts
 from epp_harness.procs import ManagedProcess
 
 # A child that exits is started again after this long, doubling with each exit soon

@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from epp.admin.metricsauth import MetricsAuth
 from epp.admin.replies import error
 from epp.datastore import Datastore
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 
 _CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from epp.admin.auth import ApiKeyAuth
 from epp.admin.replies import error, ok
 from epp.datastore import Datastore
-from epp.placement import AdapterPlacement, PlacementError
+from epp.lora.placement import AdapterPlacement, PlacementError
 
 
 def _body(raw: bytes) -> tuple[str, str]:

@@ -29,8 +29,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from epp.common.looptask import LoopTask
 from epp.datastore import Datastore, Status
-from epp.looptask import LoopTask
 
 log = logging.getLogger(__name__)
 

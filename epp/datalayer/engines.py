@@ -1,7 +1,7 @@
 """Which Prometheus metrics each model-server engine exposes.
 
 An endpoint's ``engine`` ("vllm", "sglang", "trtllm", or one an installed package adds,
-see :mod:`epp.extensions`) picks one :class:`EngineMetricNames`;
+see :mod:`epp.common.extensions`) picks one :class:`EngineMetricNames`;
 :func:`epp.datalayer.prometheus.parse_metrics` reads a ``/metrics`` page with it.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epp.extensions import Installed, OpenRegistry, instance_of
+from epp.common.extensions import Installed, OpenRegistry, instance_of
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from xds.service.orca.v3.orca_pb2 import OrcaLoadReportRequest
 from epp.datalayer.orca import OrcaParseError, merge_orca, report_to_dict
 from epp.datalayer.tasks import EndpointTasks
 from epp.datastore import Datastore
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,8 @@ import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from epp import argtypes
+from epp.common import argtypes
+from epp.common.looptask import LoopTask
 from epp.datalayer.peerload import (
     EXPIRE_S,
     HEARTBEAT_S,
@@ -42,7 +43,6 @@ from epp.datalayer.peerload import (
     nonzero,
 )
 from epp.datastore import Datastore
-from epp.looptask import LoopTask
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from epp.datalayer.prometheus import parse_metrics
 from epp.datalayer.tasks import EndpointTasks
 from epp.datastore import Datastore
 from epp.errors import InternalError
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)

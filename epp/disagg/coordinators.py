@@ -21,12 +21,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from epp.common.extensions import Installed, OpenRegistry
 from epp.datastore import Datastore, InFlightTicket
 from epp.disagg import bodies
 from epp.disagg.legs import LegClient, LegFailed, LegResult
 from epp.errors import PrefillRejectedError
-from epp.extensions import Installed, OpenRegistry
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.types import Endpoint, InferenceRequest
 
 log = logging.getLogger(__name__)

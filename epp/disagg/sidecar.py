@@ -34,12 +34,12 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from epp import argtypes
+from epp.common import argtypes
+from epp.common.readyfile import write_ready
 from epp.disagg import bodies
 from epp.disagg.coordinators import PREFILLER_FALLBACKS_HEADER, PREFILLER_HEADER
 from epp.disagg.legs import AiohttpLegTransport, LegClient, LegFailed
-from epp.logsetup import add_log_level
-from epp.readyfile import write_ready
+from epp.observability.logsetup import add_log_level
 from epp.types import Endpoint, parse_host_port
 
 log = logging.getLogger("epp.sidecar")

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from epp.addresses import canonical_host, is_ip
+from epp.common.addresses import canonical_host, is_ip
 from epp.datalayer.engines import ENGINES
 from epp.discovery.pool_endpoints import ENGINE_KEY, ROLE_LABEL
 from epp.errors import InternalError

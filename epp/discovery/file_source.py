@@ -26,7 +26,7 @@ import hashlib
 import logging
 from pathlib import Path
 
-from epp import argtypes, looptask
+from epp.common import argtypes, looptask
 from epp.datastore import Datastore
 from epp.discovery.endpoints_file import EndpointsFileError, parse
 from epp.discovery.membership_diff import apply, diff

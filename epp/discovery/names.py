@@ -2,7 +2,7 @@
 
 Envoy's EDS only takes IP addresses, and one server must be one member, so a server
 given as ``name:port`` (flags, config, admin API, state file) joins the pool under the
-one address its name resolves to (:func:`epp.addresses.pick`: IPv4 first). Every
+one address its name resolves to (:func:`epp.common.addresses.pick`: IPv4 first). Every
 ``interval_s`` each followed name is looked up again; when its address changed, the new
 address joins with the same role, labels and engine and the old one is removed, which
 drains it (requests in flight finish). A name that does not resolve keeps its last
@@ -21,7 +21,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from epp import addresses, looptask
+from epp.common import addresses, looptask
 from epp.datastore import Datastore, Status
 from epp.errors import InternalError
 from epp.types import Endpoint

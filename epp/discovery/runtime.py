@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from epp import addresses, statefile
+from epp.common import addresses, statefile
 from epp.datastore import Datastore, Status
 from epp.discovery.names import NameResolver, ResolveError
 from epp.types import Endpoint

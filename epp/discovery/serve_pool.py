@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epp.argtypes import comma_ports
+from epp.common.argtypes import comma_ports
 from epp.discovery.pool_endpoints import POOL_GROUP
 from epp.discovery.poolref import PoolRef, SelectorRef, parse_selector
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from epp import argtypes
-from epp.addresses import join, parse_address
+from epp.common import argtypes
+from epp.common.addresses import join, parse_address
 from epp.discovery.names import NameResolver
 from epp.types import Endpoint, Role
 

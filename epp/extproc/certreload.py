@@ -5,7 +5,7 @@ the certificate they were made with.
 
 :class:`LiveCertificate` is what a port serves now and every TLS context built from it;
 :class:`CertReloader` checks the files of each every few seconds (a ``stat``, as
-:mod:`epp.reload` does for the config) and, when they changed, reads and checks the
+:mod:`epp.serving.reload` does for the config) and, when they changed, reads and checks the
 new pair first: a pair that cannot be used (unreadable, not PEM, a key that does not
 match) is logged as an error and the port keeps its current certificate. Self-signed
 certificates have no files and never change.
@@ -19,8 +19,8 @@ import ssl
 from collections.abc import Iterable
 from pathlib import Path
 
+from epp.common.looptask import LoopTask
 from epp.extproc.tls import ServerTls, TlsError, load_files, load_into, server_context
-from epp.looptask import LoopTask
 
 log = logging.getLogger("epp.tls")
 

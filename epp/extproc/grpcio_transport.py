@@ -16,9 +16,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from epp.common.health import HEALTH_SERVICES
 from epp.extproc.stream import Deferred, EndStream, ExtProcStream, StreamEnd
 from epp.extproc.transport import MAX_MESSAGE_BYTES, max_destinations, unless_closed
-from epp.health import HEALTH_SERVICES
 from epp.router import Router
 from epp.xds.eds import EdsServer
 

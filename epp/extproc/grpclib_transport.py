@@ -15,10 +15,10 @@ from grpclib.exceptions import GRPCError
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.server import Server, Stream
 
+from epp.common.health import EXT_PROC_SERVICE, HEALTH_SERVICES
 from epp.extproc.h2frames import skip_hex_dumps_of_received_data
 from epp.extproc.stream import Deferred, EndStream, ExtProcStream, StreamEnd
 from epp.extproc.transport import max_destinations, unless_closed
-from epp.health import EXT_PROC_SERVICE, HEALTH_SERVICES
 from epp.router import Router
 from epp.xds.eds import EDS_SERVICE, EdsServer
 

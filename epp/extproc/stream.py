@@ -24,22 +24,22 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     ProcessingResponse,
 )
 
+from epp.common.requestparse import parse_request
+from epp.common.usage import find_usage, keep_tail
 from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
 from epp.extproc.conformance import SERVED_ECHO_HEADER
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
 from epp.extproc.stall import ChunkWatch, Send, end_stalled
-from epp.flowcontrol import Waiting
-from epp.logsetup import REQUEST_ID
+from epp.flowcontrol.controller import Waiting
+from epp.flowcontrol.queues import fairness_id
 from epp.modelnames import REWRITE_HEADERS
-from epp.requestparse import parse_request
+from epp.observability.logsetup import REQUEST_ID
+from epp.observability.tracing import RequestTrace
 from epp.router import Routed, Router
-from epp.scheduling.flowqueue import fairness_id
 from epp.scheduling.plugins.selection import SELECTION_HEADER
-from epp.tracing import RequestTrace
 from epp.types import InferenceRequest
-from epp.usage import find_usage, keep_tail
 from epp.xds.eds import EDS_SYNC_WAIT_S
 
 log = logging.getLogger(__name__)
@@ -395,7 +395,7 @@ class ExtProcStream:
         body: bytes | None,
         end_of_stream: bool,
     ) -> list[ProcessingResponse]:
-        """Schedule once the request's adapter is loaded (epp.placement)."""
+        """Schedule once the request's adapter is loaded (epp.lora.placement)."""
 
         async def scheduled() -> list[ProcessingResponse]:
             request = await placed

@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epp.argtypes import go_bool, non_negative_float
+from epp.common.argtypes import go_bool, non_negative_float
 
 if TYPE_CHECKING:
     from epp.extproc.tls import ServerTls

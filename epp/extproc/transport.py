@@ -18,7 +18,7 @@ import importlib
 from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from epp.health import HEALTH_SERVICES
+from epp.common.health import HEALTH_SERVICES
 from epp.router import Router
 from epp.xds.eds import EdsServer
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epp.addresses import parse_address
+from epp.common.addresses import parse_address
 from epp.types import Endpoint
 
 EVENTS_LABEL = "epp.dev/kv-events"

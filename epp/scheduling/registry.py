@@ -1,6 +1,6 @@
 """Plugin registry: type name -> (kind, factory). One explicit registration function;
 nothing registers itself at import time. Installed packages add types through the
-``epp.plugins`` entry-point group (:mod:`epp.extensions`): each entry point names a
+``epp.plugins`` entry-point group (:mod:`epp.common.extensions`): each entry point names a
 :class:`PluginType`; a built-in type of the same name wins."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from epp.extensions import ExtensionError, Installed, instance_of
+from epp.common.extensions import ExtensionError, Installed, instance_of
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins import (
     affinity,

@@ -24,7 +24,7 @@ import orjson
 from rich.console import Console
 from rich.live import Live
 
-from epp import argtypes
+from epp.common import argtypes
 from epp.errors import InternalError
 from epp.top.frame import Frame, Sample, frame, parse_exposition
 from epp.top.render import render

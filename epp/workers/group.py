@@ -29,8 +29,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from epp.common.restarts import Restarts
 from epp.datastore import Datastore
-from epp.restarts import Restarts
 from epp.router import EndpointOutcomes
 from epp.scheduling.saturation import WatchedObjectives
 from epp.types import EndpointMetrics

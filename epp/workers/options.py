@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from epp import argtypes
+from epp.common import argtypes
 
 DEFAULT_WORKERS = 1
 DEFAULT_BASE_PORT = 9100  # workers 1..N-1 listen on 9100, 9101, ...

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from epp.common.looptask import LoopTask
 from epp.datastore import Datastore, Status
-from epp.looptask import LoopTask
 from epp.scheduling.saturation import WatchedObjectives
 from epp.workers import wire
 from epp.workers.channel import Channel, StreamChannel

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from epp.readyfile import write_ready
+from epp.common.readyfile import write_ready
 from epp_harness.sim import chunk_tokenizer, tokenizer
 from epp_harness.sim.config import address
 from epp_harness.sim.flags import add_arguments, config_from_args

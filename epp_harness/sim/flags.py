@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from epp import argtypes
-from epp.logsetup import add_log_level
+from epp.common import argtypes
+from epp.observability.logsetup import add_log_level
 from epp.types import Role
 from epp_harness.sim.config import METRICS_DIALECTS, KvConnector, SimConfig, address
 from epp_harness.sim.faults import parse_fault_metrics, parse_fault_status

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from epp.readyfile import read_ready
+from epp.common.readyfile import read_ready
 from epp_harness.procs import epp_argv
 from tests.support.http import metric_sum, request
 from tests.support.wait import wait_for

@@ -52,11 +52,11 @@ def harness_imports(source: str) -> list[str]:
 
 
 def test_importing_the_server_loads_no_harness_module() -> None:
-    assert harness_modules_loaded("epp.cli", "epp.serve") == []
+    assert harness_modules_loaded("epp.cli", "epp.serving.serve") == []
 
 
 def test_the_probe_reports_a_harness_module() -> None:
-    assert "epp_harness.procs" in harness_modules_loaded("epp.serve", "epp_harness.procs")
+    assert "epp_harness.procs" in harness_modules_loaded("epp.serving.serve", "epp_harness.procs")
 
 
 def test_no_product_file_imports_the_harness() -> None:
@@ -71,4 +71,4 @@ def test_no_product_file_imports_the_harness() -> None:
 def test_deferred_and_from_imports_are_found() -> None:
     source = "def f():\n    import epp_harness.stack\n    from epp_harness.sim import cli\n"
     assert harness_imports(source) == ["epp_harness.stack", "epp_harness.sim"]
-    assert harness_imports("import epp.serve\nfrom epp import cli\n") == []
+    assert harness_imports("import epp.serving.serve\nfrom epp import cli\n") == []

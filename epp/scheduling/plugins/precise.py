@@ -1,7 +1,7 @@
 """Precise prefix-cache affinity: prefer the endpoint that holds the longest prefix of
 this prompt's blocks, as the endpoints themselves reported them (vLLM's KV events,
 :mod:`epp.kvevents`), with the prompt tokenized as the engine does
-(:mod:`epp.tokenization`).
+(:mod:`epp.common.tokenization`).
 
 Endpoints whose events are not trusted (none received, or some lost and not yet
 rebuilt) and requests whose tokens are unknown (no tokenizer configured, or a request
@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from epp.common.tokenization import HfTokenizer, PromptTokenizer, TokenizerError, prompt_token_ids
 from epp.kvevents.index import Held, PreciseIndex, chain_keys, token_bytes
 from epp.kvevents.settings import DEFAULT_PORT, KvEventsSettings
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import FloatArray
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.prefix import LOAD_BOUND, PrefixCacheScorer, prefix_cache_scorer
-from epp.tokenization import HfTokenizer, PromptTokenizer, TokenizerError, prompt_token_ids
 from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 DEFAULT_FALLBACK = "prefix-cache-scorer"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from epp import configcmd
+from epp.serving import configcmd
 from epp_harness.procs import epp_argv
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from epp.discovery.kubernetes import api_client
-from epp.leaderelection import (
+from epp.serving.leaderelection import (
     KubeLeases,
     LeaderElector,
     LeaseRef,

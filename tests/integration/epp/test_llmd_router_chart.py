@@ -24,7 +24,7 @@ import pytest
 from envoy.service.ext_proc.v3.external_processor_pb2_grpc import ExternalProcessorStub
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.health import EXT_PROC_SERVICE
+from epp.common.health import EXT_PROC_SERVICE
 from epp_harness.procs import ManagedProcess
 from tests.support import extproc as m
 from tests.support.http import request

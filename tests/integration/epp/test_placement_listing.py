@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from epp.datastore import Datastore
-from epp.metrics import EppMetrics
-from epp.placement import AdapterPlacement, PlacementConfig
+from epp.lora.placement import AdapterPlacement, PlacementConfig
+from epp.observability.metrics import EppMetrics
 from epp.types import Endpoint
 from tests.support.http import request
 from tests.support.sim import SimProc, sims

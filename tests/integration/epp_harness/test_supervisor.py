@@ -20,7 +20,7 @@ from epp_harness.supervisor import STABLE_AFTER_S, Supervisor, pinned
 # exits with code 3 while FAIL exists; else says it is ready on --port (7 for 0) and waits
 CHILD = """
 import os, sys, time
-from epp.readyfile import write_ready
+from epp.common.readyfile import write_ready
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 if os.path.exists(args["--fail"]):
     sys.exit(3)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from epp.addresses import parse_address
+from epp.common.addresses import parse_address
 from epp.datalayer.engines import EngineMetricNames
 from epp.disagg.coordinators import CoordinatorEnv, DecodeLeg, Handoff
 from epp.scheduling.base import CycleContext
 from epp.scheduling.params import Params
 from epp.scheduling.registry import PluginType
-from epp.sources import DiscoveryContext, DiscoveryKind
+from epp.serving.sources import DiscoveryContext, DiscoveryKind
 from epp.types import Endpoint, EndpointState, Role
 
 

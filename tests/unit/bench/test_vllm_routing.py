@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench import vllm_routing, vllm_routing_report
 from bench.workload import WorkloadSpec, system_prompts
-from epp.tokenization import HfTokenizer
+from epp.common.tokenization import HfTokenizer
 
 TINY = Path(__file__).resolve().parents[2] / "fixtures" / "tiny-llama"
 

@@ -14,6 +14,7 @@ from aiohttp import web
 from epp import config
 from epp.admin.http import make_admin_app
 from epp.cli import build_parser
+from epp.common.health import HEALTH_SERVICES
 from epp.datastore import Datastore
 from epp.discovery.pool_endpoints import (
     PORT_DISCOVERY_ANNOTATION,
@@ -21,8 +22,7 @@ from epp.discovery.pool_endpoints import (
     parse_pool,
     pod_endpoints,
 )
-from epp.health import HEALTH_SERVICES
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.types import Role
 
 ROOT = Path(__file__).resolve().parents[3]

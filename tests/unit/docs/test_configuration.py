@@ -1,19 +1,20 @@
 """docs/configuration.md holds the built-in default exactly as `epp config show` prints
-it (regenerate: .venv/bin/python -m epp.configcmd --write-docs docs/configuration.md)."""
+it (regenerate: .venv/bin/python -m epp.serving.configcmd --write-docs docs/configuration.md)."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from epp import config, configcmd
+from epp import config
+from epp.serving import configcmd
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
 
 
 def test_the_docs_copy_of_the_default_config_is_current() -> None:
     assert configcmd.docs_block(DOC.read_text()) == configcmd.show(config.load(None)), (
-        f"{DOC} is stale: run `.venv/bin/python -m epp.configcmd --write-docs "
+        f"{DOC} is stale: run `.venv/bin/python -m epp.serving.configcmd --write-docs "
         "docs/configuration.md`"
     )
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from epp import metrics, router
+from epp import router
 from epp.cli import build_parser
 from epp.datalayer import peerload
 from epp.datalayer.settings import DataLayerConfig
 from epp.disagg.settings import DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
-from epp.scheduling.flowqueue import FlowControlConfig
+from epp.flowcontrol.queues import FlowControlConfig
+from epp.observability import metrics
 from epp.xds import eds
 from epp_harness import stack, supervisor
 from epp_harness.envoyconfig import EnvoyOptions, epp_config

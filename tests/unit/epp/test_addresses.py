@@ -10,8 +10,8 @@ import socket
 
 import pytest
 
-from epp.addresses import canonical_host, parse_address, pick
 from epp.cli import build_parser
+from epp.common.addresses import canonical_host, parse_address, pick
 from epp.datastore import Datastore, Status
 from epp.discovery import static
 from epp.discovery.names import NameResolver, ResolveError

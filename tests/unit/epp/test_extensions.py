@@ -1,4 +1,4 @@
-"""Registries open to installed packages (epp.extensions): entry points listed once,
+"""Registries open to installed packages (epp.common.extensions): entry points listed once,
 each loaded on first use; built-in names win; a broken or disputed entry point is an
 error naming it and its package, when its name is used. The packages here are bare
 ``*.dist-info`` directories whose entry points name objects in this module."""
@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from epp import config
+from epp.common.extensions import ExtensionError
 from epp.datalayer.engines import ENGINES, EngineMetricNames
 from epp.disagg.coordinators import COORDINATORS, NixlCoordinator
-from epp.extensions import ExtensionError
 from epp.scheduling.base import CycleContext
 from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.registry import INSTALLED_PLUGINS, PluginType, Registry
 from epp.scheduling.registry import register_builtin_plugins as builtins
-from epp.sources import DISCOVERY_SOURCES, DiscoveryKind
+from epp.serving.sources import DISCOVERY_SOURCES, DiscoveryKind
 from epp.types import EndpointState
 
 HERE = __name__
@@ -69,7 +69,7 @@ nixl = {HERE}:constant_scorer
 mine = {HERE}:Constant
 """)  # fmt: skip
     coordinators = COORDINATORS.on_path([str(tmp_path)])
-    with caplog.at_level(logging.ERROR, logger="epp.extensions"):
+    with caplog.at_level(logging.ERROR, logger="epp.common.extensions"):
         assert coordinators["nixl"] is NixlCoordinator
         assert sorted(coordinators) == ["concurrent", "kv-pool", "mine", "nixl", "sidecar"]
         assert coordinators["mine"] is Constant
@@ -144,3 +144,14 @@ def test_the_shipped_registries_hold_the_built_ins() -> None:
         "admin-api",
     ]
     assert COORDINATORS["nixl"] is NixlCoordinator
+
+
+def test_plugin_packages_import_the_discovery_source_api_where_extending_md_says() -> None:
+    """docs/extending.md names epp.sources.DiscoveryKind; the module moved to
+    epp.serving.sources and the old path re-exports it."""
+    import epp.serving.sources
+    import epp.sources
+
+    assert epp.sources.DiscoveryKind is epp.serving.sources.DiscoveryKind
+    assert epp.sources.DiscoverySource is epp.serving.sources.DiscoverySource
+    assert epp.sources.DiscoveryContext is epp.serving.sources.DiscoveryContext

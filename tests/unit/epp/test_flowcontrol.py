@@ -18,10 +18,10 @@ from epp.errors import (
     ShedError,
     ShuttingDownError,
 )
-from epp.flowcontrol import FlowController, Waiting
-from epp.metrics import EppMetrics
+from epp.flowcontrol.controller import FlowController, Waiting
+from epp.flowcontrol.queues import FlowControlConfig
+from epp.observability.metrics import EppMetrics
 from epp.router import Routed, Router
-from epp.scheduling.flowqueue import FlowControlConfig
 from epp.types import Endpoint, InferenceRequest
 
 

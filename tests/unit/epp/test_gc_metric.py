@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 
 from epp.datastore import Datastore
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 
 
 def test_gc_pauses_are_timed_per_generation_until_stopped() -> None:

@@ -9,9 +9,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from epp.admin.http import make_admin_app
+from epp.common.health import HEALTH_SERVICES, READINESS, HealthBoard
 from epp.datastore import Datastore
-from epp.health import HEALTH_SERVICES, READINESS, HealthBoard
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 
 
 class Transport:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from epp.cli import build_parser
-from epp.leaderelection import (
+from epp.serving.leaderelection import (
     LeaderElector,
     LeaseRef,
     LeaseTiming,

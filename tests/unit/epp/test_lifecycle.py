@@ -1,11 +1,11 @@
-"""epp.lifecycle: parts start in order and stop in reverse, also when one fails."""
+"""epp.serving.lifecycle: parts start in order and stop in reverse, also when one fails."""
 
 from __future__ import annotations
 
 import pytest
 
-from epp import lifecycle
-from epp.lifecycle import App, Step
+from epp.serving import lifecycle
+from epp.serving.lifecycle import App, Step
 
 
 async def test_parts_start_in_order_and_stop_in_reverse_also_on_failure() -> None:

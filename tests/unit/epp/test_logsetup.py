@@ -8,7 +8,7 @@ import logging
 import orjson
 import pytest
 
-from epp.logsetup import REQUEST_ID, JsonFormatter, format_of, level_of
+from epp.observability.logsetup import REQUEST_ID, JsonFormatter, format_of, level_of
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from epp import looptask
+from epp.common import looptask
 
 
 async def test_every_outlives_a_failing_step(caplog: pytest.LogCaptureFixture) -> None:

@@ -17,8 +17,8 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.stream import ExtProcStream
-from epp.metrics import EppMetrics
-from epp.placement import AdapterPlacement, PlacementConfig
+from epp.lora.placement import AdapterPlacement, PlacementConfig
+from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint, EndpointMetrics
 from tests.support import extproc as m

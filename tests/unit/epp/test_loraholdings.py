@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from epp.loraholdings import Holdings, doubted, listed_adapters, with_holders
+from epp.lora.holdings import Holdings, doubted, listed_adapters, with_holders
 from epp.types import Endpoint, EndpointMetrics, EndpointState, Role
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"

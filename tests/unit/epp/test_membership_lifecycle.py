@@ -12,7 +12,7 @@ from epp.config import builtin_registry, instantiate, load
 from epp.datalayer.ejection import EjectionPolicy, Ejector, FailureState
 from epp.datastore import Datastore, Status
 from epp.discovery.runtime import Outcome, RuntimeMembership, WaitPolicy
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint, InferenceRequest
 from tests.support.wait import until

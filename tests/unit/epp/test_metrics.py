@@ -1,7 +1,7 @@
 from prometheus_client import generate_latest
 
 from epp.datastore import Datastore
-from epp.metrics import SERIES_GRACE_S, EppMetrics
+from epp.observability.metrics import SERIES_GRACE_S, EppMetrics
 from epp.types import Endpoint
 
 

@@ -19,11 +19,11 @@ from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.disagg.coordinators import DecodeLeg, Handoff
 from epp.extproc.stream import ExtProcStream
-from epp.flowcontrol import FlowController
-from epp.metrics import EppMetrics
-from epp.otel import OtelTracer
+from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.queues import FlowControlConfig
+from epp.observability.metrics import EppMetrics
+from epp.observability.otel import OtelTracer
 from epp.router import Router
-from epp.scheduling.flowqueue import FlowControlConfig
 from epp.types import Endpoint, Role
 from tests.support import extproc as m
 
@@ -199,7 +199,7 @@ async def test_a_deferred_decode_pick_is_where_the_request_span_says_it_went() -
 def test_without_tracing_nothing_of_opentelemetry_is_imported() -> None:
     """The request path and `epp serve` load no SDK unless --tracing asks for it."""
     code = (
-        "import sys, epp.cli, epp.serve, epp.extproc.stream, epp.router\n"
+        "import sys, epp.cli, epp.serving.serve, epp.extproc.stream, epp.router\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     )
     out = subprocess.run(

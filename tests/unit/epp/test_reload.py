@@ -13,13 +13,13 @@ import pytest
 from epp import config
 from epp.datastore import Datastore
 from epp.disagg.settings import DisaggConfig
-from epp.metrics import EppMetrics
-from epp.reload import ConfigFile, ConfigReloader
+from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.scheduling.latency import LatencyPriors
 from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
+from epp.serving.reload import ConfigFile, ConfigReloader
 from epp.types import Endpoint, InferenceRequest
 
 ZONE_A = Endpoint("10.0.0.1", 8000, labels={"zone": "a"})
@@ -136,7 +136,7 @@ def test_a_bad_file_keeps_the_running_config(
 ) -> None:
     before = setup.scheduler
     setup.path.write_text(text)
-    with caplog.at_level(logging.ERROR, logger="epp.reload"):
+    with caplog.at_level(logging.ERROR, logger="epp.serving.reload"):
         assert not setup.reloader.reload("test")
     assert setup.scheduler is before and setup.routed_to() == ZONE_A.address
     assert (setup.count("success"), setup.count("failure")) == (0, 1)
@@ -176,7 +176,7 @@ def test_the_file_counts_as_changed_only_when_its_text_changed(
     path.write_text(zone_config("a") + "\n")  # the same text again
     assert not file.changed()
     path.unlink()
-    with caplog.at_level(logging.WARNING, logger="epp.reload"):
+    with caplog.at_level(logging.WARNING, logger="epp.serving.reload"):
         assert not file.changed() and not file.changed()
     assert len(caplog.records) == 1 and "still running the config last read" in caplog.text
 
@@ -186,7 +186,7 @@ def test_a_file_missing_at_start_is_one_error_and_no_still_running_warning(
 ) -> None:
     file = ConfigFile(tmp_path / "missing.yaml")
     with (
-        caplog.at_level(logging.WARNING, logger="epp.reload"),
+        caplog.at_level(logging.WARNING, logger="epp.serving.reload"),
         pytest.raises(ConfigError, match="cannot read config file: No such file"),
     ):
         file.load()

@@ -1,8 +1,8 @@
 import orjson
 import pytest
 
+from epp.common.requestparse import parse_prompt, parse_request
 from epp.errors import BadRequestError
-from epp.requestparse import parse_prompt, parse_request
 
 HEADERS = {":path": "/v1/completions?x=1", ":method": "POST"}
 

@@ -17,13 +17,13 @@ import orjson
 import pytest
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse
 
+from epp.common.requestparse import parse_request
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.disagg.coordinators import CoordinatorEnv, NixlCoordinator
 from epp.disagg.legs import LegClient
 from epp.extproc.stream import ExtProcStream, Phase
-from epp.metrics import EppMetrics
-from epp.requestparse import parse_request
+from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint, EndpointMetrics, InferenceRequest, Role
 from tests.support import extproc as m

@@ -1,5 +1,5 @@
-"""``epp serve`` in two steps: :func:`epp.serve.build` wires an App and starts nothing;
-:func:`epp.lifecycle.run` starts it. A discovery source kind handed to ``build`` is
+"""``epp serve`` in two steps: :func:`epp.serving.serve.build` wires an App and starts nothing;
+:func:`epp.serving.lifecycle.run` starts it. A discovery source kind handed to ``build`` is
 asked, started and stopped with no change to serve."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from epp import config, lifecycle
-from epp.lifecycle import App
-from epp.readyfile import read_ready
+from epp import config
+from epp.common.readyfile import read_ready
 from epp.scheduling.params import ConfigError
-from epp.serve import ServeOptions, build
-from epp.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
+from epp.serving import lifecycle
+from epp.serving.lifecycle import App
+from epp.serving.serve import ServeOptions, build
+from epp.serving.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
 from epp.types import Endpoint, Role
 
 # this process imports grpcio's health module elsewhere (tests/unit/test_errors.py);

@@ -7,13 +7,13 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from epp.common.requestparse import parse_request, token_id_prompt
+from epp.common.usage import Usage
 from epp.config import build_scheduler
 from epp.datastore import Datastore
-from epp.metrics import EppMetrics
-from epp.requestparse import parse_request, token_id_prompt
+from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint
-from epp.usage import Usage
 
 HEADERS = {":path": "/v1/completions", ":method": "POST"}
 IDS = list(range(1000, 6000))  # 5,000 ids

@@ -1,4 +1,4 @@
-"""Prompt tokenization as the engine does it (epp.tokenization), with tokenizers built
+"""Prompt tokenization as the engine does it (epp.common.tokenization), with tokenizers built
 here, offline: a small BPE trained on a few sentences (with a BOS post-processor and a
 chat template, like a real model's files), and the simulator's own byte tokenizer
 written as Hugging Face files, checked against the simulator's independent code.
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
-from epp.tokenization import CHAT, COMPLETIONS, HfTokenizer, TokenizerError, prompt_token_ids
+from epp.common.tokenization import CHAT, COMPLETIONS, HfTokenizer, TokenizerError, prompt_token_ids
 from epp_harness.sim import tokenizer as sim_tokenizer
 from epp_harness.sim.protocol import ApiKind
 

@@ -1,6 +1,6 @@
 import orjson
 
-from epp.usage import TAIL_BYTES, Usage, find_usage, keep_tail
+from epp.common.usage import TAIL_BYTES, Usage, find_usage, keep_tail
 
 
 def test_non_streaming_body() -> None:

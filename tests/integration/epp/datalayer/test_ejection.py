@@ -18,7 +18,7 @@ from epp.datalayer.scraper import MetricsScraper
 from epp.datastore import Datastore, Status
 from epp.disagg.coordinators import CoordinatorEnv, Handoff, NixlCoordinator
 from epp.disagg.legs import AiohttpLegTransport, LegClient
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.types import Endpoint, InferenceRequest, Role
 from tests.support.sim import SimProc, sims
 from tests.support.wait import until

@@ -13,7 +13,7 @@ import pytest
 
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datastore import Datastore
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.types import Endpoint
 from epp_harness.procs import ManagedProcess, start_epp
 from tests.support.http import open_raw_post

@@ -23,7 +23,7 @@ from epp.config import build_scheduler
 from epp.datalayer.peerload import EXPIRE_S, HEARTBEAT_S, TOPIC, LoadFrame, encode
 from epp.datalayer.peers import PeerLoad, PeerOptions
 from epp.datastore import Datastore
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.types import Endpoint, InferenceRequest
 from epp_harness.procs import ManagedProcess, spawn_epp
 from tests.support.http import request

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from epp.datalayer.scraper import MetricsScraper
 from epp.datastore import Datastore
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.types import Endpoint, EndpointMetrics
 from epp_harness.procs import ManagedProcess, start_epp
 from tests.support.wait import until

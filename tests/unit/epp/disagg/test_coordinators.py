@@ -27,7 +27,7 @@ from epp.disagg.coordinators import (
 )
 from epp.disagg.legs import LegClient
 from epp.errors import NoEndpointError, PrefillRejectedError
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.types import Endpoint, InferenceRequest, Role
 from tests.support.legs import Handler, MemoryLegTransport, SentLeg, answer, held, times_out
 

@@ -21,7 +21,7 @@ from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
 from epp.extproc.stream import PROTOCOL_ERROR, EndStream, ExtProcStream
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint
 from epp.xds.eds import EnvoySync

@@ -15,7 +15,7 @@ from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.messages import MAX_CHUNK_BYTES
 from epp.extproc.stream import ExtProcStream, Phase
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint
 from epp.xds.eds import EnvoySync

@@ -14,7 +14,7 @@ from google.protobuf.struct_pb2 import Value
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.stream import ExtProcStream
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint
 from tests.support import extproc as m

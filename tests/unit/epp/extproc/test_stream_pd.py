@@ -21,7 +21,7 @@ from epp.disagg.coordinators import DecodeLeg, Handoff
 from epp.errors import PrefillRejectedError
 from epp.extproc.messages import EMPTY_REQUEST_HEADERS, MAX_CHUNK_BYTES
 from epp.extproc.stream import ExtProcStream, Phase
-from epp.metrics import EppMetrics
+from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint, Role
 from tests.support import extproc as m

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from epp.errors import QueueFullError
-from epp.scheduling.flowqueue import (
+from epp.flowcontrol.queues import (
     FlowControlConfig,
     FlowQueues,
     Held,

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
+from epp.common.requestparse import parse_request
 from epp.config import build_scheduler
 from epp.errors import BadRequestError
-from epp.requestparse import parse_request
 from epp.scheduling.base import CycleContext
 from epp.scheduling.groups import GroupShares, homes_needed
 from epp.scheduling.latency import (

@@ -11,8 +11,8 @@ import pytest
 from envoy.config.endpoint.v3.endpoint_pb2 import ClusterLoadAssignment
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 
-from epp import statefile
 from epp.admin.instances import BadInput, parse_body
+from epp.common import statefile
 from epp.datastore import Datastore
 from epp.types import Endpoint, Role
 from epp.xds.eds import EDS_TYPE_URL, MODEL_CLUSTER, EdsServer, EnvoySync, load_assignment
@@ -197,7 +197,7 @@ async def test_admin_port_answers_unknown_paths_and_wrong_methods_in_json() -> N
 
     from epp.admin.http import make_admin_app
     from epp.datastore import Datastore
-    from epp.metrics import EppMetrics
+    from epp.observability.metrics import EppMetrics
 
     ds = Datastore()
     app = make_admin_app(ds, EppMetrics(ds), ready=lambda: True)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from epp.tokenization import CHAT, HfTokenizer, prompt_token_ids
+from epp.common.tokenization import CHAT, HfTokenizer, prompt_token_ids
 from epp_harness.sim import chunk_tokenizer
 from epp_harness.sim.protocol import ApiKind, parse_request
 

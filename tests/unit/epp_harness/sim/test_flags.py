@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from epp.logsetup import level_of
+from epp.observability.logsetup import level_of
 from epp.types import Role
 from epp_harness.sim.config import KvConnector, address
 from epp_harness.sim.flags import add_arguments, config_from_args

@@ -31,13 +31,13 @@ from typing import Any
 from prometheus_client import Counter
 
 from epp import config
+from epp.common.looptask import LoopTask
 from epp.datalayer.kvevents import KvEventSource
-from epp.looptask import LoopTask
 from epp.router import Router
 from epp.scheduling.params import ConfigError
 from epp.scheduling.scheduler import ProfileScheduler
 
-log = logging.getLogger("epp.reload")
+log = logging.getLogger("epp.serving.reload")
 
 DEFAULT_POLL_S = 2.0
 SETTLE_S = 0.2  # after a change is seen, before the file is read for the reload

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from epp.addresses import parse_address
+from epp.common.addresses import parse_address
 from epp.types import Endpoint, Role
 
 T = TypeVar("T")

@@ -37,7 +37,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from epp import argtypes
+from epp.common import argtypes
 from epp.discovery.poolref import resolve_namespace
 from epp.errors import InternalError
 

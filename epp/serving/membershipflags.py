@@ -1,7 +1,7 @@
 """``epp serve`` flags for elastic membership: the admin API key, the readiness wait,
 failure ejection, draining and the state file.
 
-Wiring beside :mod:`epp.serve`: it gathers settings of the admin API, discovery and the
+Wiring beside :mod:`epp.serving.serve`: it gathers settings of the admin API, discovery and the
 data layer, so it sits above all three."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from epp import argtypes
 from epp.admin.auth import API_KEY_ENV, load_key
+from epp.common import argtypes
 from epp.datalayer.ejection import EjectionPolicy
 from epp.datastore import DEFAULT_DRAIN_TIMEOUT_S
 from epp.discovery.names import DEFAULT_RESOLVE_INTERVAL_S

@@ -5,7 +5,7 @@ through their own API (vLLM's ``POST /v1/load_lora_adapter`` and
 
 Every server is listed (``GET /v1/models``: the cards with a ``parent`` are its
 adapters) when it joins the pool and every ``listIntervalSeconds``; a server that no
-longer lists an adapter loses it (epp.loraholdings). A request whose model some server
+longer lists an adapter loses it (epp.lora.holdings). A request whose model some server
 lists, or that names an adapter of the catalogue (``models.adapters``), is picked only
 among the servers that have it (:meth:`AdapterPlacement.holders`): those listing it or
 where the EPP loaded it, and, for a server not listed yet, those reporting it running or
@@ -33,11 +33,11 @@ from typing import Any
 import aiohttp
 import orjson
 
+from epp.common.looptask import LoopTask
 from epp.datastore import Datastore
 from epp.errors import ClientVisibleError, NoEndpointError
-from epp.looptask import LoopTask
-from epp.loraholdings import Holdings, doubted, listed_adapters
-from epp.metrics import EppMetrics
+from epp.lora.holdings import Holdings, doubted, listed_adapters
+from epp.observability.metrics import EppMetrics
 from epp.scheduling.sections import setting
 from epp.types import EndpointState, Role
 

@@ -1,20 +1,21 @@
 """The llm-d Router's ``epp serve`` flags that have no counterpart of ours, so that the
 argument list its chart renders starts this EPP unchanged (docs/llm-d-router.md):
 ``--metrics-endpoint-auth`` (:mod:`epp.admin.metricsauth`), ``--tracing``
-(:mod:`epp.otel`) and ``--ha-enable-leader-election`` (:mod:`epp.leaderelection`).
+(:mod:`epp.observability.otel`) and ``--ha-enable-leader-election``
+(:mod:`epp.serving.leaderelection`).
 
 The rest of its flags live beside the ones of ours they map onto: ``--pool-group``,
 ``--endpoint-selector``, ``--endpoint-target-ports`` (:mod:`epp.discovery.serve_pool`),
 ``--secure-serving``, ``--cert-path`` (:mod:`epp.extproc.tlsflags`), ``-v``,
-``--zap-encoder`` (:mod:`epp.logsetup`), ``--config-file``, ``--config-text``,
-``--metrics-port``, ``--grpc-health-port`` (:mod:`epp.serve`)."""
+``--zap-encoder`` (:mod:`epp.observability.logsetup`), ``--config-file``, ``--config-text``,
+``--metrics-port``, ``--grpc-health-port`` (:mod:`epp.serving.serve`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from epp.argtypes import go_bool
-from epp.logsetup import add_router_logging
+from epp.common.argtypes import go_bool
+from epp.observability.logsetup import add_router_logging
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ the registry holds (docs/extending.md shows a whole plugin package):
 * ``epp.plugins``: scheduling plugin types, a :class:`epp.scheduling.registry.PluginType`;
 * ``epp.coordinators``: P/D coordinators, a factory ``(CoordinatorEnv) -> Coordinator``
   (:data:`epp.disagg.coordinators.COORDINATORS`);
-* ``epp.discovery``: discovery sources, an :class:`epp.sources.DiscoveryKind`;
+* ``epp.discovery``: discovery sources, an :class:`epp.serving.sources.DiscoveryKind`;
 * ``epp.engines``: engine metric dialects, an
   :class:`epp.datalayer.engines.EngineMetricNames` whose ``engine`` is the name.
 

@@ -1,6 +1,6 @@
 """Flow control's queues, pure: which held request goes next, which limits a new one
 hits, which ones ran out of time. No clock of its own (callers pass ``now``), no
-asyncio: the waiting lives in :mod:`epp.flowcontrol`.
+asyncio: the waiting lives in :mod:`epp.flowcontrol.controller`.
 
 Order, from the top:
 

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 
 import orjson
 
-from epp.argtypes import non_negative_int
+from epp.common.argtypes import non_negative_int
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")

@@ -1,4 +1,4 @@
-"""The :class:`~epp.tracing.Tracer` of ``epp serve --tracing``: OpenTelemetry's SDK,
+"""The :class:`~epp.observability.tracing.Tracer` of ``epp serve --tracing``: OpenTelemetry's SDK,
 exporting over OTLP/HTTP (protobuf), configured by the standard ``OTEL_*`` variables
 (docs/tracing.md). Imported only when the flag is on.
 
@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from epp.tracing import RequestTrace
+from epp.observability.tracing import RequestTrace
 from epp.types import Endpoint, InferenceRequest, SchedulingResult
 
 DEFAULT_SERVICE_NAME = (

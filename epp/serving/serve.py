@@ -1,8 +1,8 @@
 """``epp serve``: the ext_proc gRPC server, gRPC health, and the HTTP admin port.
 
 Three steps: the flags become :class:`ServeOptions` and a validated config
-(:func:`run`); :func:`build` wires every part into an :class:`~epp.lifecycle.App`
-without starting anything; :func:`epp.lifecycle.run` starts the parts in order, waits
+(:func:`run`); :func:`build` wires every part into an :class:`~epp.serving.lifecycle.App`
+without starting anything; :func:`epp.serving.lifecycle.run` starts the parts in order, waits
 for SIGINT/SIGTERM and stops them in reverse order."""
 
 from __future__ import annotations
@@ -18,12 +18,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epp import argtypes, config, leaderelection, lifecycle, membershipflags, routerflags
+from epp import config
 from epp.admin.auth import API_KEY_ENV, ApiKeyAuth
 from epp.admin.http import make_admin_app
 from epp.admin.instances import add_status_routes
 from epp.admin.lora import add_lora_routes
 from epp.admin.metricsauth import KubeReviewer, MetricsAuth
+from epp.common import argtypes
+from epp.common.extensions import ExtensionError
+from epp.common.health import HealthBoard, ReadinessGate
 from epp.datalayer import peers as peer_flags
 from epp.datalayer.ejection import Ejector
 from epp.datalayer.engines import engine_names
@@ -40,27 +43,27 @@ from epp.discovery import file_source, serve_pool, static
 from epp.discovery.names import NameResolver
 from epp.discovery.poolref import PoolRef, SelectorRef
 from epp.discovery.readiness import ReadinessProbe
-from epp.extensions import ExtensionError
 from epp.extproc import tlsflags
 from epp.extproc.stall import CHUNK_TIMEOUT_S
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
-from epp.flowcontrol import FlowController
-from epp.health import HealthBoard, ReadinessGate
-from epp.leaderelection import LeaderElection, LeaderOptions
-from epp.lifecycle import App, Component, Step
-from epp.listeners import Listeners
-from epp.logsetup import add_log_level
-from epp.membershipflags import MembershipOptions
-from epp.metrics import EppMetrics
-from epp.placement import AdapterPlacement
-from epp.reload import DEFAULT_POLL_S, ConfigFile, ConfigReloader
+from epp.flowcontrol.controller import FlowController
+from epp.llmd import routerflags
+from epp.lora.placement import AdapterPlacement
+from epp.observability.logsetup import add_log_level
+from epp.observability.metrics import EppMetrics
+from epp.observability.tracing import Tracer
 from epp.router import EndpointOutcomes, Router
 from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.saturation import WatchedObjectives
 from epp.scheduling.scheduler import ProfileScheduler
-from epp.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
-from epp.tracing import Tracer
+from epp.serving import leaderelection, lifecycle, membershipflags
+from epp.serving.leaderelection import LeaderElection, LeaderOptions
+from epp.serving.lifecycle import App, Component, Step
+from epp.serving.listeners import Listeners
+from epp.serving.membershipflags import MembershipOptions
+from epp.serving.reload import DEFAULT_POLL_S, ConfigFile, ConfigReloader
+from epp.serving.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
 from epp.types import Endpoint
 from epp.workers import options as worker_options
 from epp.workers.group import WorkerGroup
@@ -72,7 +75,7 @@ if TYPE_CHECKING:
     from epp.extproc.certreload import LiveCertificate
     from epp.extproc.tls import ServerTls
 
-log = logging.getLogger("epp.serve")
+log = logging.getLogger("epp.serving.serve")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_LISTEN_HOST = "127.0.0.1"
@@ -552,7 +555,7 @@ def _tracer(opts: ServeOptions) -> Tracer | None:
     if not opts.tracing:
         return None
     try:
-        from epp.otel import OtelTracer
+        from epp.observability.otel import OtelTracer
     except ImportError as exc:  # e.g. xds-protos' old copy of opentelemetry.proto
         raise OSError(
             f"--tracing: OpenTelemetry cannot load ({exc}); reinstall it with `pip install "
@@ -642,7 +645,7 @@ def _kv_events(
     datastore: Datastore, metrics: EppMetrics, scheduler: ProfileScheduler
 ) -> list[Component]:
     """A KV-event subscriber set per plugin that reads events (precise prefix scorers);
-    a reload cannot add or change such a plugin (epp.reload), so these stay right."""
+    a reload cannot add or change such a plugin (epp.serving.reload), so these stay right."""
     subscribers = kv_event_subscribers(datastore, metrics.registry, scheduler.plugins)
     return [Step(f"kv-events:{name}", s.start, s.stop) for name, s in subscribers.items()]
 

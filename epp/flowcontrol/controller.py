@@ -1,7 +1,7 @@
 """Flow control at the edge: a request with no room waits here (its ext_proc stream
 stays open, nothing goes upstream) and is dispatched, that is scheduled with the state
 of that moment, when room frees. The order and the limits are
-:mod:`epp.scheduling.flowqueue`'s; this module does the waiting (asyncio), the timers
+:mod:`epp.flowcontrol.queues`'s; this module does the waiting (asyncio), the timers
 and the counting.
 
 Room is looked at again when an in-flight request ends (the datastore says so), on a
@@ -30,8 +30,8 @@ from typing import Any, Generic, TypeVar
 
 from epp.datastore import Datastore
 from epp.errors import ClientVisibleError, QueueFullError, QueueTimeoutError, ShuttingDownError
-from epp.metrics import EppMetrics
-from epp.scheduling.flowqueue import FlowControlConfig, FlowQueues, Held
+from epp.flowcontrol.queues import FlowControlConfig, FlowQueues, Held
+from epp.observability.metrics import EppMetrics
 from epp.scheduling.holding import Hold
 from epp.scheduling.saturation import Room
 from epp.types import InferenceRequest

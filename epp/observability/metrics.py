@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from epp import __version__
 from epp.datastore import Datastore
-from epp.llmdmetrics import RouterNames
+from epp.observability.llmdmetrics import RouterNames
 
 # How long an endpoint's own series (epp_responses_total, epp_scrape_failures_total)
 # outlive its removal from the pool, so the scrapes after it still see the final counts.

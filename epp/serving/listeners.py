@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from epp.common.health import HealthSetter
 from epp.extproc.transport import Transport
-from epp.health import HealthSetter
 from epp.xds.eds import EdsServer
 
 if TYPE_CHECKING:

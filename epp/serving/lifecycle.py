@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from epp.readyfile import write_ready
+from epp.common.readyfile import write_ready
 
 log = logging.getLogger(__name__)
 

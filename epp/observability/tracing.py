@@ -1,8 +1,9 @@
 """Request traces: what the request path tells a tracer, as Protocols (docs/tracing.md).
 
-``epp serve --tracing`` plugs in :mod:`epp.otel` (OpenTelemetry); without it the router
-holds no tracer and the ext_proc stream makes no trace object at all, so this module is
-the only tracing code a request without traces touches (no SDK is imported).
+``epp serve --tracing`` plugs in :mod:`epp.observability.otel` (OpenTelemetry); without
+it the router holds no tracer and the ext_proc stream makes no trace object at all, so
+this module is the only tracing code a request without traces touches (no SDK is
+imported).
 
 One :class:`RequestTrace` per ext_proc stream: a span for the request, continuing the
 client's W3C ``traceparent`` when it sent one, with child spans for the wait in flow

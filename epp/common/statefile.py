@@ -15,8 +15,8 @@ from pathlib import Path
 
 import orjson
 
-from epp.addresses import parse_address
-from epp.readyfile import write_ready
+from epp.common.addresses import parse_address
+from epp.common.readyfile import write_ready
 from epp.types import Endpoint, Role
 
 log = logging.getLogger(__name__)
