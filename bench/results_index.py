@@ -39,7 +39,6 @@ MODEL = "routing-model"  # bench.routing_model: a design tool's numbers, not the
 BEFORE_VLLM_CACHE = frozenset(
     {
         "fairness",
-        "inference-perf-smoke-busy-machine",
         "kv-events",
         "lora",
         "pd-mixed",
