@@ -1,28 +1,30 @@
 """The llm-d Router's metric names, emitted beside ours so that dashboards and alerts
 written for it work against this EPP (docs/metrics.md, "llm-d Router names").
 
-Each series exists twice, as the llm-d Router does it: the canonical ``llm_d_epp_*``
-name and the older one it still writes (``inference_objective_*``,
+Each series is exposed twice, as the llm-d Router does it: the canonical
+``llm_d_epp_*`` name and the older one it still writes (``inference_objective_*``,
 ``inference_pool_*``, ``inference_extension_*``, ``llm_d_inference_scheduler_*``),
-with their label sets and buckets. Only what this EPP knows is emitted: request
-totals, errors, duration, time to first token, tokens, normalized time per output
-token, pool averages and ready endpoints, scheduling latency and attempts, P/D
-decisions, build info. ``priority`` is ``0`` and ``fairness_id`` the request's
-``x-llm-d-inference-fairness-id`` header (else ``default-flow``) until objectives and
-flow control exist; ``target_model_name`` is the requested model (no rewrites here).
+with their label sets and buckets; each event is written once, and both names are
+rendered from that write at scrape time (:mod:`epp.observability.families`). Only
+what this EPP knows is emitted: request totals, errors, duration, time to first
+token, tokens, normalized time per output token, pool averages and ready endpoints,
+scheduling latency and attempts, P/D decisions, build info. ``priority`` is ``0``
+and ``fairness_id`` the request's ``x-llm-d-inference-fairness-id`` header (else
+``default-flow``) until objectives and flow control exist; ``target_model_name`` is
+the requested model (no rewrites here).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp.datastore import Datastore
+from epp.observability.families import Buckets, Cells, Key, Name, OneWrite
 
 NEW = "llm_d_epp"
 OBJECTIVE = "inference_objective"
@@ -91,101 +93,139 @@ class _Bounded:
         return value
 
 
+def _request(key: Key) -> Key:
+    """(model, fairness id) -> the canonical request labels."""
+    return (key[0], key[0], key[1], PRIORITY)
+
+
+def _legacy_request(key: Key) -> Key:
+    return (key[0], key[0], PRIORITY)
+
+
+def _model_target(key: Key) -> Key:
+    return (key[0], key[0])
+
+
+def _model(key: Key) -> Key:
+    return (key[0],)
+
+
+def _request_and(key: Key) -> Key:
+    """(model, fairness id, one more: an error code, streaming) -> the canonical
+    request labels and that one."""
+    return (key[0], key[0], key[1], PRIORITY, key[2])
+
+
+def _legacy_error(key: Key) -> Key:
+    return (key[0], key[0], key[2])
+
+
+def _attempt(key: Key) -> Key:
+    """(model, host, port) -> the scheduling-attempt labels."""
+    return ("success", key[0], key[1], "", key[2])
+
+
+def _decision(key: Key) -> Key:
+    """(model, decision type) -> the P/D decision labels."""
+    return (PD_HANDLER, PD_HANDLER, key[0], key[1])
+
+
+def _same(key: Key) -> Key:
+    return key
+
+
 class RouterNames:
-    """Writes every recorded value under both of the llm-d Router's names."""
+    """Records each event once; both of the llm-d Router's names are rendered from that
+    write when /metrics is read (:mod:`epp.observability.families`)."""
 
     def __init__(
         self, registry: CollectorRegistry, datastore: Datastore, pool: str, version: str
     ) -> None:
-        def pair(kind: Any, name: str, old: str, doc: str, new_labels: Sequence[str],
-                 old_labels: Sequence[str], **kw: Any) -> tuple[Any, Any]:  # fmt: skip
-            current = kind(f"{NEW}_{name}", doc, new_labels, registry=registry, **kw)
-            legacy = kind(old, f"[Deprecated: use {NEW}_{name}] {doc}", old_labels,
-                          registry=registry, **kw)  # fmt: skip
-            return current, legacy
+        one = OneWrite()
 
-        self._requests = pair(
-            Counter, "request_total", f"{OBJECTIVE}_request_total", "Total requests.",
-            REQUEST, [*MODEL, "priority"],
-        )  # fmt: skip
-        self._errors = pair(
-            Counter, "request_error_total", f"{OBJECTIVE}_request_error_total",
-            "Errored requests, by error code.", [*REQUEST, "error_code"], [*MODEL, "error_code"],
-        )  # fmt: skip
-        self._duration = pair(
-            Histogram, "request_duration_seconds", f"{OBJECTIVE}_request_duration_seconds",
+        def pair(name: str, old: str, doc: str, new_labels: Sequence[str],
+                 new_values: Callable[[Key], Key], old_labels: Sequence[str],
+                 old_values: Callable[[Key], Key]) -> tuple[Name, Name]:  # fmt: skip
+            return (
+                Name(f"{NEW}_{name}", doc, new_labels, new_values),
+                Name(old, f"[Deprecated: use {NEW}_{name}] {doc}", old_labels, old_values),
+            )
+
+        self._requests = one.counter(*pair(
+            "request_total", f"{OBJECTIVE}_request_total", "Total requests.",
+            REQUEST, _request, [*MODEL, "priority"], _legacy_request,
+        ))  # fmt: skip
+        self._errors = one.counter(*pair(
+            "request_error_total", f"{OBJECTIVE}_request_error_total",
+            "Errored requests, by error code.", [*REQUEST, "error_code"], _request_and,
+            [*MODEL, "error_code"], _legacy_error,
+        ))  # fmt: skip
+
+        def per_request(buckets: Sequence[float], name: str, old: str, doc: str) -> Cells[Buckets]:
+            """A histogram of requests; its older name has the model labels only."""
+            names = pair(name, old, doc, REQUEST, _request, MODEL, _model_target)
+            return one.histogram(buckets, *names)
+
+        self._duration = per_request(
+            LATENCY_BUCKETS, "request_duration_seconds", f"{OBJECTIVE}_request_duration_seconds",
             "End-to-end request latency in seconds (routing to the response's end).",
-            REQUEST, MODEL, buckets=LATENCY_BUCKETS,
         )  # fmt: skip
-        self._input = pair(
-            Histogram, "request_input_tokens", f"{OBJECTIVE}_input_tokens",
-            "Input (prompt) tokens, from the response's usage.", REQUEST, MODEL,
-            buckets=INPUT_TOKEN_BUCKETS,
+        self._input = per_request(
+            INPUT_TOKEN_BUCKETS, "request_input_tokens", f"{OBJECTIVE}_input_tokens",
+            "Input (prompt) tokens, from the response's usage.",
         )  # fmt: skip
-        self._output = pair(
-            Histogram, "request_output_tokens", f"{OBJECTIVE}_output_tokens",
-            "Output (completion) tokens, from the response's usage.", REQUEST, MODEL,
-            buckets=OUTPUT_TOKEN_BUCKETS,
+        self._output = per_request(
+            OUTPUT_TOKEN_BUCKETS, "request_output_tokens", f"{OBJECTIVE}_output_tokens",
+            "Output (completion) tokens, from the response's usage.",
         )  # fmt: skip
-        self._cached = pair(
-            Histogram, "request_cached_tokens", f"{OBJECTIVE}_prompt_cached_tokens",
+        self._cached = per_request(
+            INPUT_TOKEN_BUCKETS, "request_cached_tokens", f"{OBJECTIVE}_prompt_cached_tokens",
             "Prompt tokens served from the engine's cache, from the response's usage.",
-            REQUEST, MODEL, buckets=INPUT_TOKEN_BUCKETS,
         )  # fmt: skip
-        self._ntpot = pair(
-            Histogram, "request_ntpot_seconds",
+        self._ntpot = per_request(
+            NTPOT_BUCKETS, "request_ntpot_seconds",
             f"{OBJECTIVE}_normalized_time_per_output_token_seconds",
-            "Request latency divided by its output tokens, in seconds.", REQUEST, MODEL,
-            buckets=NTPOT_BUCKETS,
+            "Request latency divided by its output tokens, in seconds.",
         )  # fmt: skip
-        self._running = pair(
-            Gauge, "request_running", f"{OBJECTIVE}_running_requests",
-            "Requests in flight: routed, their response not finished.", REQUEST, ["model_name"],
-        )  # fmt: skip
-        self._ttft = Histogram(
+        self._running = one.gauge(*pair(
+            "request_running", f"{OBJECTIVE}_running_requests",
+            "Requests in flight: routed, their response not finished.", REQUEST, _request,
+            ["model_name"], _model,
+        ))  # fmt: skip
+        self._ttft = one.histogram(TTFT_BUCKETS, Name(
             f"{NEW}_request_ttft_seconds",
             "Time to first token in seconds: routing to the response body's first bytes.",
-            [*REQUEST, "streaming"],
-            buckets=TTFT_BUCKETS,
-            registry=registry,
-        )
-        self._scheduling = pair(
-            Histogram, "scheduler_e2e_duration_seconds",
-            f"{EXTENSION}_scheduler_e2e_duration_seconds",
-            "End-to-end scheduling latency in seconds.", [], [], buckets=SCHEDULER_BUCKETS,
-        )  # fmt: skip
-        self._attempts = pair(
-            Counter, "scheduler_attempts_total", f"{EXTENSION}_scheduler_attempts_total",
+            [*REQUEST, "streaming"], _request_and,
+        ))  # fmt: skip
+        self._scheduling = one.histogram(SCHEDULER_BUCKETS, *pair(
+            "scheduler_e2e_duration_seconds", f"{EXTENSION}_scheduler_e2e_duration_seconds",
+            "End-to-end scheduling latency in seconds.", [], _same, [], _same,
+        )).at(())  # fmt: skip
+        self._attempts = one.counter(*pair(
+            "scheduler_attempts_total", f"{EXTENSION}_scheduler_attempts_total",
             "Scheduling attempts, by status and chosen endpoint.",
-            ["status", "target_model_name", "endpoint_name", "namespace", "port"],
-            ["status", "target_model_name", "pod_name", "namespace", "port"],
+            ["status", "target_model_name", "endpoint_name", "namespace", "port"], _attempt,
+            ["status", "target_model_name", "pod_name", "namespace", "port"], _attempt,
+        ))  # fmt: skip
+        # the four names of a P/D decision, all counted by one write
+        self._decisions = one.counter(
+            *pair("pd_decision_total", f"{SCHEDULER}_pd_decision_total",
+                  "P/D disaggregation decisions.", ["plugin_name", "plugin_type", *DECISION],
+                  _decision, DECISION, _same),
+            *pair("disagg_decision_total", f"{SCHEDULER}_disagg_decision_total",
+                  "Disaggregation routing decisions.", ["plugin_name", "plugin_type", *DECISION],
+                  _decision, DECISION, _same),
         )  # fmt: skip
-        self._pd = pair(
-            Counter, "pd_decision_total", f"{SCHEDULER}_pd_decision_total",
-            "P/D disaggregation decisions.", ["plugin_name", "plugin_type", *DECISION],
-            DECISION,
-        )  # fmt: skip
-        self._disagg = pair(
-            Counter, "disagg_decision_total", f"{SCHEDULER}_disagg_decision_total",
-            "Disaggregation routing decisions.", ["plugin_name", "plugin_type", *DECISION],
-            DECISION,
-        )  # fmt: skip
-        for info in pair(Gauge, "info", f"{EXTENSION}_info", "Build info.",
-                         ["commit", "build_ref"], ["commit", "build_ref"]):  # fmt: skip
+        registry.register(one)
+        for info in (
+            Gauge(f"{NEW}_info", "Build info.", ["commit", "build_ref"], registry=registry),
+            Gauge(f"{EXTENSION}_info", f"[Deprecated: use {NEW}_info] Build info.",
+                  ["commit", "build_ref"], registry=registry),
+        ):  # fmt: skip
             info.labels("", version).set(1)
         registry.register(_PoolCollector(datastore, pool))
         self._models = _Bounded()
         self._fairness = _Bounded()
-        # labelled children by (metric, label values): prometheus_client's labels()
-        # checks and locks on every call, several times per request otherwise
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-
-    def _child(self, metric: Any, *values: str) -> Any:
-        key = (id(metric), values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
 
     def labels_of(self, model: str | None, headers: Mapping[str, str]) -> tuple[str, str]:
         """The (bounded) model and fairness id a request is recorded under."""
@@ -195,43 +235,29 @@ class RouterNames:
     def routed(
         self, model: str, fairness: str, seconds: float, address: str, decision: str
     ) -> None:
-        child = self._child
-        child(self._requests[0], model, model, fairness, PRIORITY).inc()
-        child(self._requests[1], model, model, PRIORITY).inc()
-        for histogram in self._scheduling:
-            histogram.observe(seconds)
+        self._requests.at((model, fairness)).inc()
+        self._scheduling.observe(seconds)
         host, _, port = address.rpartition(":")
-        child(self._attempts[0], "success", model, host, "", port).inc()
-        child(self._attempts[1], "success", model, host, "", port).inc()
+        self._attempts.at((model, host, port)).inc()
         theirs = DECISIONS.get(decision)
         if theirs is not None:
-            for current, legacy in (self._pd, self._disagg):
-                child(current, PD_HANDLER, PD_HANDLER, model, theirs).inc()
-                child(legacy, model, theirs).inc()
+            self._decisions.at((model, theirs)).inc()
 
     def started(self, model: str, fairness: str) -> Callable[[], None]:
         """A routed request is in flight; returns what to call once when it is not."""
-        current = self._child(self._running[0], model, model, fairness, PRIORITY)
-        legacy = self._child(self._running[1], model)
-        current.inc()
-        legacy.inc()
-
-        def done() -> None:
-            current.dec()
-            legacy.dec()
-
-        return done
+        running = self._running.at((model, fairness))
+        running.inc()
+        return running.dec
 
     def failed(self, model: str, fairness: str, status: int, *, ours: bool) -> None:
         """A request that ended in an error status: one we answered (``ours``), or a
         model server's non-200 answer."""
         code = ERROR_CODES.get(status, "Unknown") if ours else MODEL_SERVER_ERROR
-        self._child(self._errors[0], model, model, fairness, PRIORITY, code).inc()
-        self._child(self._errors[1], model, model, code).inc()
+        self._errors.at((model, fairness, code)).inc()
 
     def first_byte(self, model: str, fairness: str, seconds: float, streaming: bool) -> None:
         streamed = "true" if streaming else "false"
-        self._child(self._ttft, model, model, fairness, PRIORITY, streamed).observe(seconds)
+        self._ttft.at((model, fairness, streamed)).observe(seconds)
 
     def completed(
         self,
@@ -242,23 +268,17 @@ class RouterNames:
     ) -> None:
         """A response passed whole: its latency, and (prompt, completion, cached)
         tokens when its usage said."""
-        new, old = (model, model, fairness, PRIORITY), (model, model)
-        self._observe(self._duration, new, old, seconds)
+        key = (model, fairness)
+        self._duration.at(key).observe(seconds)
         if tokens is None:
             return
         prompt, completion, cached = tokens
-        self._observe(self._input, new, old, prompt)
-        self._observe(self._output, new, old, completion)
+        self._input.at(key).observe(prompt)
+        self._output.at(key).observe(completion)
         if cached is not None:
-            self._observe(self._cached, new, old, cached)
+            self._cached.at(key).observe(cached)
         if completion > 0:
-            self._observe(self._ntpot, new, old, seconds / completion)
-
-    def _observe(
-        self, pair: tuple[Any, Any], new: tuple[str, ...], old: tuple[str, ...], value: float
-    ) -> None:
-        self._child(pair[0], *new).observe(value)
-        self._child(pair[1], *old).observe(value)
+            self._ntpot.at(key).observe(seconds / completion)
 
 
 class _PoolCollector(Collector):

@@ -10,7 +10,7 @@ import contextlib
 import gc
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from prometheus_client import (
     CollectorRegistry,
@@ -22,6 +22,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from epp import __version__
@@ -50,6 +51,44 @@ FLOW_QUEUE_BUCKETS = (
     30,
     60,
 )
+
+
+class _Kept(MetricWrapperBase):
+    """Keeps a labelled metric's children by their label values, so that ``labels()``
+    on the request path is one dict lookup (prometheus_client's own converts the
+    values and takes a lock on every call). Removing or clearing series forgets them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._kept: dict[tuple[object, ...], Self] = {}
+        super().__init__(*args, **kwargs)
+
+    def labels(self, *labelvalues: object, **labelkwargs: object) -> Self:
+        if labelkwargs:
+            return super().labels(*labelvalues, **labelkwargs)
+        child = self._kept.get(labelvalues)
+        if child is None:
+            child = self._kept[labelvalues] = super().labels(*labelvalues)
+        return child
+
+    def remove(self, *labelvalues: Any) -> None:
+        self._kept.clear()
+        super().remove(*labelvalues)
+
+    def remove_by_labels(self, labels: dict[str, str]) -> None:
+        self._kept.clear()
+        super().remove_by_labels(labels)
+
+    def clear(self) -> None:
+        self._kept.clear()
+        super().clear()
+
+
+class KeptCounter(_Kept, Counter):
+    """A Counter whose children are kept (:class:`_Kept`)."""
+
+
+class KeptHistogram(_Kept, Histogram):
+    """A Histogram whose children are kept (:class:`_Kept`)."""
 
 
 class SizedIndex(Protocol):
@@ -101,7 +140,7 @@ class EppMetrics:
         # the llm-d Router's names for what is counted here (``pool_name``: their
         # ``name`` label of pool series)
         self.llmd = RouterNames(self.registry, datastore, pool_name, __version__)
-        self.requests = Counter(
+        self.requests = KeptCounter(
             "epp_requests",
             "Requests seen by the EPP, by outcome: routed (an inference request: a "
             "scheduling decision), forwarded (no body, e.g. GET /v1/models: sent to an "
@@ -109,7 +148,7 @@ class EppMetrics:
             ["outcome"],
             registry=self.registry,
         )
-        self.streams = Counter(
+        self.streams = KeptCounter(
             "epp_extproc_streams",
             "ext_proc streams ended, by how: complete (Envoy half-closed it), cancelled "
             "(Envoy reset it: an Envoy without ext_proc graceful close, or one that gave "
@@ -132,13 +171,13 @@ class EppMetrics:
             "epp_extproc_streams_total counts them as they end).",
             registry=self.registry,
         )
-        self.responses = Counter(
+        self.responses = KeptCounter(
             "epp_responses",
             "Upstream responses seen on the response path, by endpoint and status class.",
             ["endpoint", "status_class"],
             registry=self.registry,
         )
-        self.tokens = Counter(
+        self.tokens = KeptCounter(
             "epp_tokens",
             "Tokens reported in responses' usage, by kind (prompt or completion).",
             ["kind"],
@@ -156,27 +195,27 @@ class EppMetrics:
             "in epp_scrape_failures_total).",
             registry=self.registry,
         )
-        self.scrape_failures = Counter(
+        self.scrape_failures = KeptCounter(
             "epp_scrape_failures",
             "Failed /metrics scrapes of a model server (connect error, timeout, bad status "
             "or unparsable text), by endpoint.",
             ["endpoint"],
             registry=self.registry,
         )
-        self.orca_reports = Counter(
+        self.orca_reports = KeptCounter(
             "epp_orca_reports",
             "ORCA load reports received, by source (header, oob) and result (ok, malformed).",
             ["source", "result"],
             registry=self.registry,
         )
-        self.pd_decisions = Counter(
+        self.pd_decisions = KeptCounter(
             "epp_pd_decisions",
             "Prefill/decode decisions, by decision (disaggregated, decode-only, "
             "no-prefill-endpoint).",
             ["decision"],
             registry=self.registry,
         )
-        self.deferred_decodes = Counter(
+        self.deferred_decodes = KeptCounter(
             "epp_deferred_decode_picks",
             "Decode endpoints picked after the prefill leg (deferred decode selection), by "
             "pick: same = the endpoint the first pick named, moved = another one, none = "
@@ -184,14 +223,14 @@ class EppMetrics:
             ["pick"],
             registry=self.registry,
         )
-        self.prefill_legs = Counter(
+        self.prefill_legs = KeptCounter(
             "epp_prefill_legs",
             "Prefill legs run by the EPP, by coordinator and outcome (ok, failed = decode "
             "alone, rejected = client error returned, no_kv_params = decode alone).",
             ["coordinator", "outcome"],
             registry=self.registry,
         )
-        self.prefill_leg_seconds = Histogram(
+        self.prefill_leg_seconds = KeptHistogram(
             "epp_prefill_leg_duration_seconds",
             "Time of prefill legs run by the EPP (request sent to response read).",
             ["coordinator"],
@@ -205,21 +244,21 @@ class EppMetrics:
             buckets=(-1, -0.25, -0.1, -0.05, -0.02, -0.01, 0, 0.01, 0.02, 0.05, 0.1, 0.25, 1),
             registry=self.registry,
         )
-        self.slo_predictions = Counter(
+        self.slo_predictions = KeptCounter(
             "epp_slo_predictions",
             "Requests with SLO headers, by whether the chosen endpoint was predicted to "
             "meet them (met, missed: no endpoint could; best effort).",
             ["prediction"],
             registry=self.registry,
         )
-        self.lora_loads = Counter(
+        self.lora_loads = KeptCounter(
             "epp_lora_adapter_loads",
             "LoRA adapters the EPP asked a server to load (placement or admin API), by "
             "result (ok, failed).",
             ["result"],
             registry=self.registry,
         )
-        self.lora_unloads = Counter(
+        self.lora_unloads = KeptCounter(
             "epp_lora_adapter_unloads",
             "LoRA adapters the EPP asked a server to unload (least recently used, or admin "
             "API), by result (ok, failed).",
@@ -231,7 +270,7 @@ class EppMetrics:
             "Requests that waited for their adapter to be loaded before being routed.",
             registry=self.registry,
         )
-        self.config_reloads = Counter(
+        self.config_reloads = KeptCounter(
             "epp_config_reloads",
             "Reloads of the --config file (on SIGHUP or a changed file), by result: "
             "success (the new config runs) or failure (the previous one still runs; the "
@@ -240,7 +279,7 @@ class EppMetrics:
             registry=self.registry,
         )
         # flow control, under the llm-d Router's names and labels (docs/flow-control.md)
-        self.flow_queue_seconds = Histogram(
+        self.flow_queue_seconds = KeptHistogram(
             "llm_d_epp_flow_control_request_queue_duration_seconds",
             "Time requests spent in flow control, from arrival to their outcome "
             "(Dispatched, RejectedCapacity, RejectedOther, EvictedTTL, "

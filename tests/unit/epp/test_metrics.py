@@ -31,6 +31,11 @@ def test_series_survive_ejection_and_go_a_grace_after_removal() -> None:
     assert "10.0.0.1:1" not in text()
     assert 'epp_scrape_failures_total{endpoint="10.0.0.1:2"} 1.0' in text()
     assert 'epp_responses_total{endpoint="10.0.0.1:2",status_class="2xx"} 1.0' in text()
+    # an endpoint back after its series went starts them again (its kept child went
+    # with them: the one labels() hands out is the one exposed)
+    ds.add(Endpoint("10.0.0.1", 1))
+    metrics.responses.labels("10.0.0.1:1", "2xx").inc()
+    assert 'epp_responses_total{endpoint="10.0.0.1:1",status_class="2xx"} 1.0' in text()
 
 
 def test_an_endpoint_back_within_the_grace_keeps_its_series() -> None:
