@@ -22,11 +22,11 @@ from epp import config
 from epp.admin.auth import API_KEY_ENV, ApiKeyAuth
 from epp.admin.http import make_admin_app
 from epp.admin.instances import add_status_routes
-from epp.admin.lora import add_lora_routes
 from epp.admin.metricsauth import KubeReviewer, MetricsAuth
 from epp.common import argtypes
 from epp.common.extensions import ExtensionError
 from epp.common.health import HealthBoard, ReadinessGate
+from epp.common.params import ConfigError
 from epp.datalayer import peers as peer_flags
 from epp.datalayer.ejection import Ejector
 from epp.datalayer.engines import engine_names
@@ -47,15 +47,15 @@ from epp.extproc import tlsflags
 from epp.extproc.stall import CHUNK_TIMEOUT_S
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.saturation import WatchedObjectives
 from epp.llmd import routerflags
+from epp.lora.admin import add_lora_routes
 from epp.lora.placement import AdapterPlacement
 from epp.observability.logsetup import add_log_level
 from epp.observability.metrics import EppMetrics
 from epp.observability.tracing import Tracer
 from epp.router import EndpointOutcomes, Router
-from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
-from epp.scheduling.saturation import WatchedObjectives
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.serving import leaderelection, lifecycle, membershipflags
 from epp.serving.leaderelection import LeaderElection, LeaderOptions

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 
 from epp import config
+from epp.common.params import ConfigError
 from epp.common.readyfile import read_ready
-from epp.scheduling.params import ConfigError
 from epp.serving import lifecycle
 from epp.serving.lifecycle import App
 from epp.serving.serve import ServeOptions, build
