@@ -60,7 +60,7 @@ from epp.scheduling.scheduler import ProfileScheduler
 from epp.serving import leaderelection, lifecycle, membershipflags
 from epp.serving.leaderelection import LeaderElection, LeaderOptions
 from epp.serving.lifecycle import App, Component, Step
-from epp.serving.listeners import Listeners
+from epp.serving.listeners import GrpcPorts, HttpPort, Listeners
 from epp.serving.membershipflags import MembershipOptions
 from epp.serving.reload import DEFAULT_POLL_S, ConfigFile, ConfigReloader
 from epp.serving.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
@@ -481,27 +481,34 @@ def build(
     leader: list[Component] = []
     if opts.leader is not None:
         leader.append(LeaderElection(opts.leader, readiness.hold("leader-election")))
+    grpc = (
+        GrpcPorts(
+            transport,
+            opts.listen_host,
+            opts.grpc_port,
+            # worker 0 answers on the health port, the other workers do not
+            health_port=opts.health_port if workers.index == 0 else None,
+            tls=certificates[0],
+            grace_s=opts.shutdown_grace_s,
+        )
+        if group is None  # the parent's workers hold the gRPC ports
+        else None
+    )
+    http = (
+        HttpPort(admin, opts.listen_host, opts.http_port, certificates[1])
+        if link is None
+        # a worker's HTTP port only serves its parent (/metrics), plaintext on loopback
+        else HttpPort(admin, "127.0.0.1", opts.http_port)
+    )
     listeners = Listeners(
-        transport,
-        eds,
+        grpc,
+        http,
         health,
-        admin,
-        host=opts.listen_host,
-        grpc_port=opts.grpc_port,
-        http_port=opts.http_port,
-        # worker 0 answers on the health port, the parent and other workers do not
-        health_port=opts.health_port if group is None and workers.index == 0 else None,
-        tls=certificates[0],
-        # a worker's HTTP port serves only its parent, plaintext on loopback
-        http_tls=certificates[1] if link is None else None,
-        grace_s=opts.shutdown_grace_s,
+        eds,
         # a worker says nothing: its parent announces the group
         on_listening=(lambda _g, _h: None)
         if link
         else _announce(opts, pd.coordinator, datastore, group),
-        grpc=group is None,
-        # a worker's HTTP port only serves its parent (/metrics)
-        http_host="127.0.0.1" if link is not None else None,
     )
     # started in this order, stopped in the reverse one
     components: list[Component] = [

@@ -75,7 +75,8 @@ def label_selector_filter(p: Params) -> LabelSelectorFilter:
 
 
 class SaturationFilter:
-    """Drops saturated endpoints (see epp.flowcontrol.saturation.endpoint_saturation) unless all are."""
+    """Drops saturated endpoints (epp.flowcontrol.saturation.endpoint_saturation) unless
+    all are."""
 
     def __init__(self, cfg: SaturationConfig) -> None:
         self.cfg = cfg
