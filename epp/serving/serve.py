@@ -34,7 +34,7 @@ from epp.datalayer.kvevents import kv_event_subscribers
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
 from epp.datalayer.orca_oob import OrcaStreams
 from epp.datalayer.peers import PeerLoad, PeerOptions
-from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.scraper import MetricsScraper, ScrapePace
 from epp.datalayer.settings import DataLayerConfig
 from epp.datastore import Datastore
 from epp.disagg.coordinators import COORDINATORS, CoordinatorEnv
@@ -675,10 +675,12 @@ def _data_layer(
         scraper = MetricsScraper(
             datastore,
             metrics,
-            interval_s=dl.scrape_interval_s,
-            max_per_s=dl.max_scrapes_per_s,
-            stale_after_s=dl.stale_after_s,
-            timeout_s=dl.scrape_timeout_s,
+            ScrapePace(
+                interval_s=dl.scrape_interval_s,
+                max_per_s=dl.max_scrapes_per_s,
+                stale_after_s=dl.stale_after_s,
+                timeout_s=dl.scrape_timeout_s,
+            ),
             on_unreachable=ejector.failure,
             on_success=lambda address: ejector.success(address, serving=False),
         )
