@@ -13,10 +13,13 @@ import logging
 import os
 import random
 import sys
-from collections.abc import Callable, Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from aiohttp import web
 
 from epp import config
 from epp.admin.auth import API_KEY_ENV, ApiKeyAuth
@@ -329,232 +332,394 @@ def build(
     came from, reloaded on SIGHUP and when it changes (None: the built-in default, never
     reloaded). ``discovery``: the source kinds to ask. Raises ExtensionError if an
     installed part the config names cannot load, ConfigError if the coordinator cannot
-    defer its decode pick as ``deferDecode`` asks."""
-    dl = cfg.data_layer
-    for engine in {dl.engine, *(e.engine for e in cfg.endpoints)}:
-        engine_names(engine)  # an installed dialect that cannot load fails now
-    datastore = Datastore(drain_timeout_s=opts.membership.drain_timeout_s)
-    names = NameResolver(datastore, interval_s=opts.membership.resolve_interval_s)
-    metrics = EppMetrics(datastore, pool_name=opts.pool.name if opts.pool else "default")
-    metrics.report_latency_model(scheduler.latency)  # a reload keeps this model
-    # InferenceObjectives' priorities, kept by Kubernetes discovery, or in a worker by
-    # its parent (a reload keeps it)
-    objectives = WatchedObjectives()
-    scheduler.objectives = objectives
-    request_headers = []
-    if dl.orca.header_format is not None:
-        request_headers.append((ORCA_FORMAT_HEADER, dl.orca.header_format))
-    pd = cfg.disaggregation
-    legs = LegClient(AiohttpLegTransport(pd.connect_timeout_s, pd.prefill_timeout_s))
-    rng = random.Random()
-    probe = ReadinessProbe(model=opts.membership.model)
-    ejector = Ejector(datastore, opts.membership.ejection, probe.check)
-    workers = opts.workers
-    envoy_sync: EnvoySync = EnvoySync()
-    link: WorkerLink | None = None
-    if workers.link is not None:  # a worker: its endpoints come from its parent
-        envoy_sync = SharedSync()
-        link = WorkerLink(datastore, workers.link, workers.index, envoy_sync, objectives)
-        discovery = {}
-    # a worker's request outcomes are judged by its parent's ejector
-    outcomes: EndpointOutcomes = link if link is not None else ejector
-    group = (
-        WorkerGroup(
+    defer its decode pick as ``deferDecode`` asks.
+
+    The process's role picks the wiring: one process serving alone (:class:`_Single`),
+    the parent of ``--workers`` (:class:`_Parent`) or one of its workers
+    (:class:`_Worker`)."""
+    role: type[_Process]
+    if opts.workers.link is not None:
+        role = _Worker
+    elif opts.workers.parent:
+        role = _Parent
+    else:
+        role = _Single
+    return role(opts, cfg, scheduler, config_file, discovery).app()
+
+
+class _Process(ABC):
+    """The parts every process role wires, in the order they need each other; nothing
+    starts. A role (a subclass) adds its own parts in :meth:`_role_parts`, and says
+    which parts run, in which order (:meth:`app`)."""
+
+    serves_requests = True  # False: the parent of --workers (its workers serve them)
+    guards_metrics = True  # False: a worker, whose /metrics only its parent reads
+
+    def __init__(
+        self,
+        opts: ServeOptions,
+        cfg: config.EppConfig,
+        scheduler: ProfileScheduler,
+        config_file: ConfigFile | None,
+        discovery: Mapping[str, DiscoveryKind],
+    ) -> None:
+        self.opts, self.cfg, self.scheduler = opts, cfg, scheduler
+        dl = cfg.data_layer
+        for engine in {dl.engine, *(e.engine for e in cfg.endpoints)}:
+            engine_names(engine)  # an installed dialect that cannot load fails now
+        self.datastore = datastore = Datastore(drain_timeout_s=opts.membership.drain_timeout_s)
+        self.names = NameResolver(datastore, interval_s=opts.membership.resolve_interval_s)
+        self.metrics = metrics = EppMetrics(
+            datastore, pool_name=opts.pool.name if opts.pool else "default"
+        )
+        metrics.report_latency_model(scheduler.latency)  # a reload keeps this model
+        # InferenceObjectives' priorities, kept by Kubernetes discovery, or in a worker by
+        # its parent (a reload keeps it)
+        self.objectives = WatchedObjectives()
+        scheduler.objectives = self.objectives
+        pd = cfg.disaggregation
+        self.legs = LegClient(AiohttpLegTransport(pd.connect_timeout_s, pd.prefill_timeout_s))
+        self.probe = ReadinessProbe(model=opts.membership.model)
+        self.ejector = Ejector(datastore, opts.membership.ejection, self.probe.check)
+        self.envoy_sync: EnvoySync = EnvoySync()
+        self.outcomes: EndpointOutcomes = self.ejector
+        self._role_parts()
+        self.router = self._router(random.Random())
+        self.reloader = ConfigReloader(
+            config_file or ConfigFile(None),
+            cfg,
+            scheduler,
+            self.router,
+            metrics.config_reloads,
+            poll_s=opts.config_poll_s,
+            on_sighup=self._on_sighup,
+        )
+        metrics.report_prefix_indexes(
+            lambda: {
+                n: p.index
+                for n, p in self.reloader.scheduler.plugins.items()
+                if isinstance(p, PrefixCacheScorer)
+            }
+        )
+        self.eds = EdsServer(datastore, sync=self.envoy_sync)
+        self.transport = make_transport(opts.transport, self.router, self.eds)
+        self.health = HealthBoard(self.transport)
+        self.readiness = ReadinessGate(self.health)
+        self.reviewer = (
+            KubeReviewer(opts.kubeconfig) if opts.metrics_auth and self.guards_metrics else None
+        )
+        self.admin = make_admin_app(
             datastore,
-            ejector,
-            workers,
+            metrics,
+            ready=self.health.serving,
+            metrics_auth=MetricsAuth(self.reviewer) if self.reviewer is not None else None,
+            exposition=self._exposition(),
+        )
+        self._admin_routes(self.admin)
+        self.before, self.after = _sources(discovery, self._discovery_context())
+        self.certificates: tuple[LiveCertificate | None, LiveCertificate | None] = (None, None)
+        self.tls_reload: list[Component] = []
+        if opts.tls is not None or opts.http_tls is not None:  # (imports cryptography)
+            from epp.extproc.certreload import CertReloader, live_pair
+
+            self.certificates = live_pair(opts.tls, opts.http_tls)
+            certs = CertReloader(self.certificates, opts.tls_reload_s)
+            self.tls_reload.append(Step("tls-reload", certs.start, certs.stop))
+        self.leader: list[Component] = []
+        if opts.leader is not None:
+            self.leader.append(LeaderElection(opts.leader, self.readiness.hold("leader-election")))
+
+    @abstractmethod
+    def app(self) -> App:
+        """The role's parts, in start order."""
+
+    def _role_parts(self) -> None:
+        """A role's own parts, wired before the request path (which reports to them):
+        none but the defaults (Envoy told directly, outcomes judged by the ejector)."""
+        return None
+
+    def _on_sighup(self) -> None:
+        """Besides reloading the config file: nothing, but in the parent of --workers."""
+        return None
+
+    def _exposition(self) -> Callable[[bytes], Awaitable[bytes]] | None:
+        """What /metrics adds to this process's own page (None: nothing)."""
+        return None
+
+    def _router(self, rng: random.Random) -> Router:
+        """The request path: the P/D coordinator, LoRA placement, flow control."""
+        opts, cfg, datastore, metrics = self.opts, self.cfg, self.datastore, self.metrics
+        outcomes = self.outcomes
+        request_headers = []
+        if cfg.data_layer.orca.header_format is not None:
+            request_headers.append((ORCA_FORMAT_HEADER, cfg.data_layer.orca.header_format))
+        pd = cfg.disaggregation
+        self.coordinator = coordinator = COORDINATORS[pd.coordinator](
+            CoordinatorEnv(
+                datastore,
+                metrics,
+                self.legs,
+                rng,
+                pd.bootstrap_port,
+                outcomes.success,
+                lambda address, reason, serving: outcomes.failure(address, reason, serving=serving),
+                prefill_budget_s=pd.prefill_timeout_s,
+                defer_decode=pd.defer_decode,
+            )
+        )
+        if pd.defer_decode and not getattr(coordinator, "defers", False):
+            raise ConfigError(
+                f"disaggregation.deferDecode: the {pd.coordinator} coordinator picks the decode "
+                "endpoint with the prefill endpoint (nixl and kv-pool can defer it; "
+                "docs/disaggregation.md#deferred-decode-selection)"
+            )
+        self.placement = placement = AdapterPlacement(
+            cfg.lora_placement, lambda: router.models.adapters, datastore, metrics
+        )
+        self.flow = flow = FlowController(cfg.flow_control, metrics)
+        self.tracer = tracer = _tracer(opts) if self.serves_requests else None
+        router = Router(
+            datastore,
+            self.scheduler,
+            metrics,
+            max_body_bytes=opts.max_body_bytes,
+            rng=rng,
+            request_headers=request_headers,
+            coordinator=coordinator,
+            outcomes=outcomes,
+            envoy_sync=self.envoy_sync,
+            models=cfg.models,
+            placement=placement,
+            flow=flow,
+            tracer=tracer,
+            stream_chunk_timeout_s=opts.stream_chunk_timeout_s,
+            echo_served_endpoint=cfg.conformance.echo_served_endpoint,
+        )
+        return router
+
+    def _admin_routes(self, admin: web.Application) -> None:
+        add_status_routes(
+            admin, self.datastore, self.ejector.state, self.scheduler.latency, self.flow.status
+        )
+        add_lora_routes(
+            admin,
+            self.placement,
+            self.datastore,
+            lambda: self.router.models.adapters,
+            ApiKeyAuth(self.opts.membership.admin_api_key),
+        )
+
+    def _discovery_context(self) -> DiscoveryContext:
+        opts, engine = self.opts, self.cfg.data_layer.engine
+        return DiscoveryContext(
+            self.datastore,
+            self.names,
+            self.readiness,
+            self.admin,
+            self.probe.check,
+            engine=engine,
+            # flags name no engine: the config's applies
+            endpoints=(*self.cfg.endpoints, *(replace(e, engine=engine) for e in opts.endpoints)),
+            endpoints_file=opts.endpoints_file,
+            endpoints_file_poll_s=opts.endpoints_file_poll_s,
+            pool=opts.pool,
+            selector=opts.selector,
+            membership=opts.membership,
+            objectives=self.objectives,
+        )
+
+    def _grpc_ports(self, health_port: int | None) -> GrpcPorts:
+        opts = self.opts
+        return GrpcPorts(
+            self.transport,
+            opts.listen_host,
+            opts.grpc_port,
+            health_port=health_port,
+            tls=self.certificates[0],
+            grace_s=opts.shutdown_grace_s,
+        )
+
+    def _announce(self, group: WorkerGroup | None) -> Callable[[int, int], None]:
+        return _announce(self.opts, self.cfg.disaggregation.coordinator, self.datastore, group)
+
+    # the parts every role runs, started in this order and stopped in the reverse one:
+    # first these, then the role's data sources, then _ready(), its ports, then _last()
+    def _first(self) -> list[Component]:
+        tracer, reviewer = self.tracer, self.reviewer
+        return [
+            # stopped last: the spans of the last requests are exported
+            *([Step("tracing", on_stop=tracer.close)] if tracer is not None else []),
+            Step("legs", on_stop=self.legs.close),
+            *([Step("metrics-auth", on_stop=reviewer.close)] if reviewer is not None else []),
+            Step("coordinator", on_stop=self.coordinator.close),
+            Step("readiness-probe", on_stop=self.probe.stop),
+            Step("lora-placement", self.placement.start, self.placement.stop),
+            Step("ejector", self.ejector.start, self.ejector.stop),
+            Step("names", self.names.start, self.names.stop),
+        ]
+
+    def _data_layer(self) -> list[Component]:
+        return _data_layer(self.datastore, self.metrics, self.cfg.data_layer, self.ejector)
+
+    def _own_load(self) -> list[Component]:
+        """KV events (each serving process subscribes itself) and the peers' in-flight
+        counts (stopped after the ports close: the peers hear this process's last
+        requests end)."""
+        return [
+            *_kv_events(self.datastore, self.metrics, self.scheduler),
+            *_peer_load(self.datastore, self.metrics, self.opts.peers),
+        ]
+
+    def _ready(self) -> list[Component]:
+        return [_GcWatch(self.metrics), Step("readiness", self.readiness.publish), *self.before]
+
+    def _last(self) -> list[Component]:
+        return [
+            # stopped before the ports close: the lease is released at once
+            *self.leader,
+            # stopped before the ports close: held requests are answered 503 at once
+            Step("flow-control", on_stop=self.flow.close),
+            *self.after,
+            Step("config-reload", self.reloader.start, self.reloader.stop),
+            *self.tls_reload,
+        ]
+
+
+def _ports_info(listeners: Listeners) -> Callable[[], dict[str, object]]:
+    return lambda: {
+        "grpc_port": listeners.grpc_port,
+        "grpc_ports": [listeners.grpc_port],
+        "http_port": listeners.http_port,
+        "grpc_health_port": listeners.health_port,
+    }
+
+
+class _Single(_Process):
+    """One process serving alone: it scrapes, serves requests and announces itself."""
+
+    def app(self) -> App:
+        opts = self.opts
+        listeners = Listeners(
+            self._grpc_ports(opts.health_port),
+            HttpPort(self.admin, opts.listen_host, opts.http_port, self.certificates[1]),
+            self.health,
+            self.eds,
+            on_listening=self._announce(None),
+        )
+        components = [
+            *self._first(),
+            *self._data_layer(),
+            *self._own_load(),
+            *self._ready(),
+            listeners,
+            *self._last(),
+        ]
+        return App(components, opts.ready_file, _ports_info(listeners))
+
+
+class _Parent(_Process):
+    """The parent of ``--workers``: it holds the pool (discovery, scrapes, ejection) and
+    feeds its workers, which hold the gRPC ports and serve the requests; its HTTP port
+    answers for the group."""
+
+    serves_requests = False
+    group: WorkerGroup
+
+    def _role_parts(self) -> None:
+        opts = self.opts
+        self.group = WorkerGroup(
+            self.datastore,
+            self.ejector,
+            opts.workers,
             opts.grpc_port,
             opts.argv,
             opts.shutdown_grace_s,
-            objectives=objectives,
+            objectives=self.objectives,
         )
-        if workers.parent
-        else None
-    )
-    coordinator = COORDINATORS[pd.coordinator](
-        CoordinatorEnv(
-            datastore,
-            metrics,
-            legs,
-            rng,
-            pd.bootstrap_port,
-            outcomes.success,
-            lambda address, reason, serving: outcomes.failure(address, reason, serving=serving),
-            prefill_budget_s=pd.prefill_timeout_s,
-            defer_decode=pd.defer_decode,
-        )
-    )
-    if pd.defer_decode and not getattr(coordinator, "defers", False):
-        raise ConfigError(
-            f"disaggregation.deferDecode: the {pd.coordinator} coordinator picks the decode "
-            "endpoint with the prefill endpoint (nixl and kv-pool can defer it; "
-            "docs/disaggregation.md#deferred-decode-selection)"
-        )
-    placement = AdapterPlacement(
-        cfg.lora_placement, lambda: router.models.adapters, datastore, metrics
-    )
-    flow = FlowController(cfg.flow_control, metrics)
-    tracer = _tracer(opts) if group is None else None  # the parent serves no requests
-    router = Router(
-        datastore,
-        scheduler,
-        metrics,
-        max_body_bytes=opts.max_body_bytes,
-        rng=rng,
-        request_headers=request_headers,
-        coordinator=coordinator,
-        outcomes=outcomes,
-        envoy_sync=envoy_sync,
-        models=cfg.models,
-        placement=placement,
-        flow=flow,
-        tracer=tracer,
-        stream_chunk_timeout_s=opts.stream_chunk_timeout_s,
-        echo_served_endpoint=cfg.conformance.echo_served_endpoint,
-    )
-    reloader = ConfigReloader(
-        config_file or ConfigFile(None),
-        cfg,
-        scheduler,
-        router,
-        metrics.config_reloads,
-        poll_s=opts.config_poll_s,
-        on_sighup=group.hang_up if group is not None else lambda: None,
-    )
-    metrics.report_prefix_indexes(
-        lambda: {
-            n: p.index
-            for n, p in reloader.scheduler.plugins.items()
-            if isinstance(p, PrefixCacheScorer)
-        }
-    )
-    eds = EdsServer(datastore, sync=envoy_sync)
-    transport = make_transport(opts.transport, router, eds)
-    health = HealthBoard(transport)
-    readiness = ReadinessGate(health)
-    # a worker's /metrics is read by its parent only (on 127.0.0.1), which does the auth
-    reviewer = KubeReviewer(opts.kubeconfig) if opts.metrics_auth and link is None else None
-    metrics_auth = MetricsAuth(reviewer) if reviewer is not None else None
-    admin = make_admin_app(
-        datastore,
-        metrics,
-        ready=health.serving,
-        metrics_auth=metrics_auth,
-        exposition=group.exposition if group is not None else None,
-    )
-    if group is not None:
-        admin.middlewares.append(group.flush_middleware)
-        group.add_routes(admin)
-    add_status_routes(admin, datastore, ejector.state, scheduler.latency, flow.status)
-    add_lora_routes(
-        admin,
-        placement,
-        datastore,
-        lambda: router.models.adapters,
-        ApiKeyAuth(opts.membership.admin_api_key),
-    )
-    ctx = DiscoveryContext(
-        datastore,
-        names,
-        readiness,
-        admin,
-        probe.check,
-        engine=dl.engine,
-        # flags name no engine: the config's applies
-        endpoints=(*cfg.endpoints, *(replace(e, engine=dl.engine) for e in opts.endpoints)),
-        endpoints_file=opts.endpoints_file,
-        endpoints_file_poll_s=opts.endpoints_file_poll_s,
-        pool=opts.pool,
-        selector=opts.selector,
-        membership=opts.membership,
-        objectives=objectives,
-    )
-    before, after = _sources(discovery, ctx)
-    certificates: tuple[LiveCertificate | None, LiveCertificate | None] = (None, None)
-    tls_reload: list[Component] = []
-    if opts.tls is not None or opts.http_tls is not None:  # (imports cryptography)
-        from epp.extproc.certreload import CertReloader, live_pair
 
-        certificates = live_pair(opts.tls, opts.http_tls)
-        certs = CertReloader(certificates, opts.tls_reload_s)
-        tls_reload.append(Step("tls-reload", certs.start, certs.stop))
-    leader: list[Component] = []
-    if opts.leader is not None:
-        leader.append(LeaderElection(opts.leader, readiness.hold("leader-election")))
-    grpc = (
-        GrpcPorts(
-            transport,
-            opts.listen_host,
-            opts.grpc_port,
-            # worker 0 answers on the health port, the other workers do not
-            health_port=opts.health_port if workers.index == 0 else None,
-            tls=certificates[0],
-            grace_s=opts.shutdown_grace_s,
+    def _on_sighup(self) -> None:
+        self.group.hang_up()
+
+    def _exposition(self) -> Callable[[bytes], Awaitable[bytes]] | None:
+        return self.group.exposition
+
+    def _admin_routes(self, admin: web.Application) -> None:
+        admin.middlewares.append(self.group.flush_middleware)
+        self.group.add_routes(admin)
+        super()._admin_routes(admin)
+
+    def app(self) -> App:
+        opts, group = self.opts, self.group
+        listeners = Listeners(
+            None,  # the workers hold the gRPC ports
+            HttpPort(self.admin, opts.listen_host, opts.http_port, self.certificates[1]),
+            self.health,
+            self.eds,
+            on_listening=self._announce(group),
         )
-        if group is None  # the parent's workers hold the gRPC ports
-        else None
-    )
-    http = (
-        HttpPort(admin, opts.listen_host, opts.http_port, certificates[1])
-        if link is None
-        # a worker's HTTP port only serves its parent (/metrics), plaintext on loopback
-        else HttpPort(admin, "127.0.0.1", opts.http_port)
-    )
-    listeners = Listeners(
-        grpc,
-        http,
-        health,
-        eds,
-        # a worker says nothing: its parent announces the group
-        on_listening=(lambda _g, _h: None)
-        if link
-        else _announce(opts, pd.coordinator, datastore, group),
-    )
-    # started in this order, stopped in the reverse one
-    components: list[Component] = [
-        # stopped last: the spans of the last requests are exported
-        *([Step("tracing", on_stop=tracer.close)] if tracer is not None else []),
-        Step("legs", on_stop=legs.close),
-        *([Step("metrics-auth", on_stop=reviewer.close)] if reviewer is not None else []),
-        Step("coordinator", on_stop=coordinator.close),
-        Step("readiness-probe", on_stop=probe.stop),
-        Step("lora-placement", placement.start, placement.stop),
-        Step("ejector", ejector.start, ejector.stop),
-        Step("names", names.start, names.stop),
-        # the parent scrapes for its workers; each worker subscribes to KV events itself
-        *(_data_layer(datastore, metrics, dl, ejector) if link is None else []),
-        *(_kv_events(datastore, metrics, scheduler) if group is None else []),
-        # stopped after the ports close: the peers hear this process's last requests end
-        *(_peer_load(datastore, metrics, opts.peers) if group is None else []),
-        _GcWatch(metrics),
-        Step("readiness", readiness.publish),
-        *before,
-        *_worker_link(link),
-        *([group] if group is not None else []),
-        listeners,
-        *_worker_ready(link, listeners),
-        # stopped before the ports close: the lease is released at once
-        *leader,
-        # stopped before the ports close: held requests are answered 503 at once
-        Step("flow-control", on_stop=flow.close),
-        *after,
-        Step("config-reload", reloader.start, reloader.stop),
-        *tls_reload,
-    ]
-    if group is not None:
+        components = [
+            *self._first(),
+            *self._data_layer(),
+            *self._ready(),
+            group,
+            listeners,
+            *self._last(),
+        ]
         info = group.ready_info
         return App(components, opts.ready_file, lambda: info(listeners.http_port))
-    return App(
-        components,
-        # a worker's parent learns its ports over the link
-        ready_file=opts.ready_file if link is None else None,
-        ready_info=lambda: {
-            "grpc_port": listeners.grpc_port,
-            "grpc_ports": [listeners.grpc_port],
-            "http_port": listeners.http_port,
-            "grpc_health_port": listeners.health_port,
-        },
-    )
+
+
+class _Worker(_Process):
+    """A worker of ``--workers``: its endpoints, their load and its request outcomes
+    go through its link to the parent; it serves requests on its own gRPC port and says
+    nothing (its parent announces the group)."""
+
+    guards_metrics = False
+    link: WorkerLink
+
+    def __init__(
+        self,
+        opts: ServeOptions,
+        cfg: config.EppConfig,
+        scheduler: ProfileScheduler,
+        config_file: ConfigFile | None,
+        discovery: Mapping[str, DiscoveryKind],
+    ) -> None:
+        super().__init__(opts, cfg, scheduler, config_file, {})  # its parent discovers
+
+    def _role_parts(self) -> None:
+        workers = self.opts.workers
+        assert workers.link is not None
+        self.envoy_sync = SharedSync()
+        self.link = WorkerLink(
+            self.datastore, workers.link, workers.index, self.envoy_sync, self.objectives
+        )
+        # its request outcomes are judged by its parent's ejector
+        self.outcomes = self.link
+
+    def app(self) -> App:
+        opts, link = self.opts, self.link
+        listeners = Listeners(
+            # worker 0 answers on the health port, the other workers do not
+            self._grpc_ports(opts.health_port if opts.workers.index == 0 else None),
+            # it serves only its parent (/metrics), plaintext on loopback
+            HttpPort(self.admin, "127.0.0.1", opts.http_port),
+            self.health,
+            self.eds,
+        )
+        components = [
+            *self._first(),
+            *self._own_load(),
+            *self._ready(),
+            # opened before its ports (it knows the pool first)
+            Step("worker-link", link.start, link.stop),
+            listeners,
+            # it tells its parent its ports once they listen
+            Step("worker-ready", lambda: link.ready(*listeners.ports)),
+            *self._last(),
+        ]
+        # its parent learns its ports over the link
+        return App(components, None, _ports_info(listeners))
 
 
 def _tracer(opts: ServeOptions) -> Tracer | None:
@@ -571,18 +736,6 @@ def _tracer(opts: ServeOptions) -> Tracer | None:
 
     log.info("tracing: OpenTelemetry spans exported over OTLP/HTTP (OTEL_* variables)")
     return OtelTracer()
-
-
-def _worker_link(link: WorkerLink | None) -> list[Component]:
-    """A worker's link to its parent, opened before its ports (it knows the pool first)."""
-    return [] if link is None else [Step("worker-link", link.start, link.stop)]
-
-
-def _worker_ready(link: WorkerLink | None, listeners: Listeners) -> list[Component]:
-    """A worker tells its parent its ports once they listen."""
-    if link is None:
-        return []
-    return [Step("worker-ready", lambda: link.ready(*listeners.ports))]
 
 
 def _sources(
