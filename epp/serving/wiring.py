@@ -137,6 +137,7 @@ class _Process(ABC):
 
     serves_requests = True  # False: the parent of --workers (its workers serve them)
     guards_metrics = True  # False: a worker, whose /metrics only its parent reads
+    discovers = True  # asks the discovery source kinds
 
     def __init__(
         self,
@@ -199,7 +200,9 @@ class _Process(ABC):
             exposition=self._exposition(),
         )
         self._admin_routes(self.admin)
-        self.before, self.after = _sources(discovery, self._discovery_context())
+        self.before, self.after = _sources(
+            discovery if self.discovers else {}, self._discovery_context()
+        )
         self.certificates: tuple[LiveCertificate | None, LiveCertificate | None] = (None, None)
         self.tls_reload: list[Component] = []
         if opts.tls is not None or opts.http_tls is not None:  # (imports cryptography)
@@ -230,7 +233,8 @@ class _Process(ABC):
         return None
 
     def _router(self, rng: random.Random) -> Router:
-        """The request path: the P/D coordinator, LoRA placement, flow control."""
+        """The request path, and the parts it reports to that run beside it (kept here:
+        the P/D coordinator, LoRA placement, flow control, the tracer)."""
         opts, cfg, datastore, metrics = self.opts, self.cfg, self.datastore, self.metrics
         outcomes = self.outcomes
         request_headers = []
@@ -322,8 +326,18 @@ class _Process(ABC):
             grace_s=opts.shutdown_grace_s,
         )
 
-    def _announce(self, group: WorkerGroup | None) -> Callable[[int, int], None]:
+    def _listeners(
+        self, grpc: GrpcPorts | None, http: HttpPort, on_listening: Callable[[int, int], None]
+    ) -> Listeners:
+        return Listeners(grpc, http, self.health, self.eds, on_listening)
+
+    def _banner(self, group: WorkerGroup | None) -> Callable[[int, int], None]:
         return _announce(self.opts, self.cfg.disaggregation.coordinator, self.datastore, group)
+
+    def _public_http(self) -> HttpPort:
+        """The HTTP port the flags name, TLS when asked."""
+        opts = self.opts
+        return HttpPort(self.admin, opts.listen_host, opts.http_port, self.certificates[1])
 
     # the parts every role runs, started in this order and stopped in the reverse one:
     # first these, then the role's data sources, then _ready(), its ports, then _last()
@@ -368,6 +382,10 @@ class _Process(ABC):
         ]
 
 
+def _silent(grpc_port: int, http_port: int) -> None:
+    """A worker says nothing once it listens: its parent announces the group."""
+
+
 def _ports_info(listeners: Listeners) -> Callable[[], dict[str, object]]:
     return lambda: {
         "grpc_port": listeners.grpc_port,
@@ -382,12 +400,8 @@ class _Single(_Process):
 
     def app(self) -> App:
         opts = self.opts
-        listeners = Listeners(
-            self._grpc_ports(opts.health_port),
-            HttpPort(self.admin, opts.listen_host, opts.http_port, self.certificates[1]),
-            self.health,
-            self.eds,
-            on_listening=self._announce(None),
+        listeners = self._listeners(
+            self._grpc_ports(opts.health_port), self._public_http(), self._banner(None)
         )
         components = [
             *self._first(),
@@ -433,13 +447,8 @@ class _Parent(_Process):
 
     def app(self) -> App:
         opts, group = self.opts, self.group
-        listeners = Listeners(
-            None,  # the workers hold the gRPC ports
-            HttpPort(self.admin, opts.listen_host, opts.http_port, self.certificates[1]),
-            self.health,
-            self.eds,
-            on_listening=self._announce(group),
-        )
+        # the workers hold the gRPC ports
+        listeners = self._listeners(None, self._public_http(), self._banner(group))
         components = [
             *self._first(),
             *self._data_layer(),
@@ -458,17 +467,8 @@ class _Worker(_Process):
     nothing (its parent announces the group)."""
 
     guards_metrics = False
+    discovers = False  # its endpoints come from its parent
     link: WorkerLink
-
-    def __init__(
-        self,
-        opts: ServeOptions,
-        cfg: config.EppConfig,
-        scheduler: ProfileScheduler,
-        config_file: ConfigFile | None,
-        discovery: Mapping[str, DiscoveryKind],
-    ) -> None:
-        super().__init__(opts, cfg, scheduler, config_file, {})  # its parent discovers
 
     def _role_parts(self) -> None:
         workers = self.opts.workers
@@ -482,13 +482,12 @@ class _Worker(_Process):
 
     def app(self) -> App:
         opts, link = self.opts, self.link
-        listeners = Listeners(
+        listeners = self._listeners(
             # worker 0 answers on the health port, the other workers do not
             self._grpc_ports(opts.health_port if opts.workers.index == 0 else None),
             # it serves only its parent (/metrics), plaintext on loopback
             HttpPort(self.admin, "127.0.0.1", opts.http_port),
-            self.health,
-            self.eds,
+            _silent,
         )
         components = [
             *self._first(),
