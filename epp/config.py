@@ -4,7 +4,7 @@
 Loaded in phases: parse (YAML) -> defaults -> validate (typed, every error names the
 file and key) -> instantiate (plugins built through the registry). Each section is a
 dataclass beside the component that uses it, holding its defaults and their docs
-(:mod:`epp.scheduling.sections`); the default plugins and profiles are declared in
+(:mod:`epp.common.sections`); the default plugins and profiles are declared in
 :mod:`epp.scheduling.defaults`. The built-in default as YAML is generated from both
 (:func:`default_yaml`: what ``epp config show`` prints; docs/configuration.md holds a
 copy a test keeps equal).
@@ -23,29 +23,29 @@ from typing import Any
 import yaml
 
 from epp.common.addresses import parse_address
-from epp.datalayer.engines import ENGINES
-from epp.datalayer.settings import DataLayerConfig
-from epp.disagg.settings import DisaggConfig
-from epp.extproc.conformance import ConformanceConfig
-from epp.flowcontrol.queues import FlowControlConfig
-from epp.llmd import routerconfig
-from epp.lora.placement import PlacementConfig
-from epp.modelnames import ModelsConfig
-from epp.scheduling import defaults
-from epp.scheduling.base import ReferencesPlugins, RoutingObserver
-from epp.scheduling.latency import LatencyModel, LatencyPriors
-from epp.scheduling.params import ConfigError, Params
-from epp.scheduling.profile import Profile, WeightedScorer
-from epp.scheduling.registry import INSTALLED_PLUGINS, Registry, register_builtin_plugins
-from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
-from epp.scheduling.scheduler import ProfileScheduler, SingleProfileHandler
-from epp.scheduling.sections import (
+from epp.common.params import ConfigError, Params
+from epp.common.sections import (
     declared,
     read_section,
     render_section,
     section_key,
     yaml_value,
 )
+from epp.datalayer.engines import ENGINES
+from epp.datalayer.settings import DataLayerConfig
+from epp.disagg.settings import DisaggConfig
+from epp.extproc.conformance import ConformanceConfig
+from epp.flowcontrol.queues import FlowControlConfig
+from epp.flowcontrol.saturation import AdmissionConfig, SaturationConfig
+from epp.llmd import routerconfig
+from epp.lora.placement import PlacementConfig
+from epp.modelnames import ModelsConfig
+from epp.scheduling import defaults
+from epp.scheduling.base import ReferencesPlugins, RoutingObserver
+from epp.scheduling.latency import LatencyModel, LatencyPriors
+from epp.scheduling.profile import Profile, WeightedScorer
+from epp.scheduling.registry import INSTALLED_PLUGINS, Registry, register_builtin_plugins
+from epp.scheduling.scheduler import ProfileScheduler, SingleProfileHandler
 from epp.types import Endpoint, Role
 
 API_VERSION = "epp.dev/v1alpha1"
@@ -74,7 +74,7 @@ class ProfileSpec:
 @dataclass(frozen=True)
 class EppConfig:
     """A validated config. Each section field's default and YAML key are declared with
-    :func:`~epp.scheduling.sections.section_key`; the YAML lists them in this order."""
+    :func:`~epp.common.sections.section_key`; the YAML lists them in this order."""
 
     source: str
     plugins: tuple[PluginSpec, ...]

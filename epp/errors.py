@@ -19,7 +19,7 @@ raises on purpose, and one branch of it is what a client may see.
     │   └── PlacementError           (lora/placement.py)         a server refused a LoRA
     │                                                            load or unload: its status
     └── InternalError                never shown to a client as it is: logged, counted
-        ├── ConfigError              (scheduling/params.py)      config file or parameters
+        ├── ConfigError              (common/params.py)          config file or parameters
         ├── ExtensionError           (common/extensions.py)      an installed plugin
         │                                                        package's entry point
         ├── TlsError                 (extproc/tls.py)            certificate or key files

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from epp.common.sections import setting, setting_factory
 from epp.errors import ModelNotFoundError
-from epp.scheduling.sections import setting, setting_factory
 from epp.types import InferenceRequest
 
 # the llm-d Router's header first, then the Inference Extension's older name

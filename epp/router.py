@@ -24,16 +24,16 @@ from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
 from epp.errors import BadRequestError, ClientVisibleError, NoEndpointError, ShedError
 from epp.flowcontrol.controller import DISPATCHED, FlowController, Waiting
+from epp.flowcontrol.holding import Hold
 from epp.flowcontrol.queues import FlowControlConfig, fairness_id, queue_timeout
+from epp.flowcontrol.saturation import Room
 from epp.lora.holdings import with_holders
 from epp.lora.placement import AdapterPlacement
 from epp.modelnames import ModelsConfig, Resolved, resolve
 from epp.observability.metrics import EppMetrics
 from epp.observability.tracing import Tracer
 from epp.scheduling.base import Scheduler
-from epp.scheduling.holding import Hold
 from epp.scheduling.latency import Dispatch, slo_missed
-from epp.scheduling.saturation import Room
 from epp.types import Endpoint, InferenceRequest, SchedulingResult, Snapshot
 from epp.xds.eds import EnvoySync
 

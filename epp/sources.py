@@ -1,4 +1,5 @@
-"""Where plugin packages import the discovery source API from (docs/extending.md); it
+"""The discovery source API under its older import path, kept for plugin packages that
+import it from here; new code imports it from :mod:`epp.plugin` (docs/extending.md). It
 lives in :mod:`epp.serving.sources`."""
 
 from epp.serving.sources import DiscoveryContext, DiscoveryKind, DiscoverySource

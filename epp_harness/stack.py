@@ -26,10 +26,10 @@ import yaml
 from epp import config
 from epp.common import argtypes
 from epp.common.extensions import ExtensionError
+from epp.common.params import ConfigError
 from epp.extproc.stall import CHUNK_TIMEOUT_S
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS
 from epp.observability.logsetup import add_log_level, level_of
-from epp.scheduling.params import ConfigError
 from epp_harness.envoyconfig import (
     CLUSTER_KINDS,
     PROCESSING_MODES,

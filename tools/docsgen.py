@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from epp.cli import SUBCOMMANDS, build_parser
-from epp.scheduling.params import Params
+from epp.common.params import Params
 from epp.scheduling.registry import Registry, register_builtin_plugins
 
 ROOT = Path(__file__).resolve().parents[1]

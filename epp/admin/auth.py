@@ -14,7 +14,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from epp.admin.replies import error
+from epp.common.replies import error
 
 API_KEY_HEADER = "X-Api-Key"
 API_KEY_ENV = "ADMIN_API_KEY"

@@ -9,7 +9,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epp.admin.metricsauth import MetricsAuth
-from epp.admin.replies import error
+from epp.common.replies import error
 from epp.datastore import Datastore
 from epp.observability.metrics import EppMetrics
 

@@ -23,8 +23,8 @@ import orjson
 from aiohttp import web
 
 from epp.admin.auth import ApiKeyAuth
-from epp.admin.replies import error, ok
 from epp.common.addresses import is_ip, join, parse_address
+from epp.common.replies import error, ok
 from epp.datalayer.ejection import FailureState
 from epp.datalayer.engines import ENGINES
 from epp.datastore import Datastore, Member, Status

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from epp.admin.replies import error
+from epp.common.replies import error
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient

@@ -17,7 +17,8 @@ debug while it keeps failing, info when it recovers.
 
 **Scrape budget.** A scrape costs the EPP about 0.5-1 ms of CPU (aiohttp, the kernel's
 loopback work, parsing; ``bench/results/scrape.md``), so 100 endpoints every 50 ms
-would take more than a core. ``max_per_s`` caps the scrapes of all loops together:
+would take more than a core. ``max_per_s`` (:class:`ScrapePace`) caps the scrapes of all
+loops together:
 every loop waits ``endpoints / max_per_s`` instead of ``interval_s`` when that is longer
 (:func:`scrape_interval`), but only as far as :func:`stretch_ceiling` allows, so that an
 endpoint whose scrape fails once (its timeout) is still fresh for the scheduler (its
@@ -85,23 +86,21 @@ class ScrapeError(InternalError):
     """A scrape that did not produce metrics; the message says why."""
 
 
-class MetricsScraper:
-    """Keeps every endpoint's Prometheus metrics fresh in ``datastore``."""
+class ScrapePace:
+    """How often each endpoint is scraped: every ``interval_s`` (each wait up to
+    ``jitter`` shorter or longer), stretched so that all loops together make at most
+    ``max_per_s`` scrapes a second (0 = no limit), as far as :func:`stretch_ceiling`
+    allows for ``stale_after_s`` and the scrape's ``timeout_s``; it warns once when the
+    pool outgrows the budget and says when it fits again."""
 
     def __init__(
         self,
-        datastore: Datastore,
-        eppmetrics: EppMetrics,
-        *,
         interval_s: float = 0.05,
         max_per_s: float = 0.0,
         stale_after_s: float = 2.0,
         timeout_s: float = 1.0,
         jitter: float = 0.2,
-        clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
-        on_unreachable: Unreachable | None = None,
-        on_success: Callable[[str], None] | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -113,21 +112,74 @@ class MetricsScraper:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if not 0 <= jitter < 1:
             raise ValueError(f"jitter must be in [0, 1), got {jitter}")
+        self.base_s = interval_s
+        self.timeout_s = timeout_s  # one scrape's limit
+        self._max_per_s = max_per_s
+        self._ceiling_s = stretch_ceiling(stale_after_s, timeout_s, jitter)
+        self._stale_after_s = stale_after_s
+        self._jitter = jitter
+        self._rng = rng if rng is not None else random.Random()
+        self._over_budget = False
+
+    def interval_s(self, endpoints: int) -> float:
+        """Seconds between two scrapes of one endpoint in a pool of ``endpoints``."""
+        return scrape_interval(self.base_s, endpoints, self._max_per_s, self._ceiling_s)
+
+    def first_wait(self, endpoints: int) -> float | None:
+        """A new loop's wait before its first scrape: a random part of the stretch when
+        the budget stretches the interval (a pool that appears at once is scraped at
+        the budget's pace from the start), else None (at once)."""
+        stretch = self.interval_s(endpoints) - self.base_s
+        return self._rng.uniform(0.0, stretch) if stretch > 0 else None
+
+    def delay(self, endpoints: int) -> float:
+        """The wait after a scrape: the interval, jittered."""
+        interval = self.interval_s(endpoints)
+        self._note_budget(endpoints, interval)
+        return interval * self._rng.uniform(1 - self._jitter, 1 + self._jitter)
+
+    def _note_budget(self, n: int, interval: float) -> None:
+        """Warn once when the pool outgrows the scrape budget, info when it fits again."""
+        over = self._max_per_s > 0 and n / interval > self._max_per_s * 1.0001
+        if over == self._over_budget:
+            return
+        self._over_budget = over
+        if over:
+            log.warning(
+                "%d endpoints scraped every %gs is %.0f scrapes/s, over the budget of %g "
+                "(dataLayer.maxScrapesPerSecond); a longer interval would let one failed "
+                "scrape (a %gs timeout) age an endpoint's metrics past "
+                "dataLayer.staleAfterSeconds (%gs)",
+                n, interval, n / interval, self._max_per_s, self.timeout_s,
+                self._stale_after_s,
+            )  # fmt: skip
+        else:
+            log.info("scrapes are within the budget of %g a second again", self._max_per_s)
+
+
+class MetricsScraper:
+    """Keeps every endpoint's Prometheus metrics fresh in ``datastore``, at the pace
+    of ``pace`` (defaults: :class:`ScrapePace`'s)."""
+
+    def __init__(
+        self,
+        datastore: Datastore,
+        eppmetrics: EppMetrics,
+        pace: ScrapePace | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_unreachable: Unreachable | None = None,
+        on_success: Callable[[str], None] | None = None,
+    ) -> None:
         self._datastore = datastore
         self._failures = eppmetrics.scrape_failures
         self._scrapes = eppmetrics.scrapes
         # told (address, reason) when a server cannot be reached at all (failure ejection)
         self._on_unreachable = on_unreachable
         self._on_success = on_success
-        self._base_s = interval_s
-        self._max_per_s = max_per_s
-        self._ceiling_s = stretch_ceiling(stale_after_s, timeout_s, jitter)
-        self._stale_after_s = stale_after_s
-        self._over_budget = False
-        self._timeout_s = timeout_s
-        self._jitter = jitter
+        self._pace = pace if pace is not None else ScrapePace()
+        self._timeout_s = self._pace.timeout_s
         self._clock = clock
-        self._rng = rng if rng is not None else random.Random()
         self._session: aiohttp.ClientSession | None = None
         self._tasks = EndpointTasks("scrape", datastore, self._run)
         eppmetrics.report_scrape_interval(self.interval_s)
@@ -248,40 +300,16 @@ class MetricsScraper:
 
     def interval_s(self) -> float:
         """Seconds between two scrapes of one endpoint, for the current pool size."""
-        return scrape_interval(self._base_s, self._tasks.count(), self._max_per_s, self._ceiling_s)
-
-    def _delay(self) -> float:
-        interval = self.interval_s()
-        self._note_budget(interval)
-        return interval * self._rng.uniform(1 - self._jitter, 1 + self._jitter)
-
-    def _note_budget(self, interval: float) -> None:
-        """Warn once when the pool outgrows the scrape budget, info when it fits again."""
-        n = self._tasks.count()
-        over = self._max_per_s > 0 and n / interval > self._max_per_s * 1.0001
-        if over == self._over_budget:
-            return
-        self._over_budget = over
-        if over:
-            log.warning(
-                "%d endpoints scraped every %gs is %.0f scrapes/s, over the budget of %g "
-                "(dataLayer.maxScrapesPerSecond); a longer interval would let one failed "
-                "scrape (a %gs timeout) age an endpoint's metrics past "
-                "dataLayer.staleAfterSeconds (%gs)",
-                n, interval, n / interval, self._max_per_s, self._timeout_s,
-                self._stale_after_s,
-            )  # fmt: skip
-        else:
-            log.info("scrapes are within the budget of %g a second again", self._max_per_s)
+        return self._pace.interval_s(self._tasks.count())
 
     async def _run(self, endpoint: Endpoint) -> None:
         try:
-            stretch = self.interval_s() - self._base_s
-            if stretch > 0:  # a pool the budget stretches: spread the first round over it
-                await asyncio.sleep(self._rng.uniform(0.0, stretch))
+            wait = self._pace.first_wait(self._tasks.count())
+            if wait is not None:  # a pool the budget stretches: the first round spread
+                await asyncio.sleep(wait)
             while True:
                 await self.scrape_once(endpoint)
-                await asyncio.sleep(self._delay())
+                await asyncio.sleep(self._pace.delay(self._tasks.count()))
         finally:
             self._failing.discard(endpoint.address)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from epp.common.sections import section_key, setting
 from epp.datalayer.engines import ENGINES
-from epp.scheduling.sections import section_key, setting
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epp.common.sections import setting
 from epp.disagg.coordinators import COORDINATORS
-from epp.scheduling.sections import setting
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from epp.discovery.pool_endpoints import (
 )
 from epp.discovery.poolref import PoolRef, SelectorRef
 from epp.discovery.reflector import Obj, Reflector, WatchTiming
-from epp.scheduling.saturation import WatchedObjectives
+from epp.flowcontrol.saturation import WatchedObjectives
 from epp.types import Endpoint
 
 log = logging.getLogger(__name__)

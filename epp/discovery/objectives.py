@@ -20,7 +20,7 @@ from typing import Any
 from epp.discovery.pool_endpoints import POOL_GROUP
 from epp.discovery.reflector import Obj, Reflector, WatchTiming
 from epp.errors import InternalError
-from epp.scheduling.saturation import WatchedObjectives
+from epp.flowcontrol.saturation import WatchedObjectives
 
 log = logging.getLogger(__name__)
 

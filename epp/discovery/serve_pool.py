@@ -21,7 +21,7 @@ from epp.discovery.poolref import PoolRef, SelectorRef, parse_selector
 if TYPE_CHECKING:
     from epp.datastore import Datastore
     from epp.discovery.kubernetes import PoolDiscovery
-    from epp.scheduling.saturation import WatchedObjectives
+    from epp.flowcontrol.saturation import WatchedObjectives
 
 
 def pool_ref(args: argparse.Namespace) -> PoolRef | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epp.scheduling.sections import setting
+from epp.common.sections import setting
 
 SERVED_ECHO_HEADER = "x-conformance-test-served-endpoint"
 

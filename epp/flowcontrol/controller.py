@@ -7,7 +7,7 @@ and the counting.
 Room is looked at again when an in-flight request ends (the datastore says so), on a
 short poll while anything waits (load reports change room too), and at each arrival.
 When nothing waits and the pool has room, a request never comes here unless it waits
-for its preferred endpoint (:class:`~epp.scheduling.holding.Hold`).
+for its preferred endpoint (:class:`~epp.flowcontrol.holding.Hold`).
 
 Each pass walks the held requests in their dispatch order (bands, fairness, deadline):
 one whose preferred endpoint has room goes; one that waits for its preferred endpoint
@@ -30,10 +30,10 @@ from typing import Any, Generic, TypeVar
 
 from epp.datastore import Datastore
 from epp.errors import ClientVisibleError, QueueFullError, QueueTimeoutError, ShuttingDownError
+from epp.flowcontrol.holding import Hold
 from epp.flowcontrol.queues import FlowControlConfig, FlowQueues, Held
+from epp.flowcontrol.saturation import Room
 from epp.observability.metrics import EppMetrics
-from epp.scheduling.holding import Hold
-from epp.scheduling.saturation import Room
 from epp.types import InferenceRequest
 
 log = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from epp.common.sections import setting
 from epp.errors import QueueFullError
-from epp.scheduling.sections import setting
 
 FAIRNESS_HEADERS = ("x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id")
 # a held request's own time limit, in milliseconds (capped by maxQueueTimeoutSeconds)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from epp.common.params import ConfigError
 from epp.datalayer.engines import ENGINES
-from epp.scheduling.params import ConfigError
 
 METRICS_SOURCE = "metrics-data-source"
 METRICS_EXTRACTOR = "core-metrics-extractor"

@@ -1,4 +1,6 @@
-"""LoRA adapters: which server holds which adapter (:mod:`.holdings`, pure) and loading
-an adapter where none has it (:mod:`.placement`). The affinity scorer is a scheduling
-plugin (epp.scheduling.plugins.lora); the admin routes are in epp.admin.lora
+"""LoRA adapters: which server holds which adapter (:mod:`.holdings`, pure), loading an
+adapter where none has it (:mod:`.placement`) and the admin routes that list, load and
+unload them by hand (:mod:`.admin`). The affinity scorer and filter stay a scheduling
+plugin (epp.scheduling.plugins.lora): they implement scheduling's plugin contracts and
+are registered with the built-in plugins, and scheduling sits below this package
 (docs/lora.md)."""

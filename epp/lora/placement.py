@@ -17,7 +17,7 @@ server with room ranking first). Concurrent requests for the same adapter wait f
 same load. A response that says a server lacks the adapter (a 404, or Envoy answering
 from the next server of the list) drops it there and lists that server again at once.
 
-The admin API lists, loads and unloads by hand (epp.admin.lora). Metrics:
+The admin API lists, loads and unloads by hand (epp.lora.admin). Metrics:
 ``epp_lora_adapter_loads_total``, ``epp_lora_adapter_unloads_total``,
 ``epp_lora_requests_waited_for_load_total``.
 """
@@ -34,11 +34,11 @@ import aiohttp
 import orjson
 
 from epp.common.looptask import LoopTask
+from epp.common.sections import setting
 from epp.datastore import Datastore
 from epp.errors import ClientVisibleError, NoEndpointError
 from epp.lora.holdings import Holdings, doubted, listed_adapters
 from epp.observability.metrics import EppMetrics
-from epp.scheduling.sections import setting
 from epp.types import EndpointState, Role
 
 log = logging.getLogger(__name__)

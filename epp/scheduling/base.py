@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from epp.flowcontrol.holding import Hold
 from epp.scheduling.columns import CandidateView, FloatArray, candidate_view
-from epp.scheduling.holding import Hold
 from epp.scheduling.latency import LatencyModel
 from epp.types import EndpointMetrics, EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
@@ -52,7 +52,7 @@ class Scheduler(Protocol):
     ) -> SchedulingResult | Hold:
         """Flow control's pick for a request that may go now (``room`` is not False):
         its result, or :class:`Hold` when it should wait for its preferred endpoint
-        (epp.scheduling.holding; without ``spill``, also instead of going elsewhere)."""
+        (epp.flowcontrol.holding; without ``spill``, also instead of going elsewhere)."""
         ...
 
     def priority(self, request: InferenceRequest) -> int:
@@ -233,6 +233,6 @@ class ReferencesPlugins(Protocol):
     """A plugin that names other plugins or profiles in its parameters (e.g. the P/D
     handler names its profiles and the prefix-cache scorer its decider consults).
     ``bind`` is called once after every plugin is built; it raises
-    :class:`epp.scheduling.params.ConfigError` for a name that does not resolve."""
+    :class:`epp.common.params.ConfigError` for a name that does not resolve."""
 
     def bind(self, plugins: Mapping[str, Any], profiles: Sequence[str]) -> None: ...

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from epp.common.params import ConfigError, Params
 from epp.scheduling.base import CycleContext
 from epp.scheduling.latency import interference_s
-from epp.scheduling.params import ConfigError, Params
 from epp.types import EndpointState, Role
 
 

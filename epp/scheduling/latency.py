@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from epp.common.sections import setting
 from epp.scheduling.columns import CandidateView, FloatArray, IndexArray
-from epp.scheduling.sections import setting
 from epp.types import (
     CHARS_PER_TOKEN,
     EndpointMetrics,

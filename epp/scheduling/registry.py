@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from epp.common.extensions import ExtensionError, Installed, instance_of
-from epp.scheduling.params import ConfigError, Params
+from epp.common.params import ConfigError, Params
 from epp.scheduling.plugins import (
     affinity,
     filters,

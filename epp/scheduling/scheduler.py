@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from epp.errors import NoEndpointError
+from epp.flowcontrol.holding import Hold, with_held
+from epp.flowcontrol.saturation import AdmissionConfig, Room, SaturationConfig, request_priority
 from epp.scheduling.base import (
     VECTORIZE_FROM,
     CycleContext,
@@ -18,18 +20,11 @@ from epp.scheduling.base import (
     RoutingObserver,
 )
 from epp.scheduling.deciders import CachedTokens, uncached_tokens
-from epp.scheduling.holding import Hold, with_held
 from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.profile import Profile
-from epp.scheduling.saturation import (
-    AdmissionConfig,
-    Room,
-    SaturationConfig,
-    request_priority,
-    room,
-)
+from epp.scheduling.room import room
 from epp.types import EndpointState, InferenceRequest, Prediction, SchedulingResult, Snapshot
 
 
@@ -126,7 +121,7 @@ class ProfileScheduler:
         spill: bool = True,
     ) -> SchedulingResult | Hold:
         """Flow control's pick for a request that may go now (``room``: the endpoints
-        with room, True for all; epp.scheduling.holding): its pick over every endpoint
+        with room, True for all; epp.flowcontrol.holding): its pick over every endpoint
         it may go to, the requests held ahead of it counted where they wait
         (``held_for``: address -> requests); if that endpoint has no room, with
         ``keep_affinity`` :class:`Hold` (it waits for it) while the latency model
@@ -182,7 +177,7 @@ class ProfileScheduler:
         return request_priority(request.headers, self.admission, self.objectives)
 
     def room(self, request: InferenceRequest, snapshot: Snapshot) -> Room:
-        """Which endpoints the request may go to can take it now (saturation.py)."""
+        """Which endpoints the request may go to can take it now (room.py)."""
         try:
             candidates = _candidates(request, snapshot)
         except NoEndpointError:

@@ -32,9 +32,9 @@ from prometheus_client import Counter
 
 from epp import config
 from epp.common.looptask import LoopTask
+from epp.common.params import ConfigError
 from epp.datalayer.kvevents import KvEventSource
 from epp.router import Router
-from epp.scheduling.params import ConfigError
 from epp.scheduling.scheduler import ProfileScheduler
 
 log = logging.getLogger("epp.serving.reload")

@@ -39,7 +39,7 @@ from epp.discovery.poolref import PoolRef, SelectorRef
 from epp.discovery.runtime import Check, RuntimeMembership
 from epp.discovery.serve_pool import PoolSource
 from epp.discovery.static import StaticSource
-from epp.scheduling.saturation import WatchedObjectives
+from epp.flowcontrol.saturation import WatchedObjectives
 from epp.serving.membershipflags import MembershipOptions
 from epp.types import Endpoint
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from epp.common.looptask import LoopTask
 from epp.datastore import Datastore, Status
-from epp.scheduling.saturation import WatchedObjectives
+from epp.flowcontrol.saturation import WatchedObjectives
 from epp.workers import wire
 from epp.workers.channel import Channel, StreamChannel
 from epp.xds.eds import EnvoySync

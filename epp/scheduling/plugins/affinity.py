@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from epp.common.params import Params
 from epp.scheduling.base import CycleContext
-from epp.scheduling.params import Params
 from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from epp.common.params import ConfigError, Params
+from epp.flowcontrol.saturation import SaturationConfig, endpoint_saturation
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import select, snapshot_columns
-from epp.scheduling.params import ConfigError, Params
-from epp.scheduling.saturation import SaturationConfig, endpoint_saturation
 from epp.types import EndpointState, Role
 
 
@@ -75,13 +75,14 @@ def label_selector_filter(p: Params) -> LabelSelectorFilter:
 
 
 class SaturationFilter:
-    """Drops saturated endpoints (see saturation.endpoint_saturation) unless all are."""
+    """Drops saturated endpoints (epp.flowcontrol.saturation.endpoint_saturation) unless
+    all are."""
 
     def __init__(self, cfg: SaturationConfig) -> None:
         self.cfg = cfg
 
     def filter(self, ctx: CycleContext, candidates: Sequence[EndpointState]) -> list[EndpointState]:
-        kept = [s for s in candidates if endpoint_saturation(ctx, s, self.cfg) < 1.0]
+        kept = [s for s in candidates if endpoint_saturation(ctx.metrics(s), self.cfg) < 1.0]
         return kept or list(candidates)
 
 

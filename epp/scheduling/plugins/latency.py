@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from epp.common.params import ConfigError, Params
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import FloatArray
 from epp.scheduling.groups import GroupShares, homes_needed
 from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
-from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.prefixindex import block_hashes

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from epp.common.params import Params
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import FloatArray
-from epp.scheduling.params import Params
 from epp.types import EndpointState
 
 

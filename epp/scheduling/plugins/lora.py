@@ -25,8 +25,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from enum import IntEnum
 
+from epp.common.params import Params
 from epp.scheduling.base import CycleContext
-from epp.scheduling.params import Params
 from epp.types import EndpointMetrics, EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 

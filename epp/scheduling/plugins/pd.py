@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from epp.common.params import ConfigError, Params
 from epp.errors import NoEndpointError
 from epp.scheduling.base import CycleContext, ProfileRunner
 from epp.scheduling.deciders import Decider, make_decider
-from epp.scheduling.params import ConfigError, Params
 from epp.types import EndpointState, SchedulingResult
 
 DISAGGREGATED = "disaggregated"

@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from epp.common.params import ConfigError, Params
 from epp.common.tokenization import HfTokenizer, PromptTokenizer, TokenizerError, prompt_token_ids
 from epp.kvevents.index import Held, PreciseIndex, chain_keys, token_bytes
 from epp.kvevents.settings import DEFAULT_PORT, KvEventsSettings
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import FloatArray
-from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.prefix import LOAD_BOUND, PrefixCacheScorer, prefix_cache_scorer
 from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from epp.common.params import Params
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import CandidateView, FloatArray
-from epp.scheduling.params import Params
 from epp.scheduling.prefixindex import PrefixIndex, block_hashes
 from epp.types import (
     CHARS_PER_TOKEN,

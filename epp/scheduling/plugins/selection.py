@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from epp.common.params import Params
 from epp.scheduling.base import CycleContext
-from epp.scheduling.params import Params
 from epp.types import EndpointState
 
 SELECTION_HEADER = "test-epp-endpoint-selection"

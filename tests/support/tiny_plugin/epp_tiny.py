@@ -6,14 +6,21 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from epp.common.addresses import parse_address
-from epp.datalayer.engines import EngineMetricNames
-from epp.disagg.coordinators import CoordinatorEnv, DecodeLeg, Handoff
-from epp.scheduling.base import CycleContext
-from epp.scheduling.params import Params
-from epp.scheduling.registry import PluginType
-from epp.serving.sources import DiscoveryContext, DiscoveryKind
-from epp.types import Endpoint, EndpointState, Role
+from epp.plugin import (
+    CoordinatorEnv,
+    CycleContext,
+    DecodeLeg,
+    DiscoveryContext,
+    DiscoveryKind,
+    Endpoint,
+    EndpointState,
+    EngineMetricNames,
+    Handoff,
+    Params,
+    PluginType,
+    Role,
+    parse_address,
+)
 
 
 # -- a scheduling plugin: `type: constant-scorer` in a config's plugins -----------------

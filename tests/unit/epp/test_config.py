@@ -9,12 +9,12 @@ import pytest
 import yaml
 
 from epp import config
+from epp.common.params import ConfigError
+from epp.common.sections import declared
 from epp.datalayer.settings import DataLayerConfig
 from epp.disagg.settings import DisaggConfig
+from epp.flowcontrol.saturation import AdmissionConfig, SaturationConfig
 from epp.scheduling.latency import LatencyPriors
-from epp.scheduling.params import ConfigError
-from epp.scheduling.saturation import AdmissionConfig, SaturationConfig
-from epp.scheduling.sections import declared
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 

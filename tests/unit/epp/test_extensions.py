@@ -13,10 +13,10 @@ import pytest
 
 from epp import config
 from epp.common.extensions import ExtensionError
+from epp.common.params import ConfigError, Params
 from epp.datalayer.engines import ENGINES, EngineMetricNames
 from epp.disagg.coordinators import COORDINATORS, NixlCoordinator
 from epp.scheduling.base import CycleContext
-from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.registry import INSTALLED_PLUGINS, PluginType, Registry
 from epp.scheduling.registry import register_builtin_plugins as builtins
 from epp.serving.sources import DISCOVERY_SOURCES, DiscoveryKind
@@ -146,9 +146,9 @@ def test_the_shipped_registries_hold_the_built_ins() -> None:
     assert COORDINATORS["nixl"] is NixlCoordinator
 
 
-def test_plugin_packages_import_the_discovery_source_api_where_extending_md_says() -> None:
-    """docs/extending.md names epp.sources.DiscoveryKind; the module moved to
-    epp.serving.sources and the old path re-exports it."""
+def test_plugin_packages_import_the_discovery_source_api_from_its_older_path_too() -> None:
+    """docs/extending.md says epp.sources, the discovery source API's older path, still
+    works: it re-exports epp.serving.sources, as epp.plugin does."""
     import epp.serving.sources
     import epp.sources
 

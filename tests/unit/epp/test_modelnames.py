@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 
 from epp import config
+from epp.common.params import ConfigError
 from epp.errors import ModelNotFoundError
 from epp.modelnames import ModelsConfig, resolve
-from epp.scheduling.params import ConfigError
 from epp.types import InferenceRequest
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from epp import config
+from epp.common.params import ConfigError
 from epp.datastore import Datastore
 from epp.disagg.settings import DisaggConfig
 from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.scheduling.latency import LatencyPriors
-from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.serving.reload import ConfigFile, ConfigReloader

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from epp import config
-from epp.scheduling.params import ConfigError
+from epp.common.params import ConfigError
 from tests.support.llmd_chart import DEFAULT_PLUGINS
 
 

@@ -1,4 +1,4 @@
-"""``epp serve`` in two steps: :func:`epp.serving.serve.build` wires an App and starts nothing;
+"""``epp serve`` in two steps: :func:`epp.serving.wiring.build` wires an App and starts nothing;
 :func:`epp.serving.lifecycle.run` starts it. A discovery source kind handed to ``build`` is
 asked, started and stopped with no change to serve."""
 
@@ -14,12 +14,12 @@ import aiohttp
 import pytest
 
 from epp import config
+from epp.common.params import ConfigError
 from epp.common.readyfile import read_ready
-from epp.scheduling.params import ConfigError
 from epp.serving import lifecycle
 from epp.serving.lifecycle import App
-from epp.serving.serve import ServeOptions, build
 from epp.serving.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
+from epp.serving.wiring import ServeOptions, build
 from epp.types import Endpoint, Role
 
 # this process imports grpcio's health module elsewhere (tests/unit/test_errors.py);

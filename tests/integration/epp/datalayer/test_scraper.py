@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.scraper import MetricsScraper, ScrapePace
 from epp.datastore import Datastore
 from epp.observability.metrics import EppMetrics
 from epp.types import Endpoint, EndpointMetrics
@@ -96,7 +96,7 @@ class Env:
 async def env() -> AsyncIterator[Env]:
     datastore = Datastore()
     metrics = EppMetrics(datastore)
-    scraper = MetricsScraper(datastore, metrics, interval_s=0.02, timeout_s=1.0)
+    scraper = MetricsScraper(datastore, metrics, ScrapePace(interval_s=0.02, timeout_s=1.0))
     yield Env(datastore, metrics, scraper)
     await scraper.stop()
 
@@ -346,7 +346,7 @@ async def test_timeout_is_a_failure_and_cancel_still_works(fake_server: tuple[Pa
     metrics = EppMetrics(datastore)
     endpoint = Endpoint("127.0.0.1", int(address.rsplit(":", 1)[1]))
     datastore.add(endpoint)
-    scraper = MetricsScraper(datastore, metrics, interval_s=0.01, timeout_s=0.1)
+    scraper = MetricsScraper(datastore, metrics, ScrapePace(interval_s=0.01, timeout_s=0.1))
     scraper.start()
     try:
         started = time.monotonic()
@@ -400,9 +400,7 @@ async def test_ipv6_endpoint(env: Env) -> None:
         await runner.cleanup()
 
 
-def test_constructor_rejects_bad_settings() -> None:
-    datastore = Datastore()
-    metrics = EppMetrics(datastore)
+def test_the_pace_rejects_bad_settings() -> None:
     for kwargs in (
         {"interval_s": 0},
         {"timeout_s": -1},
@@ -412,7 +410,7 @@ def test_constructor_rejects_bad_settings() -> None:
         {"stale_after_s": 0},
     ):
         with pytest.raises(ValueError):
-            MetricsScraper(datastore, metrics, **kwargs)  # type: ignore[arg-type]
+            ScrapePace(**kwargs)  # type: ignore[arg-type]
 
 
 def test_start_needs_a_running_loop() -> None:
@@ -432,7 +430,9 @@ async def test_a_pool_over_the_budget_is_scraped_less_often(
     metrics = EppMetrics(datastore)
     # stretched at most to (0.25 - 0.01) / 2.4 = 0.1 s
     scraper = MetricsScraper(
-        datastore, metrics, interval_s=0.01, max_per_s=100, stale_after_s=0.25, timeout_s=0.01
+        datastore,
+        metrics,
+        ScrapePace(interval_s=0.01, max_per_s=100, stale_after_s=0.25, timeout_s=0.01),
     )
 
     def gauge() -> float | None:
@@ -479,7 +479,9 @@ async def test_a_stretched_pool_spreads_its_first_scrapes(
     datastore = Datastore()
     metrics = EppMetrics(datastore)
     scraper = MetricsScraper(
-        datastore, metrics, interval_s=0.01, max_per_s=budget, stale_after_s=0.25, timeout_s=0.01
+        datastore,
+        metrics,
+        ScrapePace(interval_s=0.01, max_per_s=budget, stale_after_s=0.25, timeout_s=0.01),
     )
     for i in range(20):
         datastore.add(Endpoint(f"127.0.0.{i + 2}", closed_port))

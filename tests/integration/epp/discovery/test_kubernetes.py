@@ -15,7 +15,7 @@ from epp.datastore import Datastore
 from epp.discovery.kubernetes import PoolDiscovery, api_client, start_discovery
 from epp.discovery.poolref import PoolRef
 from epp.discovery.reflector import WatchTiming
-from epp.scheduling.saturation import WatchedObjectives
+from epp.flowcontrol.saturation import WatchedObjectives
 from epp.types import Endpoint, Role
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import pod, pool

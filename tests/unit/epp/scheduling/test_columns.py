@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epp.common.params import Params
 from epp.config import build_scheduler, builtin_registry
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import Columns, FloatArray, candidate_view, snapshot_columns
 from epp.scheduling.latency import LatencyModel, LatencyPriors
-from epp.scheduling.params import Params
 from epp.scheduling.plugins import filters, pickers, prefix
 from epp.scheduling.profile import Profile, WeightedScorer, clamped
 from epp.types import (

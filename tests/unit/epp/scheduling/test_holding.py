@@ -11,7 +11,7 @@ from pathlib import Path
 
 from epp.config import build_scheduler
 from epp.datastore import Datastore
-from epp.scheduling.holding import Hold, with_held
+from epp.flowcontrol.holding import Hold, with_held
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, InferenceRequest, SchedulingResult, Snapshot
 

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from epp.common.params import ConfigError, Params
 from epp.common.requestparse import parse_request
 from epp.config import build_scheduler
 from epp.errors import BadRequestError
@@ -19,7 +20,6 @@ from epp.scheduling.latency import (
     RobustLine,
     TokenRatio,
 )
-from epp.scheduling.params import ConfigError, Params
 from epp.scheduling.plugins.latency import PredictedLatencyScorer, predicted_latency_scorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.types import (

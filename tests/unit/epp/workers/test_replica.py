@@ -3,7 +3,7 @@ from pathlib import Path
 
 from epp.config import build_scheduler
 from epp.datastore import Datastore, Status
-from epp.scheduling.saturation import WatchedObjectives
+from epp.flowcontrol.saturation import WatchedObjectives
 from epp.types import Endpoint, EndpointMetrics, InferenceRequest, Role
 from epp.workers import wire
 from epp.workers.replica import SUCCESS_EVERY_S, SharedSync, WorkerLink, apply_members

@@ -8,10 +8,10 @@ import random
 
 import yaml
 
+from epp.common.params import Params
 from epp.config import build_scheduler
 from epp.scheduling import defaults
 from epp.scheduling.base import CycleContext
-from epp.scheduling.params import Params
 from epp.scheduling.plugins import lora
 from epp.scheduling.plugins.lora import Tier
 from epp.scheduling.plugins.prefix import prefix_cache_scorer

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from epp.common.params import Params
 from epp.config import build_scheduler
 from epp.errors import NoEndpointError
 from epp.scheduling.base import CycleContext
 from epp.scheduling.latency import LatencyModel, LatencyPriors
-from epp.scheduling.params import Params
 from epp.scheduling.plugins import affinity, filters, load, pickers, prefix
 from epp.scheduling.prefixindex import PrefixIndex, block_hashes
 from epp.types import (

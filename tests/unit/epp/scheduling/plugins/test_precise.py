@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epp.common.params import ConfigError
 from epp.config import build_scheduler
 from epp.kvevents.wire import BlockStored
 from epp.scheduling.base import CycleContext
 from epp.scheduling.latency import UNCACHED_KEY
-from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler

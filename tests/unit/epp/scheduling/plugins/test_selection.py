@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from epp import config
+from epp.common.params import Params
 from epp.scheduling.base import CycleContext
-from epp.scheduling.params import Params
 from epp.scheduling.plugins.selection import (
     SELECTION_HEADER,
     endpoint_selection_header_filter,

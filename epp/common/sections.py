@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from epp.scheduling.params import ConfigError, Params
+from epp.common.params import ConfigError, Params
 
 T = TypeVar("T")
 _META = "epp.setting"

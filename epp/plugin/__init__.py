@@ -1,0 +1,81 @@
+"""The EPP's public API for plugin packages: everything a scheduling plugin, a P/D
+coordinator, a discovery source or an engine metric dialect imports, in one place
+(docs/extending.md). Import from here only: every other module of ``epp`` is internal
+and may change without notice.
+
+What it holds: the request and endpoint views a plugin reads (``InferenceRequest``,
+``Endpoint``, ``EndpointState``, ``Snapshot``, ...); the Protocol of each scheduling
+plugin kind and the ``CycleContext`` a cycle gives them; a plugin's ``Params`` and its
+registration (``PluginType``, entry point group ``epp.plugins``); the P/D coordinator
+API (``epp.coordinators``); the discovery source API (``epp.discovery``); engine metric
+dialects (``EngineMetricNames``, ``epp.engines``).
+
+This module only re-exports; the objects live where the EPP uses them."""
+
+from epp.common.addresses import parse_address
+from epp.common.params import ConfigError, Params
+from epp.datalayer.engines import EngineMetricNames
+from epp.disagg.coordinators import Coordinator, CoordinatorEnv, DecodeLeg, Handoff
+from epp.errors import NoEndpointError
+from epp.scheduling.base import (
+    CycleContext,
+    DecodePicker,
+    Filter,
+    Picker,
+    ProfileHandler,
+    ProfileRunner,
+    ReferencesPlugins,
+    RoutingObserver,
+    Scorer,
+    ScoresPicker,
+)
+from epp.scheduling.registry import PluginType, Registry
+from epp.serving.sources import DiscoveryContext, DiscoveryKind, DiscoverySource
+from epp.types import (
+    Endpoint,
+    EndpointMetrics,
+    EndpointState,
+    InferenceRequest,
+    Prediction,
+    Role,
+    SchedulingResult,
+    Snapshot,
+)
+
+# The request lifecycle's hook Protocol and its event types join this list when the
+# lifecycle owner lands (they are not exported before they exist).
+
+__all__ = [
+    "ConfigError",
+    "Coordinator",
+    "CoordinatorEnv",
+    "CycleContext",
+    "DecodeLeg",
+    "DecodePicker",
+    "DiscoveryContext",
+    "DiscoveryKind",
+    "DiscoverySource",
+    "Endpoint",
+    "EndpointMetrics",
+    "EndpointState",
+    "EngineMetricNames",
+    "Filter",
+    "Handoff",
+    "InferenceRequest",
+    "NoEndpointError",
+    "Params",
+    "Picker",
+    "PluginType",
+    "Prediction",
+    "ProfileHandler",
+    "ProfileRunner",
+    "ReferencesPlugins",
+    "Registry",
+    "Role",
+    "RoutingObserver",
+    "SchedulingResult",
+    "Scorer",
+    "ScoresPicker",
+    "Snapshot",
+    "parse_address",
+]
