@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,12 +48,16 @@ from epp.extproc import tlsflags
 from epp.extproc.stall import CHUNK_TIMEOUT_S
 from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.flowcontrol.controller import FlowController
+from epp.lifecycle.bus import Hooks
+from epp.lifecycle.observers import EjectionFeedback, PlacementFeedback, builtin_observers
+from epp.lifecycle.picking import Picking
+from epp.lifecycle.resolving import ModelResolver
 from epp.llmd import routerflags
 from epp.lora.placement import AdapterPlacement
 from epp.observability.logsetup import add_log_level
 from epp.observability.metrics import EppMetrics
 from epp.observability.tracing import Tracer
-from epp.router import EndpointOutcomes, Router
+from epp.router import EndpointOutcomes, Router, StreamOptions
 from epp.scheduling.params import ConfigError
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.saturation import WatchedObjectives
@@ -395,22 +400,33 @@ def build(
     )
     flow = FlowController(cfg.flow_control, metrics)
     tracer = _tracer(opts) if group is None else None  # the parent serves no requests
-    router = Router(
+    # what learns from each request: the one place observers are registered
+    observers = [
+        *builtin_observers(metrics, datastore, scheduler.latency, flow),
+        EjectionFeedback(outcomes, datastore, time.monotonic),
+        PlacementFeedback(placement),
+    ]
+    picking = Picking(
         datastore,
         scheduler,
-        metrics,
-        max_body_bytes=opts.max_body_bytes,
+        Hooks(observers),
         rng=rng,
-        request_headers=request_headers,
+        defers=bool(getattr(coordinator, "defers", False)),
+    )
+    router = Router(
+        picking,
+        flow,
+        metrics,
+        resolver=ModelResolver(cfg.models, placement, rng),
         coordinator=coordinator,
-        outcomes=outcomes,
-        envoy_sync=envoy_sync,
-        models=cfg.models,
-        placement=placement,
-        flow=flow,
-        tracer=tracer,
-        stream_chunk_timeout_s=opts.stream_chunk_timeout_s,
-        echo_served_endpoint=cfg.conformance.echo_served_endpoint,
+        stream=StreamOptions(
+            opts.max_body_bytes,
+            tuple(request_headers),
+            opts.stream_chunk_timeout_s,
+            cfg.conformance.echo_served_endpoint,
+            envoy_sync,
+            tracer,
+        ),
     )
     reloader = ConfigReloader(
         config_file or ConfigFile(None),

@@ -31,7 +31,7 @@ from aiohttp.typedefs import Handler
 
 from epp.common.restarts import Restarts
 from epp.datastore import Datastore
-from epp.router import EndpointOutcomes
+from epp.lifecycle.observers import EndpointOutcomes
 from epp.scheduling.saturation import WatchedObjectives
 from epp.types import EndpointMetrics
 from epp.workers import wire
