@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -144,3 +145,26 @@ def test_a_refused_request_is_rejected_and_an_abandoned_one_ended() -> None:
     stream.on_message(m.request_body(BODY, True))
     stream.close("cancelled")  # the client left before the response
     assert [name for name, _ in recorder.events] == ["before_scheduling", "picked", "ended"]
+
+
+def test_the_example_observer_in_extending_md_runs() -> None:
+    text = (Path(__file__).parents[3] / "docs" / "extending.md").read_text()
+    section = text[text.index("## Observe the request lifecycle") :]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start : section.index("\n```", start)]
+    namespace: dict[str, Any] = {}
+    exec(code, namespace)  # the documented example, as written
+    slow = namespace["SlowFirstBytes"](bound_s=0.5)
+    now = [100.0]
+    ds = Datastore()
+    ds.add(Endpoint("10.0.0.1", 8000))
+    router = make_router(ds, build_scheduler(""), clock=lambda: now[0], observers=[slow])
+    for delay in (0.1, 0.9):
+        stream = ExtProcStream(router)
+        stream.on_message(m.request_headers())
+        stream.on_message(m.request_body(BODY, True))
+        now[0] += delay
+        stream.on_message(m.response_headers(200))
+        stream.on_message(m.response_body(USAGE, True))
+        stream.close()
+    assert slow.slow == {"10.0.0.1:8000": 1}
