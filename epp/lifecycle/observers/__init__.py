@@ -1,7 +1,8 @@
 """The built-in observers besides metrics: what learns from each request's outcome
 (the latency model, the token ratio, failure ejection, LoRA placement), flow
 control's count of each flow's requests in flight, and ORCA load from response
-headers. :func:`builtin_observers` lists them in the order they are registered."""
+headers. :func:`builtin_observers` lists them in the order they are registered.
+Observers that are optional (on a flag) are modules of this package."""
 
 from __future__ import annotations
 
