@@ -50,6 +50,7 @@ from epp.extproc.transport import DEFAULT_TRANSPORT, TRANSPORTS, make_transport
 from epp.flowcontrol.controller import FlowController
 from epp.lifecycle.bus import Hooks
 from epp.lifecycle.observers import EjectionFeedback, PlacementFeedback, builtin_observers
+from epp.lifecycle.observers.accesslog import ACCESS_LOGGER, AccessLog
 from epp.lifecycle.picking import Picking
 from epp.lifecycle.resolving import ModelResolver
 from epp.llmd import routerflags
@@ -114,6 +115,7 @@ class ServeOptions:
     metrics_auth: bool = False  # --metrics-endpoint-auth: /metrics for allowed identities
     kubeconfig: Path | None = None  # for it (discovery has its own in pool/selector)
     tracing: bool = False  # --tracing: OpenTelemetry spans over OTLP (docs/tracing.md)
+    access_log: bool = False  # --access-log (or --log-level debug): a line per decision
     workers: WorkerOptions = field(default_factory=WorkerOptions)
     argv: tuple[str, ...] = ()  # the command line, which the parent of --workers reuses
     leader: LeaderOptions | None = None  # --ha-enable-leader-election: ready only leading
@@ -190,6 +192,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how often to check the --config file for changes (0: reload on SIGHUP only)",
     )
     parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one line per routing decision (request id, model, endpoints, prefill "
+        "endpoint, P/D decision, predicted time to first token, flow, time in scheduling) "
+        "to the logger epp.access, whatever --log-level; also on at --log-level debug "
+        "(docs/operations.md#access-log)",
+    )
+    parser.add_argument(
         "--ready-file", type=Path, help="write {grpc_port, http_port} as JSON here once serving"
     )
     parser.add_argument(
@@ -234,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_auth=args.metrics_endpoint_auth,
         kubeconfig=args.kubeconfig,
         tracing=args.tracing,
+        access_log=args.access_log or logging.getLogger().isEnabledFor(logging.DEBUG),
         tls_reload_s=args.tls_reload_seconds,
         workers=worker_options.from_args(args),
         argv=tuple(sys.argv[1:]),
@@ -406,6 +417,9 @@ def build(
         EjectionFeedback(outcomes, datastore, time.monotonic),
         PlacementFeedback(placement),
     ]
+    if opts.access_log:
+        logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)  # whatever --log-level
+        observers.append(AccessLog())
     picking = Picking(
         datastore,
         scheduler,
