@@ -434,12 +434,12 @@ def build(
         resolver=ModelResolver(cfg.models, placement, rng),
         coordinator=coordinator,
         stream=StreamOptions(
-            opts.max_body_bytes,
-            tuple(request_headers),
-            opts.stream_chunk_timeout_s,
-            cfg.conformance.echo_served_endpoint,
-            envoy_sync,
-            tracer,
+            max_body_bytes=opts.max_body_bytes,
+            request_headers=tuple(request_headers),
+            stream_chunk_timeout_s=opts.stream_chunk_timeout_s,
+            echo_served_endpoint=cfg.conformance.echo_served_endpoint,
+            envoy_sync=envoy_sync,
+            tracer=tracer,
         ),
     )
     reloader = ConfigReloader(
