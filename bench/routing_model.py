@@ -79,12 +79,12 @@ from epp.common.usage import Usage
 from epp.config import builtin_registry, instantiate, load_text
 from epp.datastore import Datastore
 from epp.errors import ClientVisibleError
-from epp.flowcontrol.controller import FlowController, Waiting
+from epp.flowcontrol.controller import Waiting
 from epp.flowcontrol.queues import FlowControlConfig
 from epp.kvevents.index import PreciseIndex
 from epp.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from epp.observability.metrics import EppMetrics
-from epp.router import Router
+from epp.router import Router, StreamOptions
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, EndpointMetrics
@@ -95,6 +95,7 @@ from epp_harness.sim.prefix_cache import BlockHash
 from epp_harness.sim.protocol import ApiKind
 from epp_harness.sim.protocol import parse_request as sim_parse_request
 from epp_harness.sim.tokenizer import tokenized, write_tokenizer_files
+from tests.support.routers import make_router
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -278,14 +279,14 @@ def build_pool(setting: Setting, policy: ModelPolicy) -> Pool:
             for index in indexes:
                 index.reset(address, clock(), complete=True)
         metrics = EppMetrics(datastore, clock=clock)
-        router = Router(
+        router = make_router(
             datastore,
             scheduler,
             metrics,
-            max_body_bytes=1 << 24,
+            stream=StreamOptions(1 << 24),
             rng=random.Random(0),
             clock=clock,
-            flow=FlowController(flow_cfg, metrics, clock=clock),
+            flow=flow_cfg,
         )
     engines = []
     for i, address in enumerate(addresses):

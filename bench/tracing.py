@@ -29,8 +29,9 @@ from epp.datastore import Datastore
 from epp.extproc.stream import ExtProcStream
 from epp.observability.metrics import EppMetrics
 from epp.observability.tracing import Tracer
-from epp.router import Router
+from epp.router import Router, StreamOptions
 from epp.types import Endpoint
+from tests.support.routers import make_router
 
 BODY = orjson.dumps({"model": "m", "prompt": "Summarize the report. " * 40, "max_tokens": 8})
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -57,13 +58,12 @@ def router(tracer: Tracer | None) -> Router:
     ds = Datastore()
     for i in range(8):
         ds.add(Endpoint(f"10.0.0.{i + 1}", 8000))
-    return Router(
+    return make_router(
         ds,
         build_scheduler(""),
         EppMetrics(ds),
-        max_body_bytes=1 << 20,
+        stream=StreamOptions(1 << 20, tracer=tracer),
         rng=random.Random(0),
-        tracer=tracer,
     )
 
 

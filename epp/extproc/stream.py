@@ -551,6 +551,8 @@ class ExtProcStream:
             if self._trace is not None:
                 self._trace.first_byte()
             self._watch_chunks()
+        if routed is not None and data:
+            self._router.chunk_seen(routed, len(data))
         req.tail = keep_tail(req.tail, data)
         if end:
             if routed is not None and not routed.ticket.released:

@@ -8,7 +8,8 @@ What it holds: the request and endpoint views a plugin reads (``InferenceRequest
 plugin kind and the ``CycleContext`` a cycle gives them; a plugin's ``Params`` and its
 registration (``PluginType``, entry point group ``epp.plugins``); the P/D coordinator
 API (``epp.coordinators``); the discovery source API (``epp.discovery``); engine metric
-dialects (``EngineMetricNames``, ``epp.engines``).
+dialects (``EngineMetricNames``, ``epp.engines``); the request lifecycle's hooks
+(``LifecycleObserver``, the ``Routing`` view its hooks are given, ``HOOKS``).
 
 This module only re-exports; the objects live where the EPP uses them."""
 
@@ -17,6 +18,7 @@ from epp.common.params import ConfigError, Params
 from epp.datalayer.engines import EngineMetricNames
 from epp.disagg.coordinators import Coordinator, CoordinatorEnv, DecodeLeg, Handoff
 from epp.errors import NoEndpointError
+from epp.lifecycle.hooks import HOOKS, LifecycleObserver, Routing
 from epp.scheduling.base import (
     CycleContext,
     DecodePicker,
@@ -42,10 +44,8 @@ from epp.types import (
     Snapshot,
 )
 
-# The request lifecycle's hook Protocol and its event types join this list when the
-# lifecycle owner lands (they are not exported before they exist).
-
 __all__ = [
+    "HOOKS",
     "ConfigError",
     "Coordinator",
     "CoordinatorEnv",
@@ -62,6 +62,7 @@ __all__ = [
     "Filter",
     "Handoff",
     "InferenceRequest",
+    "LifecycleObserver",
     "NoEndpointError",
     "Params",
     "Picker",
@@ -72,6 +73,7 @@ __all__ = [
     "ReferencesPlugins",
     "Registry",
     "Role",
+    "Routing",
     "RoutingObserver",
     "SchedulingResult",
     "Scorer",

@@ -15,7 +15,6 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from epp import config
 from epp.common import argtypes
@@ -35,9 +34,6 @@ from epp.serving.reload import DEFAULT_POLL_S, ConfigFile
 from epp.serving.wiring import DEFAULT_MAX_BODY_BYTES, ServeOptions, build
 from epp.workers import options as worker_options
 from epp.workers.replica import tag_logs
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("epp.serving.serve")
 
@@ -116,6 +112,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how often to check the --config file for changes (0: reload on SIGHUP only)",
     )
     parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one line per routing decision (request id, model, endpoints, prefill "
+        "endpoint, P/D decision, predicted time to first token, flow, time in scheduling) "
+        "to the logger epp.access, whatever --log-level; also on at --log-level debug "
+        "(docs/operations.md#access-log)",
+    )
+    parser.add_argument(
         "--ready-file", type=Path, help="write {grpc_port, http_port} as JSON here once serving"
     )
     parser.add_argument(
@@ -160,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_auth=args.metrics_endpoint_auth,
         kubeconfig=args.kubeconfig,
         tracing=args.tracing,
+        access_log=args.access_log or logging.getLogger().isEnabledFor(logging.DEBUG),
         tls_reload_s=args.tls_reload_seconds,
         workers=worker_options.from_args(args),
         argv=tuple(sys.argv[1:]),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -41,11 +42,16 @@ from epp.extproc.stall import CHUNK_TIMEOUT_S
 from epp.extproc.transport import DEFAULT_TRANSPORT, make_transport
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.saturation import WatchedObjectives
+from epp.lifecycle.bus import Hooks
+from epp.lifecycle.observers import EjectionFeedback, PlacementFeedback, builtin_observers
+from epp.lifecycle.observers.accesslog import ACCESS_LOGGER, AccessLog
+from epp.lifecycle.picking import Picking
+from epp.lifecycle.resolving import ModelResolver
 from epp.lora.admin import add_lora_routes
 from epp.lora.placement import AdapterPlacement
 from epp.observability.metrics import EppMetrics
 from epp.observability.tracing import Tracer
-from epp.router import EndpointOutcomes, Router
+from epp.router import EndpointOutcomes, Router, StreamOptions
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.serving.leaderelection import LeaderElection, LeaderOptions
@@ -96,6 +102,7 @@ class ServeOptions:
     metrics_auth: bool = False  # --metrics-endpoint-auth: /metrics for allowed identities
     kubeconfig: Path | None = None  # for it (discovery has its own in pool/selector)
     tracing: bool = False  # --tracing: OpenTelemetry spans over OTLP (docs/tracing.md)
+    access_log: bool = False  # --access-log (or --log-level debug): a line per decision
     workers: WorkerOptions = field(default_factory=WorkerOptions)
     argv: tuple[str, ...] = ()  # the command line, which the parent of --workers reuses
     leader: LeaderOptions | None = None  # --ha-enable-leader-election: ready only leading
@@ -265,22 +272,36 @@ class _Process(ABC):
         )
         self.flow = flow = FlowController(cfg.flow_control, metrics)
         self.tracer = tracer = _tracer(opts) if self.serves_requests else None
-        router = Router(
+        # what learns from each request: the one place observers are registered
+        observers = [
+            *builtin_observers(metrics, datastore, self.scheduler.latency, flow),
+            EjectionFeedback(outcomes, datastore, time.monotonic),
+            PlacementFeedback(placement),
+        ]
+        if opts.access_log:
+            logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)  # whatever --log-level
+            observers.append(AccessLog())
+        picking = Picking(
             datastore,
             self.scheduler,
-            metrics,
-            max_body_bytes=opts.max_body_bytes,
+            Hooks(observers),
             rng=rng,
-            request_headers=request_headers,
+            defers=bool(getattr(coordinator, "defers", False)),
+        )
+        router = Router(
+            picking,
+            flow,
+            metrics,
+            resolver=ModelResolver(cfg.models, placement, rng),
             coordinator=coordinator,
-            outcomes=outcomes,
-            envoy_sync=self.envoy_sync,
-            models=cfg.models,
-            placement=placement,
-            flow=flow,
-            tracer=tracer,
-            stream_chunk_timeout_s=opts.stream_chunk_timeout_s,
-            echo_served_endpoint=cfg.conformance.echo_served_endpoint,
+            stream=StreamOptions(
+                max_body_bytes=opts.max_body_bytes,
+                request_headers=tuple(request_headers),
+                stream_chunk_timeout_s=opts.stream_chunk_timeout_s,
+                echo_served_endpoint=cfg.conformance.echo_served_endpoint,
+                envoy_sync=self.envoy_sync,
+                tracer=tracer,
+            ),
         )
         return router
 

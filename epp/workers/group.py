@@ -32,7 +32,7 @@ from aiohttp.typedefs import Handler
 from epp.common.restarts import Restarts
 from epp.datastore import Datastore
 from epp.flowcontrol.saturation import WatchedObjectives
-from epp.router import EndpointOutcomes
+from epp.lifecycle.observers import EndpointOutcomes
 from epp.types import EndpointMetrics
 from epp.workers import wire
 from epp.workers.channel import Channel, StreamChannel

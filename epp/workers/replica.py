@@ -63,7 +63,7 @@ class _WorkerTag(logging.Filter):
 
 
 def tag_logs(index: int) -> None:
-    """Name the worker in every log line it writes (``epp.router[worker 1]: ...``); its
+    """Name the worker in every log line it writes (``epp.extproc.stream[worker 1]: ...``); its
     membership lines are left to the parent, which logs them once."""
     for handler in logging.getLogger().handlers:
         handler.addFilter(_WorkerTag(index))

@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from epp import router
 from epp.cli import build_parser
 from epp.datalayer import peerload
 from epp.datalayer.settings import DataLayerConfig
 from epp.disagg.settings import DisaggConfig
 from epp.discovery.readiness import ReadinessProbe
 from epp.flowcontrol.queues import FlowControlConfig
+from epp.lifecycle import observers
 from epp.observability import metrics
 from epp.xds import eds
 from epp_harness import stack, supervisor
@@ -54,7 +54,7 @@ def test_every_value_in_the_table_is_the_codes() -> None:
         "ext_proc graceful close": "1 s",
         "EDS reconnect": f"{e.eds_retry_base_s:g} s → {e.eds_retry_max_s:g} s",
         "EDS acknowledgement wait": seconds(eds.EDS_SYNC_WAIT_S),
-        "EDS settle": seconds(router.EDS_SETTLE_S),
+        "EDS settle": seconds(observers.EDS_SETTLE_S),
         "scrape": seconds(DataLayerConfig().scrape_timeout_s),
         "metrics stale after": seconds(DataLayerConfig().stale_after_s),
         "readiness check": seconds(ReadinessProbe().timeout_s),

@@ -18,11 +18,12 @@ from epp.errors import (
     ShedError,
     ShuttingDownError,
 )
-from epp.flowcontrol.controller import FlowController, Waiting
+from epp.flowcontrol.controller import Waiting
 from epp.flowcontrol.queues import FlowControlConfig
 from epp.observability.metrics import EppMetrics
 from epp.router import Routed, Router
 from epp.types import Endpoint, InferenceRequest
+from tests.support.routers import make_router as router_for
 
 
 class Clock:
@@ -38,8 +39,8 @@ def make_router(clock: Clock, cfg: FlowControlConfig | None = None, limit: int =
     datastore.add(Endpoint("10.0.0.1", 8000))
     metrics = EppMetrics(datastore)
     scheduler = build_scheduler(f"saturationDetector: {{maxConcurrency: {limit}}}", clock)
-    flow = FlowController(cfg or FlowControlConfig(enabled=True), metrics, clock=clock)
-    return Router(datastore, scheduler, metrics, max_body_bytes=1 << 20, clock=clock, flow=flow)
+    flow = cfg or FlowControlConfig(enabled=True)
+    return router_for(datastore, scheduler, metrics, clock=clock, flow=flow)
 
 
 def req(name: str, **headers: str) -> InferenceRequest:
@@ -248,8 +249,8 @@ def two_endpoints(clock: Clock, output_tokens: int = 30) -> Router:
         f"latencyModel: {{maxNumSeqs: 1, outputTokens: {output_tokens}}}\n",
         clock,
     )
-    flow = FlowController(FlowControlConfig(enabled=True), metrics, clock=clock)
-    return Router(datastore, scheduler, metrics, max_body_bytes=1 << 20, clock=clock, flow=flow)
+    flow = FlowControlConfig(enabled=True)
+    return router_for(datastore, scheduler, metrics, clock=clock, flow=flow)
 
 
 HOME, OTHER = "10.0.0.1:8000", "10.0.0.2:8000"

@@ -17,11 +17,14 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.stream import ExtProcStream
+from epp.lifecycle.observers import PlacementFeedback
+from epp.lifecycle.resolving import ModelResolver
 from epp.lora.placement import AdapterPlacement, PlacementConfig
 from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint, EndpointMetrics
 from tests.support import extproc as m
+from tests.support.routers import make_router as router_for
 
 SERVERS = [Endpoint("127.0.0.1", 8000 + i) for i in range(4)]
 S0, S1, S2, S3 = (e.address for e in SERVERS)
@@ -36,10 +39,12 @@ def make_router(seed: int = 0) -> Router:
     placement = AdapterPlacement(PlacementConfig(), dict, ds, metrics)
     for address, adapters in HELD.items():  # what their /v1/models listed
         placement.holdings.listed(address, adapters)
-    return Router(
-        ds, build_scheduler(""), metrics, max_body_bytes=1 << 20,
-        rng=random.Random(seed), placement=placement,
-    )  # fmt: skip
+    rng = random.Random(seed)
+    router = router_for(
+        ds, build_scheduler(""), metrics, rng=rng, observers=[PlacementFeedback(placement)]
+    )
+    router.resolver = ModelResolver(placement=placement, rng=rng)
+    return router
 
 
 def routed(router: Router, model: str, **headers: str) -> tuple[ExtProcStream, ProcessingResponse]:
@@ -115,7 +120,7 @@ def test_a_base_model_and_an_adapter_nobody_holds_go_anywhere() -> None:
         stream, targets = send(router, model)
         assert len(targets) == 3  # the usual list over the whole pool
         answer(stream, 404 if model == "nope" else 200)
-    assert router.placement is not None and router.placement.listing() == HELD
+    assert router.resolver.placement is not None and router.resolver.placement.listing() == HELD
     assert in_flight(router) == [0, 0, 0, 0]
 
 
@@ -138,8 +143,8 @@ def test_envoy_answering_from_the_next_holder_takes_the_adapter_off_the_first() 
     stream, targets = send(router, "a2")
     first, second = targets
     answer(stream, 200, served=second)  # Envoy retried: the first answered 404 (or failed)
-    assert router.placement is not None
-    assert "a2" not in router.placement.listing()[first]
+    assert router.resolver.placement is not None
+    assert "a2" not in router.resolver.placement.listing()[first]
     stream, targets = send(router, "a2")
     assert targets == [second]
     answer(stream, 200)

@@ -12,9 +12,10 @@ from epp.config import builtin_registry, instantiate, load
 from epp.datalayer.ejection import EjectionPolicy, Ejector, FailureState
 from epp.datastore import Datastore, Status
 from epp.discovery.runtime import Outcome, RuntimeMembership, WaitPolicy
-from epp.observability.metrics import EppMetrics
-from epp.router import Router
+from epp.lifecycle.observers import EjectionFeedback
+from epp.router import StreamOptions
 from epp.types import Endpoint, InferenceRequest
+from tests.support.routers import make_router
 from tests.support.wait import until
 
 
@@ -270,13 +271,12 @@ def test_router_counts_a_failover_against_the_primary_and_caps_the_list() -> Non
     for port in (1, 2, 3, 4):
         ds.add(Endpoint("10.0.0.1", port))
     outcomes = Outcomes()
-    router = Router(
+    router = make_router(
         ds,
         instantiate(load(None), builtin_registry()),
-        EppMetrics(ds),
-        max_body_bytes=1000,
-        outcomes=outcomes,
+        stream=StreamOptions(1000),
         clock=lambda: now[0],
+        observers=[EjectionFeedback(outcomes, ds, lambda: now[0])],
     )
     # just added: Envoy may not know it yet, so a failover away from it is no failure
     router.response_seen("10.0.0.1:1", 200, "10.0.0.1:2")

@@ -19,13 +19,13 @@ from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.disagg.coordinators import DecodeLeg, Handoff
 from epp.extproc.stream import ExtProcStream
-from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.queues import FlowControlConfig
 from epp.observability.metrics import EppMetrics
 from epp.observability.otel import OtelTracer
-from epp.router import Router
+from epp.router import Router, StreamOptions
 from epp.types import Endpoint, Role
 from tests.support import extproc as m
+from tests.support.routers import make_router
 
 REPO = Path(__file__).resolve().parents[3]
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -62,10 +62,10 @@ def traced(
     for e in endpoints or (Endpoint("10.0.0.1", 8000),):
         ds.add(e)
     metrics = EppMetrics(ds)
-    router = Router(
-        ds, build_scheduler(config), metrics, max_body_bytes=1 << 22, rng=random.Random(0),
-        coordinator=coordinator, tracer=OtelTracer(provider),
-        flow=FlowController(FlowControlConfig(enabled=True), metrics),
+    router = make_router(
+        ds, build_scheduler(config), metrics, rng=random.Random(0), coordinator=coordinator,
+        stream=StreamOptions(1 << 22, tracer=OtelTracer(provider)),
+        flow=FlowControlConfig(enabled=True),
     )  # fmt: skip
     return router, exporter
 

@@ -15,12 +15,12 @@ from epp.common.params import ConfigError
 from epp.datastore import Datastore
 from epp.disagg.settings import DisaggConfig
 from epp.observability.metrics import EppMetrics
-from epp.router import Router
 from epp.scheduling.latency import LatencyPriors
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.serving.reload import ConfigFile, ConfigReloader
 from epp.types import Endpoint, InferenceRequest
+from tests.support.routers import make_router
 
 ZONE_A = Endpoint("10.0.0.1", 8000, labels={"zone": "a"})
 ZONE_B = Endpoint("10.0.0.2", 8000, labels={"zone": "b"})
@@ -49,7 +49,7 @@ class Setup:
         self.file = ConfigFile(path)
         cfg = self.file.load()
         scheduler = config.instantiate(cfg, config.builtin_registry())
-        self.router = Router(self.datastore, scheduler, self.metrics, max_body_bytes=1 << 20)
+        self.router = make_router(self.datastore, scheduler, self.metrics)
         self.reloader = ConfigReloader(
             self.file, cfg, scheduler, self.router, self.metrics.config_reloads, poll_s=0
         )
@@ -220,7 +220,7 @@ def test_flags_still_override_the_reloaded_file(tmp_path: Path) -> None:
     datastore.add(ZONE_B)
     metrics = EppMetrics(datastore)
     scheduler = config.instantiate(cfg, config.builtin_registry())
-    router = Router(datastore, scheduler, metrics, max_body_bytes=1 << 20)
+    router = make_router(datastore, scheduler, metrics)
     reloader = ConfigReloader(file, cfg, scheduler, router, metrics.config_reloads, poll_s=0)
     path.write_text(zone_config("b"))
     assert reloader.reload("test")

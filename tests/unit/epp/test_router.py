@@ -24,10 +24,11 @@ from epp.disagg.coordinators import CoordinatorEnv, NixlCoordinator
 from epp.disagg.legs import LegClient
 from epp.extproc.stream import ExtProcStream, Phase
 from epp.observability.metrics import EppMetrics
-from epp.router import Router
+from epp.router import Router, StreamOptions
 from epp.types import Endpoint, EndpointMetrics, InferenceRequest, Role
 from tests.support import extproc as m
 from tests.support.legs import Handler, MemoryLegTransport, answer, held
+from tests.support.routers import make_router
 
 PREFILL = Endpoint("10.0.0.1", 8000, Role.PREFILL)
 DECODES = (Endpoint("10.0.0.2", 8000, Role.DECODE), Endpoint("10.0.0.3", 8000, Role.DECODE))
@@ -68,8 +69,8 @@ def rig(prefill: Handler | None, *, defer: bool = True) -> Rig:
     metrics = EppMetrics(ds)
     transport = MemoryLegTransport({PREFILL.address: prefill} if prefill else {})
     env = CoordinatorEnv(ds, metrics, LegClient(transport), random.Random(1), defer_decode=defer)
-    router = Router(
-        ds, build_scheduler(""), metrics, max_body_bytes=1 << 22,
+    router = make_router(
+        ds, build_scheduler(""), metrics, stream=StreamOptions(1 << 22),
         rng=random.Random(0), coordinator=NixlCoordinator(env),
     )  # fmt: skip
     r = Rig(ds, metrics, router, transport)

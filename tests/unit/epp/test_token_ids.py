@@ -12,8 +12,9 @@ from epp.common.usage import Usage
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.observability.metrics import EppMetrics
-from epp.router import Router
+from epp.router import Router, StreamOptions
 from epp.types import Endpoint
+from tests.support.routers import make_router
 
 HEADERS = {":path": "/v1/completions", ":method": "POST"}
 IDS = list(range(1000, 6000))  # 5,000 ids
@@ -66,7 +67,7 @@ def router() -> Router:
     datastore = Datastore()
     datastore.add(Endpoint("10.0.0.1", 8000))
     metrics = EppMetrics(datastore)
-    return Router(datastore, build_scheduler(""), metrics, max_body_bytes=1 << 24)
+    return make_router(datastore, build_scheduler(""), metrics, stream=StreamOptions(1 << 24))
 
 
 def complete(r: Router, prompt: object, prompt_tokens: int) -> None:

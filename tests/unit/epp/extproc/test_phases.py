@@ -21,11 +21,11 @@ from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
 from epp.extproc.stream import PROTOCOL_ERROR, EndStream, ExtProcStream
-from epp.observability.metrics import EppMetrics
-from epp.router import Router
+from epp.router import Router, StreamOptions
 from epp.types import Endpoint
 from epp.xds.eds import EnvoySync
 from tests.support import extproc as m
+from tests.support.routers import make_router as router_for
 
 P, M = Phase, Message
 
@@ -195,9 +195,9 @@ def make_router(sync: EnvoySync | None = None) -> Router:
     ds = Datastore()
     for port in (8000, 8001):
         ds.add(Endpoint("127.0.0.1", port))
-    return Router(
-        ds, build_scheduler(LEAST_REQUEST), EppMetrics(ds), max_body_bytes=1 << 20,
-        rng=random.Random(0), envoy_sync=sync,
+    return router_for(
+        ds, build_scheduler(LEAST_REQUEST), stream=StreamOptions(1 << 20, envoy_sync=sync),
+        rng=random.Random(0),
     )  # fmt: skip
 
 

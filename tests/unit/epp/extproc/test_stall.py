@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import orjson
@@ -11,10 +12,12 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse
 
 from epp.datalayer.ejection import EjectionPolicy, Ejector
-from epp.datastore import Status
+from epp.datastore import Datastore, Status
 from epp.extproc.phases import Phase
 from epp.extproc.stall import STALL_CODE, ChunkWatch, stall_event
 from epp.extproc.stream import ExtProcStream
+from epp.lifecycle.hooks import LifecycleObserver
+from epp.lifecycle.observers import EjectionFeedback
 from tests.support import extproc as m
 from tests.unit.epp.extproc.test_stream import BODY, make_router, run
 
@@ -106,10 +109,12 @@ STREAM_BODY = orjson.dumps({"model": "m", "prompt": "hello", "max_tokens": 4, "s
 
 
 async def test_a_stalled_stream_is_ended_released_and_counted() -> None:
-    router = make_router(n=1)
+    def ejection(ds: Datastore) -> list[LifecycleObserver]:
+        ejector = Ejector(ds, EjectionPolicy(eject_after=1), probe=_never)
+        return [EjectionFeedback(ejector, ds, time.monotonic)]
+
+    router = make_router(n=1, observers=ejection)
     router.stream_chunk_timeout_s = 0.05
-    ejector = Ejector(router.datastore, EjectionPolicy(eject_after=1), probe=_never)
-    router.outcomes = ejector
     sent: asyncio.Queue[ProcessingResponse] = asyncio.Queue()
 
     async def send(reply: ProcessingResponse) -> None:

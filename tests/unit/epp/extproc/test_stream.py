@@ -3,6 +3,7 @@
 import asyncio
 import json
 import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import orjson
@@ -15,27 +16,33 @@ from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.messages import MAX_CHUNK_BYTES
 from epp.extproc.stream import ExtProcStream, Phase
-from epp.observability.metrics import EppMetrics
-from epp.router import Router
+from epp.lifecycle.hooks import LifecycleObserver
+from epp.router import Router, StreamOptions
 from epp.types import Endpoint
 from epp.xds.eds import EnvoySync
 from tests.support import extproc as m
+from tests.support.routers import make_router as router_for
 
 LEAST_REQUEST = (Path(__file__).parents[4] / "configs" / "least-request.yaml").read_text()
 BODY = orjson.dumps({"model": "m", "prompt": "hello " * 50, "max_tokens": 4})
 
 
-def make_router(n: int = 2, max_body: int = 1 << 20, envoy_sync: EnvoySync | None = None) -> Router:
+def make_router(
+    n: int = 2,
+    max_body: int = 1 << 20,
+    envoy_sync: EnvoySync | None = None,
+    observers: Callable[[Datastore], Sequence[LifecycleObserver]] = lambda _: (),
+) -> Router:
+    """``observers``: besides the built-in ones, given the datastore."""
     ds = Datastore()
     for i in range(n):
         ds.add(Endpoint("127.0.0.1", 8000 + i))
-    return Router(
+    return router_for(
         ds,
         build_scheduler(LEAST_REQUEST),
-        EppMetrics(ds),
-        max_body_bytes=max_body,
+        stream=StreamOptions(max_body, envoy_sync=envoy_sync),
         rng=random.Random(0),
-        envoy_sync=envoy_sync,
+        observers=observers(ds),
     )
 
 

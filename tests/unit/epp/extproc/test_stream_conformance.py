@@ -14,10 +14,10 @@ from google.protobuf.struct_pb2 import Value
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.stream import ExtProcStream
-from epp.observability.metrics import EppMetrics
-from epp.router import Router
+from epp.router import Router, StreamOptions
 from epp.types import Endpoint
 from tests.support import extproc as m
+from tests.support.routers import make_router as router_for
 
 CONFIGS = Path(__file__).parents[4] / "configs"
 BODY = orjson.dumps({"model": "m", "prompt": "hello", "max_tokens": 4})
@@ -29,13 +29,11 @@ def make_router(config: str, echo: bool) -> Router:
     ds = Datastore()
     for port in (3000, 3002, 3004):
         ds.add(Endpoint("127.0.0.1", port))
-    return Router(
+    return router_for(
         ds,
         build_scheduler((CONFIGS / config).read_text()),
-        EppMetrics(ds),
-        max_body_bytes=1 << 20,
+        stream=StreamOptions(1 << 20, echo_served_endpoint=echo),
         rng=random.Random(0),
-        echo_served_endpoint=echo,
     )
 
 

@@ -21,10 +21,10 @@ from epp.disagg.coordinators import DecodeLeg, Handoff
 from epp.errors import PrefillRejectedError
 from epp.extproc.messages import EMPTY_REQUEST_HEADERS, MAX_CHUNK_BYTES
 from epp.extproc.stream import ExtProcStream, Phase
-from epp.observability.metrics import EppMetrics
-from epp.router import Router
+from epp.router import Router, StreamOptions
 from epp.types import Endpoint, Role
 from tests.support import extproc as m
+from tests.support.routers import make_router
 
 PREFILL, DECODE = Endpoint("10.0.0.1", 8000, Role.PREFILL), Endpoint("10.0.0.2", 8000)
 LONG = "a long prompt " * 200  # ~700 tokens: over nonCachedTokens, so disaggregated
@@ -63,9 +63,9 @@ def router(coordinator: FakeCoordinator) -> Router:
     ds = Datastore()
     ds.add(PREFILL)
     ds.add(DECODE)
-    return Router(
-        ds, build_scheduler(""), EppMetrics(ds),
-        max_body_bytes=1 << 22, rng=random.Random(0), coordinator=coordinator,
+    return make_router(
+        ds, build_scheduler(""), stream=StreamOptions(1 << 22), rng=random.Random(0),
+        coordinator=coordinator,
     )  # fmt: skip
 
 
