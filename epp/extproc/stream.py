@@ -399,8 +399,8 @@ class ExtProcStream:
         Envoy may still hold the old process's list, and would fall back from a pick it
         does not know to one of those."""
         sync = self._router.envoy_sync
-        cfg = self._router.flow.cfg
         if self._max_destinations > 1 and sync is not None and not sync.synced:
+            cfg = self._router.flow.cfg  # Envoy may get one extension: the longest wait
             wait_s = EDS_SYNC_WAIT_S + cfg.max_queue_timeout_s + cfg.message_timeout_margin_s
             return self._wait(routing, _Awaiting.SYNC, sync.wait(), wait_s)
         req = self._req
@@ -416,6 +416,7 @@ class ExtProcStream:
         routing.doc = doc if resolved.doc is None else resolved.doc
         placed = self._router.place(resolved.request)  # an adapter loaded first?
         if not isinstance(placed, InferenceRequest):
+            cfg = self._router.flow.cfg
             wait_s = cfg.max_queue_timeout_s + cfg.message_timeout_margin_s
             return self._wait(routing, _Awaiting.PLACEMENT, placed, wait_s)
         return self._schedule(placed, routing)
