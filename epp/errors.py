@@ -34,6 +34,9 @@ raises on purpose, and one branch of it is what a client may see.
         ├── FrameError               (datalayer/peerload.py)     an unreadable peer-load frame
         ├── TokenizerError           (common/tokenization.py)    tokenizer files, a template
         ├── FetchError               (top/command.py)            `epp top` cannot read the EPP
+        ├── StreamBroken             (extproc/driver.py)         Envoy broke the ext_proc
+        │                                                        protocol once the response
+        │                                                        had started
         ├── LeaseError               (serving/leaderelection.py) a Lease call failed
         └── LegFailed                (disagg/legs.py)            prefill server unreachable
                                                                  or too slow

@@ -20,9 +20,9 @@ from epp.datastore import Datastore
 from epp.extproc.stream import ExtProcStream
 from epp.observability import families
 from epp.observability.metrics import EppMetrics
-from epp.router import Router
 from epp.types import Endpoint, Role
 from tests.support import extproc as m
+from tests.support.routers import make_router
 
 # every way a value is written: prometheus_client's (the project's own epp_* series)
 # and the cells the llm-d names are rendered from
@@ -62,16 +62,13 @@ def test_one_request_writes_each_llmd_event_once() -> None:
     ds.add(Endpoint("10.0.0.1", 8000, Role.PREFILL))
     ds.add(Endpoint("10.0.0.2", 8000))
     metrics = EppMetrics(ds)
-    router = Router(
-        ds, build_scheduler(""), metrics, max_body_bytes=1 << 20, rng=random.Random(0)
-    )  # a P/D pool: a short prompt is a decode-only decision
+    # a P/D pool: a short prompt is a decode-only decision
+    router = make_router(ds, build_scheduler(""), metrics, rng=random.Random(0))
     body = orjson.dumps({"model": "m", "prompt": "hi", "max_tokens": 4})
     with writes() as tally:
         stream = ExtProcStream(router)
         stream.on_message(m.request_headers())
-        replies = stream.on_message(m.request_body(body, True))
-        assert isinstance(replies, list)  # routed at once
-        head = replies[0]
+        head = m.replies(stream.on_message(m.request_body(body, True)))[0]  # routed at once
         assert m.set_headers(head)["x-gateway-destination-endpoint"] == "10.0.0.2:8000"
         stream.on_message(m.response_headers(200))
         stream.on_message(m.response_body(orjson.dumps({"usage": USAGE}), True))
