@@ -39,8 +39,7 @@ def test_a_routed_request_gets_one_line(caplog: pytest.LogCaptureFixture) -> Non
     router = make_router(ds, build_scheduler(""), rng=random.Random(0), observers=[AccessLog()])
     stream = ExtProcStream(router, max_destinations=2)
     stream.on_message(m.request_headers({"x-request-id": "r-7"}))
-    replies = stream.on_message(m.request_body(BODY, True))
-    assert isinstance(replies, list)
+    replies = m.replies(stream.on_message(m.request_body(BODY, True)))
     destination = m.set_headers(replies[0])["x-gateway-destination-endpoint"]
     [line] = access_lines(caplog)
     fields = dict(f.split("=", 1) for f in line.split()[1:])

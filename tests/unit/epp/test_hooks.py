@@ -134,9 +134,7 @@ def test_a_request_meets_the_hooks_in_order_through_the_stream() -> None:
 def test_a_refused_request_is_rejected_and_an_abandoned_one_ended() -> None:
     stream, recorder = recorded()  # no endpoint: 503
     stream.on_message(m.request_headers())
-    replies = stream.on_message(m.request_body(BODY, True))
-    assert isinstance(replies, list)
-    [reply] = replies
+    [reply] = m.replies(stream.on_message(m.request_body(BODY, True)))
     assert reply.immediate_response.status.code == 503
     assert recorder.events == [("before_scheduling", "m"), ("rejected", 503)]
 
