@@ -57,9 +57,11 @@ def parse_request(
     if api is None:
         api = api_for(path)
     model = doc.get("model")
-    if model is None and api.model_required:
-        raise BadRequestError("request body has no 'model' field", code="missing_model")
-    if model is not None and (not isinstance(model, str) or not model):
+    if model is None:
+        if api.model_required:
+            raise BadRequestError("request body has no 'model' field", code="missing_model")
+        model = ""  # the one the server serves: an inference request all the same
+    elif not isinstance(model, str) or not model:
         raise BadRequestError(
             f"'model' must be a non-empty string, got {json_kind(model)}", code="invalid_model"
         )

@@ -38,7 +38,8 @@ class Api:
     usage: Callable[[bytes, bytes], Usage | None]
     # the JSON body of an error answered for a request on this API
     error_body: Callable[[ClientVisibleError], bytes]
-    # False: a body without ``model`` is routed anyway (the server serves one model)
+    # False: a body without ``model`` is routed as asking for the one its server serves
+    # (model ""): the engines' generate APIs
     model_required: bool = True
     needs_head: bool = False
 

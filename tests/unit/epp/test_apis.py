@@ -166,7 +166,7 @@ def test_vllm_generate_counts_its_token_ids() -> None:
     doc = {"token_ids": [1, 2, 70000], "sampling_params": {"max_tokens": 9}, "stream": True}
     req = parse("/inference/v1/generate", doc)
     assert (req.prompt, req.prompt_token_count, req.prompt_tokens) == ("000100020000", 3, 3)
-    assert (req.model, req.max_tokens, req.stream) == (None, 9, True)
+    assert (req.model, req.max_tokens, req.stream) == ("", 9, True)  # the served model
     assert parse("/inference/v1/generate", {**doc, "model": "m"}).model == "m"
 
 
