@@ -53,8 +53,12 @@ def test_messages_through_envoy_and_the_epp(stack: LocalStack) -> None:
         "".join(stream.text_stream)
         streamed = stream.get_final_message()
     usages = [message.usage, streamed.usage]
-    # vLLM reports the cached part of the prompt apart (cache_read_input_tokens)
-    prompts = [u.input_tokens + (u.cache_read_input_tokens or 0) for u in usages]
+    # vLLM reports apart the prompt tokens read from its prefix cache and those it
+    # newly cached (the full blocks): input_tokens is the rest, as Anthropic counts
+    prompts = [
+        u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0)
+        for u in usages
+    ]
     assert prompts[0] == prompts[1]
     assert streamed.usage.cache_read_input_tokens  # the first request's blocks
     tokens = client.messages.count_tokens(model=MODEL_NAME, system=system, messages=turns)

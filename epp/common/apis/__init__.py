@@ -44,4 +44,7 @@ API_BY_PATH: dict[str, Api] = {
 def api_for(path: str) -> Api:
     """The API of a request to ``path`` (``:path``, query string included or not);
     OpenAI's for a path without one of its own."""
-    return API_BY_PATH.get(path.split("?", 1)[0], DEFAULT)
+    api = API_BY_PATH.get(path)
+    if api is None:  # a query string, or a path without an API of its own
+        api = API_BY_PATH.get(path.split("?", 1)[0], DEFAULT)
+    return api
