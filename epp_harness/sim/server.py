@@ -235,10 +235,12 @@ class SimServer:
             # aclosing: a disconnect must free the running slot now, not at GC time.
             async with aclosing(self._tokens(plan, arrival, report)) as tokens:
                 async for index in tokens:
-                    first = api.first(req, rid, created) if index == 0 else b""
+                    if index == 0 and (first := api.first(req, rid, created)):
+                        # vLLM sends the role delta once the first output exists.
+                        await resp.write(first)
                     chunk = api.token(req, rid, created, index, index == last)
-                    if first or chunk:
-                        await resp.write(first + chunk)
+                    if chunk:
+                        await resp.write(chunk)
                     generated += 1
             await resp.write(api.end(req, rid, created, generated, self._cached(report)))
             await resp.write_eof()
