@@ -66,9 +66,10 @@ def resolve(
 ) -> Resolved:
     """``request`` with its model rewritten (header, else ``rewrites``) and flagged when it
     names a catalogued adapter; ModelNotFoundError for a model nobody knows (only with
-    both ``adapters`` and ``baseModels`` set)."""
+    both ``adapters`` and ``baseModels`` set). A request naming no model (``""``: an
+    engine's generate API, whose server serves one) is left as it is."""
     model = request.model
-    if model is None or doc is None:
+    if not model or doc is None:  # no body, or one naming no model (generate APIs)
         return Resolved(request)
     target = _target(cfg, request.headers, model, rng)
     flagged = target in cfg.adapters

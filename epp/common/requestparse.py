@@ -1,20 +1,26 @@
 """Turn a request's headers and raw body into an :class:`InferenceRequest` (pure).
 
-The body is parsed exactly once, here. Anything wrong with it raises a
-:class:`BadRequestError` whose message says precisely what.
+The body is parsed exactly once, here, by its path's API (:mod:`epp.common.apis`).
+Anything wrong with it raises a :class:`BadRequestError` whose message says precisely
+what.
 """
 
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
+from epp.common.apis import Api, api_for
+from epp.common.apis.base import json_kind
+from epp.common.apis.openai import TOKEN_ID_CHARS, parse_prompt, token_id_prompt
 from epp.errors import BadRequestError
 from epp.types import CHARS_PER_TOKEN, InferenceRequest
+
+# where they were first defined: tests and benchmarks import them from here
+__all__ = ["TOKEN_ID_CHARS", "parse_prompt", "parse_request", "slo_targets", "token_id_prompt"]
 
 
 def parse_request(
@@ -23,10 +29,12 @@ def parse_request(
     body: bytes | None,
     subset: frozenset[str] | None = None,
     chars_per_token: float = CHARS_PER_TOKEN,
+    api: Api | None = None,
 ) -> tuple[InferenceRequest, dict[str, Any] | None]:
-    """Parse an OpenAI-style request; returns it with the decoded JSON body (None when
-    the request has no body, e.g. ``GET /v1/models``). ``chars_per_token``: what its
-    prompt's token estimate divides by (the ratio learned so far)."""
+    """Parse a request by its path's API (``api``: already looked up by the caller);
+    returns it with the decoded JSON body (None when the request has no body, e.g.
+    ``GET /v1/models``). ``chars_per_token``: what its prompt's token estimate divides
+    by (the ratio learned so far)."""
     path = headers.get(":path", "/").split("?", 1)[0]
     if body is None:
         request = InferenceRequest(
@@ -43,34 +51,38 @@ def parse_request(
         ) from None
     if not isinstance(doc, dict):
         raise BadRequestError(
-            f"request body must be a JSON object, got {_json_kind(doc)}", code="invalid_body"
+            f"request body must be a JSON object, got {json_kind(doc)}", code="invalid_body"
         )
     slo_ttft, slo_tpot = slo_targets(headers)
+    if api is None:
+        api = api_for(path)
     model = doc.get("model")
     if model is None:
-        raise BadRequestError("request body has no 'model' field", code="missing_model")
-    if not isinstance(model, str) or not model:
+        if api.model_required:
+            raise BadRequestError("request body has no 'model' field", code="missing_model")
+        model = ""  # the one the server serves: an inference request all the same
+    elif not isinstance(model, str) or not model:
         raise BadRequestError(
-            f"'model' must be a non-empty string, got {_json_kind(model)}", code="invalid_model"
+            f"'model' must be a non-empty string, got {json_kind(model)}", code="invalid_model"
         )
-    prompt, token_count = parse_prompt(doc)
-    if token_count is not None:  # its text spells each id in TOKEN_ID_CHARS characters
+    read = api.read(doc)
+    if read.token_count is not None:  # its text spells each id in TOKEN_ID_CHARS characters
         chars_per_token = TOKEN_ID_CHARS
     return (
         InferenceRequest(
             request_id=request_id,
             model=model,
             path=path,
-            prompt=prompt,
-            stream=doc.get("stream") is True,
-            max_tokens=_max_tokens(doc),
+            prompt=read.prompt,
+            stream=read.stream,
+            max_tokens=read.max_tokens,
             headers=headers,
             subset=subset,
             slo_ttft_ms=slo_ttft,
             slo_tpot_ms=slo_tpot,
             body=doc,
             chars_per_token=chars_per_token,
-            prompt_token_count=token_count,
+            prompt_token_count=read.token_count,
         ),
         doc,
     )
@@ -103,88 +115,3 @@ def _slo(headers: Mapping[str, str], names: tuple[str, ...]) -> float | None:
             )
         return value
     return None
-
-
-def parse_prompt(doc: Mapping[str, Any]) -> tuple[str, int | None]:
-    """The prompt as one string, and its tokens when known exactly (None: to be
-    estimated from the string's length): completions' ``prompt`` (strings joined, or
-    token ids as :func:`token_id_prompt` reads them), or chat ``messages`` as ``role:
-    content`` lines (roles are part of what a server caches)."""
-    prompt = doc.get("prompt")
-    if prompt is not None:
-        ids = token_id_prompt(prompt)
-        return (_text(prompt), None) if ids is None else ids
-    messages = doc.get("messages")
-    if isinstance(messages, list):
-        text = "".join(
-            f"{m.get('role', '')}: {_text(m.get('content'))}\n"
-            for m in messages
-            if isinstance(m, dict)
-        )
-        return text, None
-    return "", None
-
-
-# characters a token id is spelled in, in a prompt's text (what the prefix index hashes:
-# its blocks, sized for 4 characters a token, then hold whole ids)
-TOKEN_ID_CHARS = CHARS_PER_TOKEN
-
-
-def token_id_prompt(value: Any) -> tuple[str, int] | None:
-    """A prompt of token ids (a list of integers, or a batch: a list of such lists) as
-    (text, count): the text spells each id in ``TOKEN_ID_CHARS`` characters, the count
-    is exact (a batch's ids all count). None when ``value`` is not one. Every parser of
-    a token-id prompt reads it here, so its tokens are counted, never estimated."""
-    if not isinstance(value, list) or not value:
-        return None
-    batch = value if isinstance(value[0], list) else [value]
-    count = 0
-    for ids in batch:
-        if not isinstance(ids, list):
-            return None
-        try:  # every one an integer (checked in C: a prompt may hold many thousands)
-            array("q", ids)
-        except (TypeError, OverflowError):
-            return None
-        count += len(ids)
-    return "".join(_id_text(ids) for ids in batch), count
-
-
-def _id_text(ids: list[int]) -> str:
-    return "".join([f"{i % 10000:04d}" for i in ids])
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        parts = []
-        for item in value:
-            if isinstance(item, int):
-                parts.append(_id_text([item]))
-            elif isinstance(item, dict):  # chat content parts
-                parts.append(_text(item.get("text")))
-            else:
-                parts.append(_text(item))
-        return "".join(parts)
-    return ""
-
-
-def _max_tokens(doc: Mapping[str, Any]) -> int | None:
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = doc.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
-def _json_kind(value: Any) -> str:
-    return {
-        dict: "an object",
-        list: "an array",
-        str: "a string",
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)

@@ -17,6 +17,11 @@ What vLLM does, reproduced here:
   as a list of parts becomes its text parts joined by newlines (vLLM's "string"
   content format).
 
+* Anthropic Messages: turned into the chat request vLLM makes of it
+  (:func:`epp.common.apis.anthropic.chat_body`), then as chat;
+* vLLM's ``/inference/v1/generate`` and SGLang's ``/generate``: their token ids as
+  they are (of an SGLang batch, the first).
+
 Anything else (a request-supplied ``chat_template``, images, a template that raises)
 gives None: the scorer then falls back to the approximate index for that request.
 """
@@ -37,6 +42,8 @@ import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from epp.common.apis.anthropic import MESSAGES, chat_body
+from epp.common.apis.generate import SGLANG_GENERATE, VLLM_GENERATE
 from epp.errors import InternalError
 
 COMPLETIONS = "/v1/completions"
@@ -82,11 +89,25 @@ def prompt_token_ids(
             return tokenizer.encode(prompt, special is not False)
         return None
     if path == CHAT and tokenizer is not None:
-        text = tokenizer.render_chat(body)
-        if text is None:
-            return None
-        return tokenizer.encode(text, body.get("add_special_tokens") is True)
+        return _chat_ids(body, tokenizer)
+    if path == MESSAGES and tokenizer is not None:
+        chat = chat_body(body)  # the chat request vLLM makes of it
+        return None if chat is None else _chat_ids(chat, tokenizer)
+    if path == VLLM_GENERATE:
+        return _ids(body.get("token_ids") or [])
+    if path == SGLANG_GENERATE:
+        ids = body.get("input_ids")
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
+            ids = ids[0]  # of a batch, the first is matched (as completions)
+        return _ids(ids) if isinstance(ids, list) else None
     return None
+
+
+def _chat_ids(body: Mapping[str, Any], tokenizer: PromptTokenizer) -> list[int] | None:
+    text = tokenizer.render_chat(body)
+    if text is None:
+        return None
+    return tokenizer.encode(text, body.get("add_special_tokens") is True)
 
 
 class HfTokenizer:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 TAIL_BYTES = 4096
 _DECODER = json.JSONDecoder()
@@ -33,23 +34,42 @@ def keep_tail(tail: bytes, chunk: bytes) -> bytes:
 
 def find_usage(tail: bytes) -> Usage | None:
     """The last ``"usage": {...}`` object in ``tail``, or None if absent or malformed."""
-    idx = tail.rfind(b'"usage"')
-    if idx < 0:
-        return None
-    text = tail[idx + len(b'"usage"') :].decode("utf-8", errors="replace").lstrip()
-    if not text.startswith(":"):
-        return None
-    try:
-        obj, _ = _DECODER.raw_decode(text[1:].lstrip())
-    except ValueError:
-        return None
-    if not isinstance(obj, dict):
+    obj = last_object(tail, b'"usage"')
+    if obj is None:
         return None
     prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
     details = obj.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(prompt, completion, cached_within(cached, prompt))
+
+
+def cached_within(cached: object, prompt: int) -> int | None:
+    """``cached`` when it is a count of tokens within ``prompt``, else None."""
     if not isinstance(cached, int) or isinstance(cached, bool) or not 0 <= cached <= prompt:
-        cached = None
-    return Usage(prompt, completion, cached)
+        return None
+    return cached
+
+
+def last_object(data: bytes, key: bytes) -> dict[str, Any] | None:
+    """The JSON object after the last ``key`` (a quoted name) in ``data``, or None."""
+    return _object_at(data, data.rfind(key), key)
+
+
+def first_object(data: bytes, key: bytes) -> dict[str, Any] | None:
+    """The JSON object after the first ``key`` (a quoted name) in ``data``, or None."""
+    return _object_at(data, data.find(key), key)
+
+
+def _object_at(data: bytes, idx: int, key: bytes) -> dict[str, Any] | None:
+    if idx < 0:
+        return None
+    text = data[idx + len(key) :].decode("utf-8", errors="replace").lstrip()
+    if not text.startswith(":"):
+        return None
+    try:
+        obj, _ = _DECODER.raw_decode(text[1:].lstrip())
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None

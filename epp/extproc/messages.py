@@ -111,9 +111,10 @@ def response_body_echo(data: bytes, end_of_stream: bool) -> ProcessingResponse:
     return reply
 
 
-def immediate(error: ClientVisibleError) -> ProcessingResponse:
-    """An error answered by Envoy on our behalf, OpenAI-shaped JSON body; a dropped
-    request also says why (``x-llm-d-request-dropped-reason``)."""
+def immediate(error: ClientVisibleError, body: bytes | None = None) -> ProcessingResponse:
+    """An error answered by Envoy on our behalf, a JSON body (``body``: in the shape of
+    the request's API; by default OpenAI's); a dropped request also says why
+    (``x-llm-d-request-dropped-reason``)."""
     headers = [("content-type", "application/json")]
     if error.retry_after_s is not None:
         headers.append(("retry-after", str(error.retry_after_s)))
@@ -123,7 +124,7 @@ def immediate(error: ClientVisibleError) -> ProcessingResponse:
         immediate_response=ImmediateResponse(
             status=HttpStatus(code=error.status),
             headers=header_mutation(headers),
-            body=error.body(),
+            body=error.body() if body is None else body,
             details=f"epp_{error.code or error.error_type}",
         )
     )

@@ -26,8 +26,9 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     ProcessingResponse,
 )
 
+from epp.common.apis import DEFAULT, Api, api_for
 from epp.common.requestparse import parse_request
-from epp.common.usage import find_usage, keep_tail
+from epp.common.usage import TAIL_BYTES, keep_tail
 from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
@@ -127,6 +128,8 @@ class _Request:
     # upstream.address attribute)
     served: str = ""
     tail: bytes = b""
+    head: bytes = b""  # the response's first bytes, for an API whose usage starts there
+    api: Api = DEFAULT  # the request API of its path (epp.common.apis)
     stream: bool = False  # the client asked for a streamed answer ("stream": true)
 
 
@@ -330,6 +333,7 @@ class ExtProcStream:
         for h in msg.headers.headers:
             req.headers[h.key] = h.raw_value.decode() if h.raw_value else h.value
         req.subset = self._subset_hint
+        req.api = api_for(req.headers.get(":path", "/"))
         req.request_id = req.headers.get("x-request-id", "")
         if not req.request_id:
             req.request_id, req.generated_id = uuid.uuid4().hex, True
@@ -410,6 +414,7 @@ class ExtProcStream:
             routing.body,
             req.subset,
             self._router.chars_per_token,
+            req.api,
         )
         resolved = self._router.resolve(request, doc)  # model rewrites, adapter catalogue
         routing.rewritten = resolved.doc is not None
@@ -530,7 +535,7 @@ class ExtProcStream:
             self._trace.rejected(error.status, error.code or error.error_type)
         self._advance(Outcome.REJECTED)
         self._finish()
-        return messages.immediate(error)
+        return messages.immediate(error, self._req.api.error_body(error))
 
     # -- response path ------------------------------------------------------------------
     def _on_response_headers(self, msg: HttpHeaders) -> Step:
@@ -560,9 +565,12 @@ class ExtProcStream:
         if routed is not None and data:
             self._router.chunk_seen(routed, len(data))
         req.tail = keep_tail(req.tail, data)
+        if req.api.needs_head and len(req.head) < TAIL_BYTES:
+            req.head += data[: TAIL_BYTES - len(req.head)]
         if end:
             if routed is not None and not routed.ticket.released:
-                self._router.completed(routed, req.status, req.served, find_usage(req.tail))
+                usage = req.api.usage(req.head, req.tail)
+                self._router.completed(routed, req.status, req.served, usage)
             self._finish()
         if self._envoy.response_body_mode == _FULL_DUPLEX:
             return Step((messages.response_body_echo(data, end),))

@@ -8,8 +8,10 @@ Pure: a parsed document in, a document of ours out (or ConfigError naming the en
   scheme or path is refused.
 * ``core-metrics-extractor``: which engine's metric names to read; its
   ``defaultEngine`` becomes ``dataLayer.engine``.
-* request parsers (``openai-parser``) and the ``requestHandler`` section: ours parses
-  OpenAI-style bodies always; a parser we do not have is refused.
+* request parsers (``openai-parser``, ``anthropic-parser``, ``vllmhttp-parser``,
+  ``sglanghttp-parser``) and the ``requestHandler`` section: ours parses every one of
+  those APIs always, each by its path (epp.common.apis); a parser we do not have is
+  refused.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from epp.common.apis import API_BY_PATH
 from epp.common.params import ConfigError
 from epp.datalayer.engines import ENGINES
 
 METRICS_SOURCE = "metrics-data-source"
 METRICS_EXTRACTOR = "core-metrics-extractor"
-PARSERS = frozenset({"openai-parser"})
+PARSERS = frozenset(api.name for api in API_BY_PATH.values())
 REQUEST_HANDLER = "requestHandler"
 
 
@@ -54,7 +57,7 @@ def translate(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
             if kind not in PARSERS:
                 raise ConfigError(
                     f"{where}.type: request parser {kind!r} is not supported; requests are "
-                    "parsed as OpenAI-style JSON (openai-parser)"
+                    f"parsed by their path's API ({', '.join(sorted(PARSERS))})"
                 )
         else:
             kept.append(item)

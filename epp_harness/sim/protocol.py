@@ -177,12 +177,38 @@ def parse_request(
     in vLLM; without it a random one is made. ``adapters``: LoRA adapter names also
     served.
     """
+    return parse_doc(
+        kind,
+        load_object(raw),
+        served_model=served_model,
+        default_max_tokens=default_max_tokens,
+        request_id=request_id,
+        adapters=adapters,
+    )
+
+
+def load_object(raw: bytes) -> dict[str, Any]:
+    """A request body's JSON object; SimError 400 when it is not one."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"Invalid JSON body: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object")
+    return body
+
+
+def parse_doc(
+    kind: ApiKind,
+    body: dict[str, Any],
+    *,
+    served_model: str,
+    default_max_tokens: int,
+    request_id: str | None = None,
+    adapters: Container[str] = (),
+) -> GenerationRequest:
+    """:func:`parse_request` of a decoded body (the other APIs' requests, turned into
+    the completions or chat request the engine would make of them, come here)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("`model` is required and must be a non-empty string")

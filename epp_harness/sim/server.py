@@ -1,6 +1,9 @@
 """The simulator's HTTP surface: an aiohttp app serving vLLM's API plus test hooks.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+the other request APIs vLLM and SGLang serve (epp_harness.sim.apis: ``/v1/messages``,
+``/v1/messages/count_tokens``, ``/v1/responses``, ``/v1/embeddings``,
+``/inference/v1/generate``, ``/generate``),
 with ``--enable-lora`` ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``
 (epp_harness.sim.lora),
 ``GET /health``, ``GET /metrics``, ``POST /tokenize``, ``POST /reset_prefix_cache``,
@@ -9,7 +12,7 @@ for tests ``GET /sim/stats``,
 instances ``POST /sim/kv/pull`` and ``POST /sim/bootstrap/join`` (epp_harness.sim.kv_routes).
 Every response carries ``x-sim-instance: <instance id>``.
 
-Both generation routes go through ``SimServer.generate``: the one place where a request
+Every generation route goes through ``SimServer.generate``: the one place where a request
 is read, recorded, parsed, planned (the KV handoff, epp_harness.sim.handoff) and run.
 """
 
@@ -27,7 +30,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from epp_harness.sim import orca, responses
+from epp_harness.sim import apis, orca, responses
 from epp_harness.sim.config import SimConfig
 from epp_harness.sim.engine import Engine, PromptReport
 from epp_harness.sim.faults import (
@@ -42,7 +45,14 @@ from epp_harness.sim.kv_events import KvEventPublisher
 from epp_harness.sim.kv_routes import KvRoutes
 from epp_harness.sim.lora import LoraRoutes, adapter_cards, lora_slots
 from epp_harness.sim.metrics import METRICS_CONTENT_TYPE, SimMetrics
-from epp_harness.sim.protocol import MAX_TOKENS_LIMIT, ApiKind, SimError, parse_request
+from epp_harness.sim.protocol import (
+    MAX_TOKENS_LIMIT,
+    ApiKind,
+    GenerationRequest,
+    SimError,
+    load_object,
+    parse_doc,
+)
 from epp_harness.sim.responses import error_response, json_response
 from epp_harness.sim.tokenizer import tokenize_body, tokenized
 
@@ -109,47 +119,68 @@ class SimServer:
     async def tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[INSTANCE_HEADER] = self.config.instance_id
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.generate(request, ApiKind.COMPLETION)
+    def route(self, api: apis.SimApi) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """The handler of a generation route speaking ``api``."""
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.generate(request, ApiKind.CHAT)
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self.generate(request, api)
 
-    async def generate(self, request: web.Request, kind: ApiKind) -> web.StreamResponse:
-        """Read, record, validate and run one generation request."""
+        return handle
+
+    async def read(
+        self, request: web.Request, api: apis.SimApi
+    ) -> GenerationRequest | web.Response:
+        """Read, record and validate one generation request (the error response if bad)."""
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return error_response(
+            return api.error(
                 SimError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes")
             )
         self.last_request = LastRequest(request.path, request.headers, raw)
         injected = self.injected_faults.draw()
         if injected is not None:
-            return error_response(SimError(injected, f"{FAULT_MESSAGE} ({injected})"))
+            return api.error(SimError(injected, f"{FAULT_MESSAGE} ({injected})"))
         try:
-            req = parse_request(
+            kind, doc = api.to_openai(load_object(raw))
+            if api.model_optional:
+                doc.setdefault("model", self.config.model)
+            req = parse_doc(
                 kind,
-                raw,
+                doc,
                 served_model=self.config.model,
                 default_max_tokens=self.config.default_max_tokens,
                 request_id=request.headers.get("x-request-id"),
                 adapters=self.lora.registered if self.lora is not None else (),
             )
         except SimError as exc:
-            return error_response(exc)
+            return api.error(exc)
         if self.kv_events is not None:  # blocks announced carry token ids
             req = tokenized(req)
+        return req
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """Anthropic's ``POST /v1/messages/count_tokens``: the prompt's tokens."""
+        req = await self.read(request, _COUNT_TOKENS)
+        if isinstance(req, web.Response):
+            return req
+        return json_response(apis.count_tokens_body(req))
+
+    async def generate(self, request: web.Request, api: apis.SimApi) -> web.StreamResponse:
+        """Read, record, validate and run one generation request."""
+        req = await self.read(request, api)
+        if isinstance(req, web.Response):
+            return req
         # TTFT counts from here: a KV handoff's wait is part of it.
         arrival = self.engine.now()
         with ExitStack() as stack:
             try:
                 plan = await self.handoff.prepare(req, stack)
             except SimError as exc:
-                return error_response(exc)
+                return api.error(exc)
             if plan.req.stream:
-                return await self._stream(request, plan, arrival)
-            response = await self._complete(plan, arrival)
+                return await self._stream(request, plan, arrival, api)
+            response = await self._complete(plan, arrival, api)
         # ORCA load header (vLLM: non-streaming responses only)
         orca.add_load_header(
             response.headers, request.headers, self.config.orca_format, self.engine
@@ -173,21 +204,23 @@ class SimServer:
         """``cached_tokens`` for ``usage``: None unless prompt token details are on."""
         return report.cached_tokens if self.config.enable_prompt_tokens_details else None
 
-    async def _complete(self, plan: Plan, arrival: float) -> web.Response:
+    async def _complete(self, plan: Plan, arrival: float, api: apis.SimApi) -> web.Response:
         req = plan.req
-        rid, created = responses.response_id(req), responses.now_created()
+        rid, created = api.response_id(req), responses.now_created()
         generated = 0
         report = PromptReport()
         async with aclosing(self._tokens(plan, arrival, report)) as tokens:
             async for _ in tokens:
                 generated += 1
-        body = responses.full_response(req, rid, created, generated, self._cached(report))
+        body = api.full(req, rid, created, generated, self._cached(report))
         body.update(plan.response_fields)
         return json_response(body)
 
-    async def _stream(self, request: web.Request, plan: Plan, arrival: float) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, plan: Plan, arrival: float, api: apis.SimApi
+    ) -> web.StreamResponse:
         req = plan.req
-        rid, created = responses.response_id(req), responses.now_created()
+        rid, created = api.response_id(req), responses.now_created()
         resp = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream; charset=utf-8",
@@ -202,16 +235,14 @@ class SimServer:
             # aclosing: a disconnect must free the running slot now, not at GC time.
             async with aclosing(self._tokens(plan, arrival, report)) as tokens:
                 async for index in tokens:
-                    if index == 0 and req.kind is ApiKind.CHAT:
+                    if index == 0 and (first := api.first(req, rid, created)):
                         # vLLM sends the role delta once the first output exists.
-                        await resp.write(responses.sse(responses.role_chunk(req, rid, created)))
-                    chunk = responses.token_chunk(req, rid, created, index, index == last)
-                    await resp.write(responses.sse(chunk))
+                        await resp.write(first)
+                    chunk = api.token(req, rid, created, index, index == last)
+                    if chunk:
+                        await resp.write(chunk)
                     generated += 1
-            if req.include_usage:
-                chunk = responses.usage_chunk(req, rid, created, generated, self._cached(report))
-                await resp.write(responses.sse(chunk))
-            await resp.write(responses.SSE_DONE)
+            await resp.write(api.end(req, rid, created, generated, self._cached(report)))
             await resp.write_eof()
         except ConnectionResetError:
             # The client went away mid-stream: nothing to answer, the slot is already free.
@@ -361,6 +392,14 @@ def _fault_update(
     return statuses, fault, seed, drop
 
 
+class _CountTokens(apis.Messages):
+    """count_tokens: a Messages body without ``max_tokens`` (nothing is generated)."""
+
+    def to_openai(self, doc: dict[str, Any]) -> tuple[ApiKind, dict[str, Any]]:
+        return super().to_openai({**doc, "max_tokens": 1, "stream": False})
+
+
+_COUNT_TOKENS = _CountTokens()
 SIM_SERVER = web.AppKey("sim_server", SimServer)
 
 
@@ -374,8 +413,14 @@ def make_app(config: SimConfig) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SIM_SERVER] = server
     app.on_response_prepare.append(server.tag_response)
-    app.router.add_post("/v1/completions", server.completions)
-    app.router.add_post("/v1/chat/completions", server.chat_completions)
+    app.router.add_post("/v1/completions", server.route(apis.SimApi(ApiKind.COMPLETION)))
+    app.router.add_post("/v1/chat/completions", server.route(apis.SimApi(ApiKind.CHAT)))
+    app.router.add_post("/v1/messages", server.route(apis.Messages()))
+    app.router.add_post("/v1/messages/count_tokens", server.count_tokens)
+    app.router.add_post("/v1/responses", server.route(apis.Responses()))
+    app.router.add_post("/v1/embeddings", server.route(apis.Embeddings()))
+    app.router.add_post("/inference/v1/generate", server.route(apis.VllmGenerate()))
+    app.router.add_post("/generate", server.route(apis.SglangGenerate()))
     app.router.add_get("/v1/models", server.models)
     app.router.add_get("/health", server.health)
     app.router.add_get("/metrics", server.prometheus)

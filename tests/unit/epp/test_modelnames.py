@@ -58,6 +58,9 @@ def test_a_model_nobody_serves_is_a_404_naming_it_only_with_both_lists() -> None
     assert resolve(both, req("base"), DOC, rng).request.model == "base"
     only_adapters = ModelsConfig(adapters={"sql": "/a"})
     assert resolve(only_adapters, req("nope"), DOC, rng).request.model == "nope"
+    # a generate API's body names no model: the server's own, never a 404
+    unnamed = resolve(both, req(""), {"token_ids": [1]}, rng)
+    assert unnamed.request.model == "" and unnamed.doc is None
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,8 @@ def test_the_chart_default_plugins_load_as_our_scorers() -> None:
 def test_default_engine_and_openai_parser() -> None:
     cfg = load(
         "plugins:\n- type: core-metrics-extractor\n  parameters: {defaultEngine: sglang}\n"
-        "- type: openai-parser\n- type: queue-scorer\n"
+        "- type: openai-parser\n- type: anthropic-parser\n- type: vllmhttp-parser\n"
+        "- type: sglanghttp-parser\n- type: queue-scorer\n"
         "requestHandler:\n  parsers:\n  - pluginRef: openai-parser\n"
     )
     assert cfg.data_layer.engine == "sglang"

@@ -224,3 +224,27 @@ def test_reproduces_the_token_ids_a_real_vllm_returned() -> None:
     for case in fixture["chat"]:
         got = prompt_token_ids(CHAT, {"messages": case["messages"]}, hf)
         assert got == case["tokens"], case["messages"]
+
+
+def test_messages_are_rendered_as_the_chat_request_vllm_makes(hf: HfTokenizer) -> None:
+    doc = {
+        "model": "m",
+        "max_tokens": 4,
+        "system": [{"type": "text", "text": "be brief"}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "what is the weather"}]}
+        ],
+    }
+    chat_ids = prompt_token_ids(
+        CHAT, chat(("system", "be brief"), ("user", "what is the weather")), hf
+    )
+    assert prompt_token_ids("/v1/messages", doc, hf) == chat_ids is not None
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}
+    with_image = {**doc, "messages": [{"role": "user", "content": [image]}]}
+    assert prompt_token_ids("/v1/messages", with_image, hf) is None
+
+
+def test_generate_apis_give_their_token_ids() -> None:
+    assert prompt_token_ids("/inference/v1/generate", {"token_ids": [4, 5]}, None) == [4, 5]
+    assert prompt_token_ids("/generate", {"input_ids": [[1, 2], [3]]}, None) == [1, 2]
+    assert prompt_token_ids("/generate", {"text": "x"}, None) is None
