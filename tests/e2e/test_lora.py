@@ -247,7 +247,13 @@ def test_a_weighted_rewrite_splits_between_adapters(on_demand: LocalStack) -> No
 # -- engine dialects -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+# The picks do not depend on the dialect once it is read: each engine's metric names are
+# checked on real pages (tests/unit/epp/datalayer/test_prometheus.py), the simulator's
+# dialects in tests/integration/epp_harness/sim/test_lora.py and dataLayer.engine in
+# tests/unit/epp/test_config.py; the other two dialects end to end are in the slow tier.
+@pytest.mark.parametrize(
+    "engine", ["vllm", *(pytest.param(e, marks=pytest.mark.slow) for e in ("sglang", "trtllm"))]
+)
 def test_each_metric_dialect_steers_the_picks(tmp_path: Path, engine: str) -> None:
     config = f"dataLayer: {{engine: {engine}}}\n"
     sim_args = ("--metrics-dialect", engine, "--max-num-seqs", "1", "--decode-ms-per-token", "20")
