@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import orjson
@@ -12,7 +13,7 @@ import pytest
 
 from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
-from tests.support.http import metric_sum, request
+from tests.support.http import epp_in_flight, held, metric_sum, request
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -90,14 +91,9 @@ def test_saturated_pool_sheds_only_sheddable_requests(tmp_path: Path) -> None:
     config.write_text("flowControl: {enabled: false}\n")
     opts = ephemeral(servers=2, sim_args=["--time-scale", "0.5", "--max-num-seqs", "1"],
                      epp_args=["--config", str(config)])  # fmt: skip
-    with LocalStack(opts) as stack, ThreadPoolExecutor(56) as pool:
+    with LocalStack(opts) as stack, ThreadPoolExecutor(1) as pool:
         calm = complete(stack, "calm", {"x-gateway-inference-priority": "-1"})
         assert calm[0] == 200  # not saturated: sheddable requests are served
-        # 36 long requests (~1.2 s each) on 2 servers running 1 each: 34 wait, and both
-        # servers stay full (5+ waiting each) for ~10 s, the last done in ~22 s or more
-        # when split unevenly (their clients wait 120 s). The checks below must fit in
-        # that window. (24 left ~4 s: too thin on a loaded machine.)
-        load = [pool.submit(complete, stack, f"load {i} " * 20, None, 300, 120) for i in range(36)]
 
         def pool_saturated() -> bool:  # no endpoint has room: 5+ waiting on each
             _, _, text = request(f"{stack.epp_http_url}/metrics")
@@ -108,8 +104,6 @@ def test_saturated_pool_sheds_only_sheddable_requests(tmp_path: Path) -> None:
             ]
             return len(depths) == 2 and min(depths) >= 5
 
-        wait_for(pool_saturated, timeout=20, what="the EPP to see 5+ queued on each server")
-
         def shed() -> bool:
             status, _, raw = complete(stack, "x", {"x-gateway-inference-priority": "-1"}, 1)
             if status == 429:
@@ -118,9 +112,22 @@ def test_saturated_pool_sheds_only_sheddable_requests(tmp_path: Path) -> None:
                 return True
             return False
 
-        wait_for(shed, timeout=20, what="a sheddable request to be shed")
-        critical = pool.submit(complete, stack, "important", None, 1, 120)
+        # each server runs 1 long request and queues 7, sent straight to it (the EPP sees
+        # them only in the server's metrics) and held until the checks below are done
+        long = [orjson.dumps({"model": MODEL, "prompt": f"load {i} " * 20, "max_tokens": 300})
+                for i in range(8)]  # fmt: skip
+        with ExitStack() as load:
+            for url in stack.sim_urls:
+                load.enter_context(held(url, "/v1/completions", long))
+            wait_for(pool_saturated, timeout=20, what="the EPP to see 5+ queued on each server")
+            wait_for(shed, timeout=20, what="a sheddable request to be shed")
+            critical = pool.submit(complete, stack, "important", None, 1, 120)
+            # routed while the pool is saturated: it waits behind the load on a server
+            # (had it been shed, its 429 would end it at once and fail the check below)
+            wait_for(
+                lambda: critical.done() or epp_in_flight(stack.epp_http_url) >= 1,
+                what="the critical request routed",
+            )
         assert critical.result(timeout=150)[0] == 200  # never shed
-        assert all(f.result(timeout=150)[0] == 200 for f in load)
         wait_for(lambda: complete(stack, "later", {"x-gateway-inference-priority": "-1"})[0]
                  == 200, timeout=20, what="sheddable requests served again")  # fmt: skip

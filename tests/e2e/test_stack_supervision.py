@@ -21,7 +21,9 @@ from tests.support.load import Load
 from tests.support.stackcli import metric, running_stack
 from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.e2e
+# the slow tier (make test-slow): `make test` covers a killed replica of `epp stack`
+# (scenario seed 11) and a killed worker (test_workers.py) more cheaply
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 BODY = orjson.dumps({"model": "sim-model", "prompt": "still routed?", "max_tokens": 4})
 CLIENTS = 4  # requests open at once: at most this many can be open on the one killed

@@ -5,6 +5,8 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -75,3 +77,19 @@ def open_raw_post(url: str, path: str, body: bytes, close: bool = False) -> sock
         + body
     )
     return sock
+
+
+@contextmanager
+def held(url: str, path: str, bodies: list[bytes]) -> Iterator[None]:
+    """POST ``bodies`` to ``url`` (e.g. straight to a simulator, where the EPP does not
+    see them), each on a socket of its own, and hang up on exit: the simulator cancels a
+    request whose client went away, so a test keeps a server busy exactly as long as
+    it needs without waiting for the requests to run to their end."""
+    socks = []
+    try:
+        for body in bodies:
+            socks.append(open_raw_post(url, path, body))
+        yield
+    finally:
+        for sock in socks:
+            sock.close()

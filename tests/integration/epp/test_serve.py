@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -12,15 +13,22 @@ from cryptography.hazmat.primitives import serialization
 from epp_harness.procs import epp_argv, start_epp
 from tests.support.certs import server_files
 from tests.support.http import metric_sum, request
+from tests.support.startup import run_epp_many
+
+PORTS = ("--grpc-port", "0", "--http-port", "0", "--grpc-health-port", "0")
 
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        epp_argv("serve", "--grpc-port", "0", "--http-port", "0", "--grpc-health-port", "0", *args),
-        capture_output=True,
-        text=True,
-        timeout=30,
+        epp_argv("serve", *PORTS, *args), capture_output=True, text=True, timeout=30
     )
+
+
+def serve_each(*flag_sets: Sequence[str]) -> list[subprocess.CompletedProcess[str]]:
+    """``epp serve FLAGS`` for each of ``flag_sets``, each in a process of its own, the
+    server imported once for all (tests/support/startup.py): for command lines that
+    end during start-up."""
+    return run_epp_many([["serve", *PORTS, *flags] for flags in flag_sets])
 
 
 def test_bad_config_exits_2_naming_file_and_key(tmp_path: Path) -> None:
@@ -100,43 +108,54 @@ def test_unreadable_kubeconfig_exits_1_naming_it(tmp_path: Path) -> None:
     assert f"cannot start: Kubernetes client config ({missing})" in result.stderr
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--tls-cert-file", "c.pem"], "--tls-cert-file and --tls-key-file go together"),
-        (["--tls-key-file", "k.pem"], "--tls-cert-file and --tls-key-file go together"),
-        (
-            ["--tls-self-signed", "--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"],
-            "--tls-self-signed and certificate files (--tls-cert-file, --cert-path) exclude",
-        ),
-        (["--cert-path", "d", "--tls-cert-file", "c", "--tls-key-file", "k"], "exclude each"),
-        (["--secure-serving=false", "--tls-self-signed"], "--secure-serving=false contradicts"),
-        (["--secure-serving=maybe"], "not a boolean: 'maybe' (use true or false)"),
-        (["--http-tls"], "--http-tls serves the gRPC port's certificate, but the gRPC port is"),
-        (["--metrics-cert-dir", "d"], "enables TLS on the metrics port without authentication"),
-        (
-            ["--tls-self-signed", "--http-tls", "--metrics-cert-dir", "d"],
-            "--http-tls and --metrics-cert-dir exclude each other",
-        ),
-        (["--pool-group", "inference.networking.x-k8s.io"], "only inference.networking.k8s.io"),
-        (["--pool-name", "p", "--endpoint-selector", "a=b"], "exclude each other: give one"),
-        (["--endpoint-selector", "app=x"], "--endpoint-selector needs --endpoint-target-ports"),
-        (["--endpoint-target-ports", "8000"], "--endpoint-target-ports needs --endpoint-selector"),
-        (["--endpoint-target-ports", "0"], "port must be 1-65535, got 0"),
-        (
-            ["--endpoint-selector", "env in (a)", "--endpoint-target-ports", "8000"],
-            "is not key=value (only equality terms are supported)",
-        ),
-        (["--config-text", "{}", "--config-file", "x"], "--config-text exclude each other"),
-        (["--zap-encoder", "xml"], "invalid choice: 'xml'"),
-        (["--workers", "2", "--peer-load-bind", "ipc://x"], "and --workers > 1 exclude each"),
-        (["--peer-load-bind", "localhost:9004"], "give tcp://HOST:PORT or ipc://PATH"),
-        (["--peer-load-peers", "tcp://a:1,udp://b:2"], "--peer-load-peers: 'udp://b:2': give"),
-        (["-v", "-1"], "must be >= 0, got -1"),
-    ],
-)
-def test_bad_flag_combinations_are_usage_errors(flags: list[str], message: str) -> None:
-    result = serve(*flags)
+USAGE_ERRORS = [
+    (["--tls-cert-file", "c.pem"], "--tls-cert-file and --tls-key-file go together"),
+    (["--tls-key-file", "k.pem"], "--tls-cert-file and --tls-key-file go together"),
+    (
+        ["--tls-self-signed", "--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"],
+        "--tls-self-signed and certificate files (--tls-cert-file, --cert-path) exclude",
+    ),
+    (["--cert-path", "d", "--tls-cert-file", "c", "--tls-key-file", "k"], "exclude each"),
+    (["--secure-serving=false", "--tls-self-signed"], "--secure-serving=false contradicts"),
+    (["--secure-serving=maybe"], "not a boolean: 'maybe' (use true or false)"),
+    (["--http-tls"], "--http-tls serves the gRPC port's certificate, but the gRPC port is"),
+    (["--metrics-cert-dir", "d"], "enables TLS on the metrics port without authentication"),
+    (
+        ["--tls-self-signed", "--http-tls", "--metrics-cert-dir", "d"],
+        "--http-tls and --metrics-cert-dir exclude each other",
+    ),
+    (["--pool-group", "inference.networking.x-k8s.io"], "only inference.networking.k8s.io"),
+    (["--pool-name", "p", "--endpoint-selector", "a=b"], "exclude each other: give one"),
+    (["--endpoint-selector", "app=x"], "--endpoint-selector needs --endpoint-target-ports"),
+    (["--endpoint-target-ports", "8000"], "--endpoint-target-ports needs --endpoint-selector"),
+    (["--endpoint-target-ports", "0"], "port must be 1-65535, got 0"),
+    (
+        ["--endpoint-selector", "env in (a)", "--endpoint-target-ports", "8000"],
+        "is not key=value (only equality terms are supported)",
+    ),
+    (["--config-text", "{}", "--config-file", "x"], "--config-text exclude each other"),
+    (["--zap-encoder", "xml"], "invalid choice: 'xml'"),
+    (["--workers", "2", "--peer-load-bind", "ipc://x"], "and --workers > 1 exclude each"),
+    (["--peer-load-bind", "localhost:9004"], "give tcp://HOST:PORT or ipc://PATH"),
+    (["--peer-load-peers", "tcp://a:1,udp://b:2"], "--peer-load-peers: 'udp://b:2': give"),
+    (["-v", "-1"], "must be >= 0, got -1"),
+]
+
+
+@pytest.fixture(scope="module")
+def usage_errors() -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
+    """Every case of USAGE_ERRORS run once (one import of the server for all)."""
+    flag_sets = [tuple(flags) for flags, _ in USAGE_ERRORS]
+    return dict(zip(flag_sets, serve_each(*flag_sets), strict=True))
+
+
+@pytest.mark.parametrize(("flags", "message"), USAGE_ERRORS)
+def test_bad_flag_combinations_are_usage_errors(
+    usage_errors: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+    flags: list[str],
+    message: str,
+) -> None:
+    result = usage_errors[tuple(flags)]
     assert result.returncode == 2
     assert message in result.stderr
 
@@ -167,14 +186,17 @@ def test_bad_files_stop_the_start_naming_the_file(tmp_path: Path) -> None:
             "OpenSSL refuses them: EE_KEY_TOO_SMALL",
         ),
     ]
-    for cert, key, message in cases:
-        result = serve("--tls-cert-file", str(cert), "--tls-key-file", str(key))
-        assert result.returncode == 1, result.stderr
-        assert f"cannot start: {message}" in result.stderr
     # grpcio (BoringSSL) would take the weak key: both transports refuse it up front
     weak_flags = ("--tls-cert-file", str(weak.cert_file), "--tls-key-file", str(weak.key_file))
-    result = serve("--transport", "grpcio", *weak_flags)
-    assert result.returncode == 1 and "OpenSSL refuses them" in result.stderr, result.stderr
+    *results, weak_grpcio = serve_each(
+        *(("--tls-cert-file", str(cert), "--tls-key-file", str(key)) for cert, key, _ in cases),
+        ("--transport", "grpcio", *weak_flags),
+    )
+    for (_, _, message), result in zip(cases, results, strict=True):
+        assert result.returncode == 1, result.stderr
+        assert f"cannot start: {message}" in result.stderr
+    assert weak_grpcio.returncode == 1, weak_grpcio.stderr
+    assert "OpenSSL refuses them" in weak_grpcio.stderr
 
 
 def test_an_encrypted_key_is_refused_naming_the_file(tmp_path: Path) -> None:
