@@ -24,7 +24,8 @@ from epp.kvevents.index import Held, PreciseIndex, chain_keys, token_bytes
 from epp.kvevents.settings import DEFAULT_PORT, KvEventsSettings
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import FloatArray
-from epp.scheduling.plugins.prefix import LOAD_BOUND, PrefixCacheScorer, prefix_cache_scorer
+from epp.scheduling.loadbound import LoadBound
+from epp.scheduling.plugins.prefix import PrefixCacheScorer, prefix_cache_scorer
 from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 DEFAULT_FALLBACK = "prefix-cache-scorer"
@@ -47,7 +48,8 @@ class PrecisePrefixCacheScorer:
     names one; ``topic`` ""; ``replayPort`` 0 = none), ``maxPrefixBlocksToMatch``
     (512), ``cpuWeight`` (0.5), ``maxBlocksPerEndpoint`` (100,000), ``rebuildSeconds``
     (60: how long an endpoint whose events were lost is scored approximately),
-    ``loadBound`` (1.25, as the approximate scorer's), ``fallbackPlugin`` (the
+    the load bound (``loadBound`` 1.25 and the rest of :class:`LoadBound`'s parameters,
+    as the approximate scorer's), ``fallbackPlugin`` (the
     prefix-cache-scorer to ask for endpoints without events; default the one named
     ``prefix-cache-scorer``, else one of its own with default parameters).
     """
@@ -61,7 +63,7 @@ class PrecisePrefixCacheScorer:
         events: KvEventsSettings,
         max_blocks: int = 512,
         cpu_weight: float = 0.5,
-        load_bound: float = LOAD_BOUND,
+        load_bound: LoadBound | None = None,
         fallback_plugin: str | None = None,
     ) -> None:
         self.where = where
@@ -70,7 +72,7 @@ class PrecisePrefixCacheScorer:
         self.events = events
         self.max_blocks = max_blocks
         self.cpu_weight = cpu_weight
-        self.load_bound = load_bound
+        self.load_bound = load_bound or LoadBound()
         self.fallback_plugin = fallback_plugin
         self.fallback: PrefixCacheScorer | None = None
         self._own_fallback = False
@@ -94,6 +96,7 @@ class PrecisePrefixCacheScorer:
     ) -> None:
         if self._own_fallback and self.fallback is not None:
             self.fallback.on_routed(request, result, snapshot)
+        self.load_bound.routed(request)
 
     # -- per cycle (each computed once and shared by every profile) -------------------
     def prompt(self, ctx: CycleContext) -> _Prompt | None:
@@ -209,20 +212,13 @@ class PrecisePrefixCacheScorer:
             if not everyone:
                 mask = np.fromiter(map(trusted.__contains__, addresses), np.bool_, len(addresses))
                 scores = np.where(mask, scores, np.asarray(base, np.float64))
-            if self.load_bound > 0 and len(candidates) > 1:
-                load = view.counts(ctx.snapshot.in_flight)
-                scores[load > self.load_bound * float(load.sum()) / len(load) + 1] = 0.0
+            self.load_bound.withhold_view(ctx, view, scores)
             return scores
         values = [
             precise.get(a, 0.0) if everyone or a in trusted else base[i]
             for i, a in enumerate(addresses)
         ]
-        if self.load_bound > 0 and len(candidates) > 1:
-            in_flight = ctx.snapshot.in_flight
-            loads = [in_flight.get(a, 0) for a in addresses]
-            cap = self.load_bound * sum(loads) / len(loads) + 1
-            values = [0.0 if load > cap else x for x, load in zip(values, loads, strict=True)]
-        return values
+        return self.load_bound.withhold(ctx, candidates, values)
 
 
 def precise_prefix_cache_scorer(p: Params) -> PrecisePrefixCacheScorer:
@@ -251,7 +247,7 @@ def precise_prefix_cache_scorer(p: Params) -> PrecisePrefixCacheScorer:
         events=_events(Params(f"{p.where}.kvEvents", p.get("kvEvents"))),
         max_blocks=p.integer("maxPrefixBlocksToMatch", 512, minimum=1),
         cpu_weight=cpu_weight,
-        load_bound=p.number("loadBound", LOAD_BOUND, minimum=0.0),
+        load_bound=LoadBound.from_params(p),
         fallback_plugin=fallback,
     )
 

@@ -11,6 +11,7 @@ import numpy as np
 from epp.common.params import Params
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import CandidateView, FloatArray
+from epp.scheduling.loadbound import LoadBound
 from epp.scheduling.prefixindex import PrefixIndex, block_hashes
 from epp.types import (
     CHARS_PER_TOKEN,
@@ -21,9 +22,6 @@ from epp.types import (
     Snapshot,
 )
 
-# in-flight above this x the candidates' mean (+1) loses the prefix score (0 = off)
-LOAD_BOUND = 1.25
-
 
 class PrefixCacheScorer:
     """Score = matched leading blocks / the prompt's blocks (0..1).
@@ -33,14 +31,11 @@ class PrefixCacheScorer:
     endpoint reports its KV geometry (``cache_config_info``), which then sets it; with
     ``shrinkWithKvUsage`` (default true) less the share its running requests use
     (``kv_usage``), since a busy server evicts cached prefixes to make room.
-    ``loadBound`` (1.25; 0 = off): an endpoint with more EPP in-flight requests than
-    ``loadBound`` x the candidates' mean (+1) loses its prefix score, so a busy prefix
-    spills to a less loaded endpoint, which then caches it too: popular prefixes get a
-    second home before their first one queues (bounded-load consistent hashing, applied
-    to cache affinity). ``loadBoundKeepsFreeSlot`` (false): the bound spills only an
-    endpoint with no free slot (its in-flight count at least its slots as configured or
-    reported: ``latencyModel.maxNumSeqs``, the ``epp.dev/max-num-seqs`` label, learned);
-    while a slot is free the request keeps its cache (unknown slots: the bound alone).
+    The load bound (``loadBound`` 1.25, ``loadBoundKeepsFreeSlot``, ``hotGroupShare``,
+    ``coldGroupLoadBound``, ``groupTokens``: :class:`LoadBound`) withholds the score
+    from an endpoint far above the candidates' mean load, so a busy prefix spills to a
+    less loaded endpoint, which then caches it too: popular prefixes get a second home
+    before their first one queues.
     """
 
     def __init__(
@@ -49,12 +44,10 @@ class PrefixCacheScorer:
         max_blocks: int,
         capacity: int,
         shrink_with_kv_usage: bool = True,
-        load_bound: float = LOAD_BOUND,
-        keep_free_slot: bool = False,
+        load_bound: LoadBound | None = None,
     ) -> None:
         self.block_tokens = block_tokens
-        self.load_bound = load_bound
-        self.keep_free_slot = keep_free_slot
+        self.load_bound = load_bound or LoadBound()
         self.shrink_with_kv_usage = shrink_with_kv_usage
         # the index hashes characters: a block is blockSize tokens of 4 characters
         self.block_chars = round(block_tokens * CHARS_PER_TOKEN)
@@ -113,24 +106,10 @@ class PrefixCacheScorer:
         if not ctx.vectorize(candidates):
             total = len(self.hashes(ctx))
             scores = [matched.get(s.address, 0) / total for s in candidates]
-            if self.load_bound > 0 and len(candidates) > 1:
-                in_flight = ctx.snapshot.in_flight
-                loads = [in_flight.get(s.address, 0) for s in candidates]
-                cap = self.load_bound * sum(loads) / len(loads) + 1
-                if self.keep_free_slot:
-                    model = ctx.latency.endpoint
-                    slots = [model(s).reported_slots or 0 for s in candidates]
-                    loads = [ld if ld >= n else 0 for ld, n in zip(loads, slots, strict=True)]
-                scores = [0.0 if load > cap else x for x, load in zip(scores, loads, strict=True)]
-            return scores
+            return self.load_bound.withhold(ctx, candidates, scores)
         view = ctx.view(candidates)
         array = view.by_address(matched) / len(self.hashes(ctx))
-        if self.load_bound > 0 and len(candidates) > 1:
-            load = view.counts(ctx.snapshot.in_flight)
-            over = load > self.load_bound * float(load.sum()) / len(load) + 1
-            if self.keep_free_slot:
-                over &= load >= ctx.latency.reported_slots_view(view)
-            array[over] = 0.0
+        self.load_bound.withhold_view(ctx, view, array)
         return array
 
     def on_routed(
@@ -147,6 +126,7 @@ class PrefixCacheScorer:
             )
         if not hashes:
             return
+        self.load_bound.routed(request)
         # a disaggregated request leaves its KV on the prefill endpoint and, once
         # transferred, on the decode endpoint too
         for target in (result.primary, result.prefill):
@@ -198,6 +178,5 @@ def prefix_cache_scorer(p: Params) -> PrefixCacheScorer:
         max_blocks=p.integer("maxPrefixBlocksToMatch", 256, minimum=1),
         capacity=p.integer("lruCapacityPerServer", 31_250, minimum=1),
         shrink_with_kv_usage=p.boolean("shrinkWithKvUsage", True),
-        load_bound=p.number("loadBound", LOAD_BOUND, minimum=0.0),
-        keep_free_slot=p.boolean("loadBoundKeepsFreeSlot", False),
+        load_bound=LoadBound.from_params(p),
     )

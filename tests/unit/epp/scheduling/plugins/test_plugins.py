@@ -565,3 +565,32 @@ def test_room_on_numpy_columns_agrees_with_the_loop() -> None:
         loop = sched.room(request, snap)
         sched.vectorize_from = 1
         assert sched.room(request, snap) == loop, case
+
+
+@pytest.mark.parametrize("vectorize_from", [64, 1])  # the loop and the numpy columns
+def test_the_load_bound_spills_a_hot_group_and_keeps_a_cold_one_home(vectorize_from: int) -> None:
+    """With ``hotGroupShare``, a group carrying at least that share of one endpoint's
+    fair share of the recent traffic is bounded by ``loadBound``; a smaller group by
+    ``coldGroupLoadBound`` (0: not at all), so load swings do not move it."""
+    states = [state(1), state(2), state(3), state(4)]
+    hot = InferenceRequest("h", "m", "/", prompt="hot system prompt " * 60)
+    cold = InferenceRequest("c", "m", "/", prompt="cold system prompt " * 60)
+    scorer = prefix.prefix_cache_scorer(Params("t", {}))  # hotGroupShare 1, cold unbounded
+    snap = Snapshot(tuple(states), {})
+    for i in range(40):  # the hot group carries 7/8 of the traffic: 3.5 endpoints' worth
+        req = cold if i % 8 == 0 else hot
+        scorer.on_routed(req, SchedulingResult((states[0].endpoint,)), snap)
+
+    def home_score(req: InferenceRequest) -> float:
+        snapshot = Snapshot(tuple(states), {states[0].address: 9, states[1].address: 1})
+        c = CycleContext(req, snapshot, NOW, random.Random(0))
+        c.vectorize_from = vectorize_from
+        return float(scorer.score(c, states)[0])
+
+    assert home_score(hot) == 0.0  # 9 > 1.25 x mean(2.5) + 1: spill
+    assert home_score(cold) == 1.0  # half of one endpoint's share: stays home
+    everyone = prefix.prefix_cache_scorer(Params("t", {"hotGroupShare": 0}))  # all bounded
+    for _ in range(4):
+        everyone.on_routed(cold, SchedulingResult((states[0].endpoint,)), snap)
+    c = CycleContext(cold, Snapshot(tuple(states), {states[0].address: 9}), NOW, random.Random(0))
+    assert float(everyone.score(c, states)[0]) == 0.0
