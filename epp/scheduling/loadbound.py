@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from epp.common.params import Params
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import CandidateView, FloatArray
-from epp.types import EndpointState, InferenceRequest
+from epp.types import CHARS_PER_TOKEN, EndpointState, InferenceRequest
 
 # in-flight above this x the candidates' mean (+1) loses the prefix score (0 = off)
 LOAD_BOUND = 1.25
@@ -85,6 +85,7 @@ class LoadBound:
         self.hot_share = hot_share
         self.cold_bound = cold_bound
         self.group_tokens = group_tokens
+        self._group_chars = round(group_tokens * CHARS_PER_TOKEN)
         self.groups = GroupShares()
 
     @classmethod
@@ -98,9 +99,10 @@ class LoadBound:
         )
 
     def group(self, request: InferenceRequest) -> int:
-        """The request's group key: its model and leading ``groupTokens`` tokens."""
-        chars = round(self.group_tokens * request.chars_per_token)
-        return hash((request.model, request.prompt[:chars]))
+        """The request's group key: its model and leading ``groupTokens`` tokens, as
+        characters at 4 a token (a fixed count: a key that followed the learned
+        characters per token would rename every group when the ratio moves)."""
+        return hash((request.model, request.prompt[: self._group_chars]))
 
     def for_request(self, request: InferenceRequest, candidates: int) -> float:
         """The bound ``request`` is held to among ``candidates`` endpoints (0: none)."""
