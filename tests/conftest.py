@@ -35,7 +35,7 @@ def closed_addresses() -> Iterator[list[str]]:
         yield [f"127.0.0.1:{sock.getsockname()[1]}" for sock in (one, two)]
 
 
-@pytest.fixture(params=["grpcio", "grpclib"])
+@pytest.fixture(params=["grpcio", "grpclib", "native"])
 def epp_server(
     tmp_path: Path, request: pytest.FixtureRequest, closed_addresses: list[str]
 ) -> Iterator[ManagedProcess]:

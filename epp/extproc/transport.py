@@ -29,6 +29,9 @@ DEFAULT_TRANSPORT = "grpclib"
 TRANSPORTS = {
     "grpcio": "epp.extproc.grpcio_transport",
     "grpclib": "epp.extproc.grpclib_transport",
+    # this project's own HTTP/2 and gRPC framing (epp/extproc/native/): new, not yet the
+    # default (docs/operations.md)
+    "native": "epp.extproc.native.server",
 }
 # gRPC metadata by which an Envoy config says how long a destination list it can use
 MAX_DESTINATIONS_METADATA = "x-epp-max-destinations"
