@@ -1,12 +1,12 @@
-"""grpc.aio transport: feeds each ext_proc stream through an :class:`ExtProcStream` and
-releases its claims however the stream ends. Replies go out with ``context.write`` (not
-an async generator's ``yield``), so that the stream can also send one while the loop
-waits for Envoy's next message (a stalled response's end)."""
+"""grpc.aio transport: carries each ext_proc stream through the driver
+(:mod:`epp.extproc.driver`). Replies go out with ``context.write`` (not an async
+generator's ``yield``), so that the driver can also send one while it waits for Envoy's
+next message (a stalled response's end)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -17,8 +17,8 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epp.common.health import HEALTH_SERVICES
-from epp.extproc.stream import Deferred, EndStream, ExtProcStream, StreamEnd
-from epp.extproc.transport import MAX_MESSAGE_BYTES, max_destinations, unless_closed
+from epp.extproc.driver import StreamBroken, drive
+from epp.extproc.transport import MAX_MESSAGE_BYTES, max_destinations
 from epp.router import Router
 from epp.xds.eds import EdsServer
 
@@ -34,46 +34,24 @@ class ExtProcServicer(external_processor_pb2_grpc.ExternalProcessorServicer):  #
     async def Process(
         self, request_iterator: AsyncIterator[ProcessingRequest], context: Any
     ) -> None:
-        metadata = context.invocation_metadata() or ()
-        write = context.write
-        stream = ExtProcStream(
-            self._router, max_destinations=max_destinations(metadata), send=write
-        )
-        end: StreamEnd = "cancelled"  # unless the loop ends or fails (CancelledError is
-        receive: asyncio.Future[Any] | None = None  # a BaseException)
-        messages = aiter(request_iterator)
+        destinations = max_destinations(context.invocation_metadata() or ())
         try:
-            while True:
-                msg = await (receive or anext(messages, None))
-                receive = None
-                if msg is None:
-                    break
-                replies = stream.on_message(msg)
-                if isinstance(replies, EndStream):  # the message broke the protocol
-                    context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
-                    context.set_details(replies.reason)
-                    end = "error"
-                    return
-                if isinstance(replies, Deferred):  # held (flow control, a prefill leg)
-                    for reply in replies.now:
-                        await write(reply)
-                    receive = asyncio.ensure_future(anext(messages, None))
-                    answer = await unless_closed(replies.later, receive)
-                    if answer is None:  # Envoy closed the stream meanwhile
-                        break
-                    replies = answer
-                if not isinstance(replies, list):  # routing waits (EDS)
-                    replies = await replies
-                for reply in replies:
-                    await write(reply)
-            end = "ended"  # a half-close, or a reset: grpc.aio shows both the same way
-        except Exception:
-            end = "error"
-            raise
-        finally:
-            if receive is not None:
-                receive.cancel()
-            stream.close(end)
+            # a half-close, or a reset: grpc.aio ends the request iterator alike for both
+            await drive(_Channel(request_iterator, context), self._router, destinations, "ended")
+        except StreamBroken as broken:  # the message broke the protocol
+            context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+            context.set_details(broken.reason)
+
+
+class _Channel:
+    """A grpc.aio stream as the driver's Channel: the request iterator's next message,
+    ``context.write`` for replies (callable while a read is pending)."""
+
+    __slots__ = ("recv", "send")
+
+    def __init__(self, requests: AsyncIterator[ProcessingRequest], context: Any) -> None:
+        self.recv = partial(anext, aiter(requests), None)
+        self.send = context.write
 
 
 class EdsServicer(eds_pb2_grpc.EndpointDiscoveryServiceServicer):  # type: ignore[misc]

@@ -16,9 +16,9 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from grpclib.server import Server, Stream
 
 from epp.common.health import EXT_PROC_SERVICE, HEALTH_SERVICES
+from epp.extproc.driver import StreamBroken, drive
 from epp.extproc.h2frames import skip_hex_dumps_of_received_data
-from epp.extproc.stream import Deferred, EndStream, ExtProcStream, StreamEnd
-from epp.extproc.transport import max_destinations, unless_closed
+from epp.extproc.transport import max_destinations
 from epp.router import Router
 from epp.xds.eds import EDS_SERVICE, EdsServer
 
@@ -41,47 +41,27 @@ class _ExtProc:
         }
 
     async def _process(self, stream: Stream[ProcessingRequest, ProcessingResponse]) -> None:
-        ext = ExtProcStream(
-            self._router,
-            max_destinations=max_destinations((stream.metadata or {}).items()),
-            send=stream.send_message,
-        )
+        destinations = max_destinations((stream.metadata or {}).items())
         self.active += 1
         self.idle.clear()
-        end: StreamEnd = "cancelled"  # unless the loop ends or fails (a reset cancels us)
-        receive: asyncio.Future[Any] | None = None  # the next message, read ahead
         try:
-            while True:
-                msg = await (receive or stream.recv_message())
-                receive = None
-                if msg is None:
-                    break
-                replies = ext.on_message(msg)
-                if isinstance(replies, EndStream):  # the message broke the protocol
-                    raise GRPCError(Status.FAILED_PRECONDITION, replies.reason)
-                if isinstance(replies, Deferred):  # held (flow control, a prefill leg)
-                    for reply in replies.now:
-                        await stream.send_message(reply)
-                    receive = asyncio.ensure_future(stream.recv_message())
-                    answer = await unless_closed(replies.later, receive)
-                    if answer is None:  # Envoy closed the stream meanwhile
-                        break
-                    replies = answer
-                if not isinstance(replies, list):  # routing waits (EDS)
-                    replies = await replies
-                for reply in replies:
-                    await stream.send_message(reply)
-            end = "complete"
-        except Exception:
-            end = "error"
-            raise
+            await drive(_Channel(stream), self._router, destinations)
+        except StreamBroken as broken:  # the message broke the protocol
+            raise GRPCError(Status.FAILED_PRECONDITION, broken.reason) from None
         finally:
-            if receive is not None:
-                receive.cancel()
             self.active -= 1
             if not self.active:
                 self.idle.set()
-            ext.close(end)
+
+
+class _Channel:
+    """A grpclib stream as the driver's Channel (its own methods, no wrapper frame)."""
+
+    __slots__ = ("recv", "send")
+
+    def __init__(self, stream: Stream[ProcessingRequest, ProcessingResponse]) -> None:
+        self.recv = stream.recv_message
+        self.send = stream.send_message
 
 
 class _Eds:

@@ -1,5 +1,6 @@
-"""The gRPC transport seam: any server that can carry ext_proc streams into
-:class:`ExtProcStream` and answer the standard gRPC health service.
+"""The gRPC transport seam: any server that can carry ext_proc streams (each one a
+:class:`~epp.extproc.driver.Channel` handed to :func:`~epp.extproc.driver.drive`) and
+answer the standard gRPC health service.
 
 Two implementations, chosen with ``epp serve --transport``: ``grpclib`` (pure-Python
 asyncio HTTP/2, the default: as little or less EPP CPU per 1 KB request than grpc.aio
@@ -12,11 +13,9 @@ the two cannot share a process.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import importlib
-from collections.abc import Awaitable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from epp.common.health import HEALTH_SERVICES
 from epp.router import Router
@@ -66,28 +65,6 @@ def make_transport(name: str, router: Router, eds: EdsServer | None = None) -> T
     module = importlib.import_module(TRANSPORTS[name])
     transport: Transport = module.make(router, eds)
     return transport
-
-
-R = TypeVar("R")
-
-
-async def unless_closed(later: Awaitable[R], receive: asyncio.Future[Any]) -> R | None:
-    """Await ``later`` (replies a request waits for: its turn in flow control, a prefill
-    leg) while ``receive``, the stream's next message, is read beside it: if the stream
-    ends first (Envoy closed it: the client left), ``later`` is cancelled and the answer
-    is None. A message that arrives meanwhile is left in ``receive`` for the caller."""
-    task = asyncio.ensure_future(later)
-    try:
-        await asyncio.wait({task, receive}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done() or (receive.exception() is None and receive.result() is not None):
-            return await task
-    except BaseException:
-        task.cancel()
-        raise
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return None
 
 
 def max_destinations(metadata: Iterable[tuple[str, str | bytes]]) -> int:
