@@ -66,7 +66,7 @@ def health(channel: grpc.Channel) -> int:
     return status
 
 
-@pytest.mark.parametrize("transport", ["grpcio", "grpclib"])
+@pytest.mark.parametrize("transport", ["grpcio", "grpclib", "native"])
 def test_both_ports_serve_replaced_files_from_the_next_handshake(
     tmp_path: Path, closed_addresses: list[str], transport: str
 ) -> None:

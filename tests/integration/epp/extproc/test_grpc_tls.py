@@ -49,7 +49,9 @@ def start(tmp_path: Path, endpoint: str, transport: str, *tls_flags: str) -> Man
 
 
 @pytest.fixture(
-    params=[(t, mode) for t in ("grpcio", "grpclib") for mode in ("self-signed", "files")],
+    params=[
+        (t, mode) for t in ("grpcio", "grpclib", "native") for mode in ("self-signed", "files")
+    ],
     ids=lambda p: "-".join(p),
 )
 def tls_server(
