@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,12 +15,20 @@ import pytest
 from epp_harness.envoyconfig import EnvoyOptions, epp_config
 from epp_harness.envoyproc import EnvoyProcess, write_config
 from epp_harness.stack import LocalStack
-from tests.e2e.conftest import MAX_BODY, ephemeral
+from tests.e2e.conftest import MAX_BODY, ephemeral, transport_stack
 from tests.support.http import epp_in_flight, get_json, metric_samples, open_raw_post, request
+from tests.support.transports import transports
 from tests.support.wait import quiesce, wait_for
 
 pytestmark = pytest.mark.e2e
 MODEL = "sim-model"
+
+
+@pytest.fixture(scope="module", params=transports(every=True))
+def stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
+    """The request path through a real Envoy is what `make test` checks on every
+    transport, the opt-in ones included."""
+    yield from transport_stack(request.param)
 
 
 def client(stack: LocalStack) -> openai.OpenAI:

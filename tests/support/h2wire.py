@@ -5,6 +5,7 @@ under test, so that both sides of each check are independent."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 import contextlib
 from collections.abc import Callable, Iterable
 
@@ -56,8 +57,13 @@ class RawClient:
         self.decoder = Decoder()
 
     @classmethod
-    async def open(cls, port: int, preface: bool = True) -> RawClient:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def open(
+        cls, port: int, preface: bool = True, tls: ssl.SSLContext | None = None
+    ) -> RawClient:
+        host = "127.0.0.1"
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=tls, server_hostname=host if tls else None
+        )
         client = cls(reader, writer)
         if preface:
             client.send_bytes(PREFACE + SettingsFrame(0).serialize())

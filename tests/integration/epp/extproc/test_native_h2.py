@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,13 @@ from hyperframe.frame import (
 )
 
 from epp.config import build_scheduler
+from epp.extproc.certreload import LiveCertificate
 from epp.datastore import Datastore
 from epp.extproc.native.connection import STREAM_WINDOW, Connection
 from epp.extproc.native.grpc import Call, GrpcServer, Method
 from epp.extproc.native.health import Health
 from epp.extproc.native.server import NativeTransport
+from epp.extproc.tls import self_signed
 from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint
@@ -410,3 +413,32 @@ async def test_unknown_method_is_unimplemented(echo_port: int) -> None:
     client = await H2Client.open(echo_port)
     headers, data = await client.call("/no.Such/Method", grpc_message(b""))
     assert headers[b"grpc-status"] == b"12" and data == b""
+
+
+def trusting(cert_pem: bytes) -> ssl.SSLContext:
+    context = ssl.create_default_context(cadata=cert_pem.decode())
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+async def test_tls_with_alpn_h2_and_a_reloaded_certificate() -> None:
+    first, second = self_signed(), self_signed()
+    live = LiveCertificate(first)
+    transport = NativeTransport(make_router())
+    port = await transport.start("127.0.0.1", 0, live)
+    await transport.set_serving(True)
+    try:
+        before = await RawClient.open(port, tls=trusting(first.cert_pem))
+        assert before.writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
+        before.call(1, HEALTH_CHECK, health_request("liveness"))
+        assert (await before.response(1))[0]["grpc-status"] == "0"
+        live.replace(second)  # what the reloader does when the files change
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await RawClient.open(port, tls=trusting(first.cert_pem))
+        after = await RawClient.open(port, tls=trusting(second.cert_pem))
+        after.call(1, HEALTH_CHECK, health_request("liveness"))
+        assert (await after.response(1))[0]["grpc-status"] == "0"
+        before.call(3, HEALTH_CHECK, health_request("liveness"))  # still served
+        assert (await before.response(3))[0]["grpc-status"] == "0"
+    finally:
+        await transport.stop(0)
