@@ -5,8 +5,8 @@ under test, so that both sides of each check are independent."""
 from __future__ import annotations
 
 import asyncio
-import ssl
 import contextlib
+import ssl
 from collections.abc import Callable, Iterable
 
 from hpack import Decoder, Encoder

@@ -32,8 +32,8 @@ from hyperframe.frame import (
 )
 
 from epp.config import build_scheduler
-from epp.extproc.certreload import LiveCertificate
 from epp.datastore import Datastore
+from epp.extproc.certreload import LiveCertificate
 from epp.extproc.native.connection import STREAM_WINDOW, Connection
 from epp.extproc.native.grpc import Call, GrpcServer, Method
 from epp.extproc.native.health import Health
