@@ -46,8 +46,8 @@ test-scenarios: $(STAMP)
 
 # Every gRPC transport everywhere (docs/testing.md, "Transports"): the tests parametrized
 # over transports on all of them, and the whole e2e tier with the stacks that name no
-# transport on the new `native` one (`make test` covers it in its own tests and two
-# e2e modules).
+# transport on the new `native` one (`make test` covers it in its own tests and in
+# tests/e2e/test_through_envoy.py).
 test-transports: $(STAMP)
 	EPP_TEST_TRANSPORTS=all EPP_E2E_TRANSPORT=native \
 		$(BIN)/python -m pytest -q tests/e2e tests/integration/epp/extproc tests/integration/epp/test_serve.py

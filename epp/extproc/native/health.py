@@ -78,12 +78,19 @@ class Health:
     def __init__(self) -> None:
         self._status: dict[str, int] = {}
         self._changed = asyncio.Event()
+        self._closed = False
 
     def set(self, serving: bool, names: Iterable[str]) -> None:
         for name in names:
             self._status[name] = SERVING if serving else NOT_SERVING
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+
+    def close(self) -> None:
+        """End every Watch (its client sees the stream end OK), so that a shutdown's
+        drain does not wait for them: they never end by themselves."""
+        self._closed = True
+        self._changed.set()
 
     def methods(self) -> dict[str, Method]:
         return {
@@ -105,7 +112,7 @@ class Health:
         if request is None:
             raise GrpcError(INVALID_ARGUMENT, "no request message")
         sent = None
-        while True:  # until the client cancels
+        while not self._closed:  # until the client cancels, or the server stops
             changed = self._changed
             status = self._status.get(request.service, SERVICE_UNKNOWN)
             if status != sent:

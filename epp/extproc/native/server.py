@@ -86,6 +86,7 @@ class NativeTransport:
         are awaited (they release what their requests hold)."""
         for server in self._servers:
             server.close()
+        self._health.close()
         connections = list(self._connections)
         for conn in connections:
             conn.drain()
