@@ -1,10 +1,10 @@
 """Which gRPC transports the tests run on.
 
-Tests parametrized over the transports take :func:`transports`: every transport but the
-opt-in ones (``native``, new: its own tests cover it in `make test`, plus the e2e
-module that asks for every transport), unless ``EPP_TEST_TRANSPORTS=all``. ``EPP_E2E_TRANSPORT`` makes
-the e2e stacks that choose no transport run on the one it names. `make
-test-transports` sets both (docs/testing.md)."""
+Tests parametrized over the transports take :func:`transports`: every transport but
+the opt-in ones (``native``, new: its own tests cover it in `make test`, plus the e2e
+module that asks for every transport), unless ``EPP_TEST_TRANSPORTS=all``.
+``EPP_E2E_TRANSPORT`` makes the e2e stacks that choose no transport run on the one it
+names. `make test-transports` sets both (docs/testing.md)."""
 
 from __future__ import annotations
 
