@@ -180,6 +180,18 @@ class Connection(asyncio.Protocol):
         self._preface_seen = True
         return size
 
+    def eof_received(self) -> bool:
+        """The peer will send nothing more (a TCP half-close): streams still waiting
+        for its data are reset, the ones it completed get their answers, then the
+        connection closes (a GOAWAY first)."""
+        for stream in list(self._streams.values()):
+            if not stream.remote_closed:
+                self._forget(stream.id)
+                if stream.receiver is not None:
+                    stream.receiver.on_reset()
+        self.drain()
+        return True  # keep our half open until then
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._transport = None
