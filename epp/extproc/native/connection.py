@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import cast
 
 from hpack import Decoder, Encoder, HPACKError
 
@@ -26,57 +26,25 @@ from epp.extproc.native.frames import (
     Setting,
     StreamError,
 )
+from epp.extproc.native.streams import (
+    CONNECTION_WINDOW,
+    MAX_CONCURRENT_STREAMS,
+    MAX_FRAME,
+    MAX_HEADER_BLOCK,
+    MAX_HEADER_LIST,
+    STREAM_WINDOW,
+    TOO_LARGE,
+    Headers,
+    Receiver,
+    Refused,
+    Stream,
+    StreamGone,
+)
 
 log = logging.getLogger("epp.extproc.native")
 
-# Windows sized for Envoy: a 220 KB prompt crosses without waiting for a WINDOW_UPDATE,
-# and many streams share the connection's window.
-STREAM_WINDOW = 4 * 1024 * 1024
-CONNECTION_WINDOW = 64 * 1024 * 1024
-MAX_CONCURRENT_STREAMS = 1024
-# Largest frame accepted (advertised): a long prompt in fewer, larger DATA frames.
-MAX_FRAME = 1024 * 1024
-MAX_HEADER_LIST = 64 * 1024  # advertised; a longer list is refused on its stream
-# A header block longer than this (before decoding) ends the connection: past the
-# advertised limit, HPACK still has to be decoded to keep the tables in step.
-MAX_HEADER_BLOCK = 1024 * 1024
-Headers = list[tuple[str, str]]
-
-
-class Receiver(Protocol):
-    """The other end of one stream's request half."""
-
-    def on_data(self, data: memoryview) -> None:
-        """Bytes of the request body, in order (padding removed). Raises StreamError."""
-        ...
-
-    def on_end(self) -> None:
-        """The peer half-closed the stream (END_STREAM)."""
-        ...
-
-    def on_reset(self) -> None:
-        """The stream was reset (RST_STREAM from the peer, or the connection ended)."""
-        ...
-
-
 # (connection, stream id, request headers) -> the stream's receiver; raises StreamError
 OpenStream = Callable[["Connection", int, Headers], Receiver]
-
-
-class StreamGone(Exception):
-    """The stream was reset or its connection closed: nothing more can be sent on it."""
-
-
-class _Stream:
-    __slots__ = ("id", "local_closed", "receiver", "recv_window", "remote_closed", "send_window")
-
-    def __init__(self, stream_id: int, send_window: int) -> None:
-        self.id = stream_id
-        self.receiver: Receiver | None = None
-        self.send_window = send_window
-        self.recv_window = STREAM_WINDOW
-        self.remote_closed = False
-        self.local_closed = False
 
 
 class Connection(asyncio.Protocol):
@@ -95,7 +63,7 @@ class Connection(asyncio.Protocol):
         self._settings_seen = False
         self._out: list[bytes] = []
         self._flush_pending = False
-        self._streams: dict[int, _Stream] = {}
+        self._streams: dict[int, Stream] = {}
         self._last_stream = 0  # highest stream id the peer opened
         self._goaway_sent = False
         self._closed = False
@@ -332,12 +300,12 @@ class Connection(asyncio.Protocol):
             raise StreamError(stream_id, ErrorCode.REFUSED_STREAM, "shutting down")
         if len(self._streams) >= self._max_streams:
             raise StreamError(stream_id, ErrorCode.REFUSED_STREAM, "too many concurrent streams")
-        stream = _Stream(stream_id, self._peer_initial_window)
+        stream = Stream(stream_id, self._peer_initial_window)
         self._streams[stream_id] = stream
         self.idle.clear()
         if sum(len(k) + len(v) + 32 for k, v in headers) > MAX_HEADER_LIST:
-            stream.receiver = _Refused()
-            self.send_headers(stream_id, _TOO_LARGE, end_stream=True)
+            stream.receiver = Refused()
+            self.send_headers(stream_id, TOO_LARGE, end_stream=True)
         else:
             stream.receiver = self._open_stream(self, stream_id, headers)
         if end:
@@ -410,14 +378,14 @@ class Connection(asyncio.Protocol):
 
     # -- streams -----------------------------------------------------------------------
 
-    def _remote_end(self, stream: _Stream) -> None:
+    def _remote_end(self, stream: Stream) -> None:
         stream.remote_closed = True
         if stream.local_closed:
             self._forget(stream.id)
         assert stream.receiver is not None
         stream.receiver.on_end()
 
-    def _forget(self, stream_id: int) -> _Stream | None:
+    def _forget(self, stream_id: int) -> Stream | None:
         stream = self._streams.pop(stream_id, None)
         if stream is not None:
             self._wake_windows()
@@ -523,25 +491,3 @@ class Connection(asyncio.Protocol):
         if self._out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(self._out))
         self._out.clear()
-
-
-class _Refused:
-    """A stream answered at once (its header list too large): its body is dropped."""
-
-    def on_data(self, data: memoryview) -> None:
-        pass
-
-    def on_end(self) -> None:
-        pass
-
-    def on_reset(self) -> None:
-        pass
-
-
-# grpc-status 8, RESOURCE_EXHAUSTED, as a trailers-only response
-_TOO_LARGE: Headers = [
-    (":status", "200"),
-    ("content-type", "application/grpc"),
-    ("grpc-status", "8"),
-    ("grpc-message", "request header list too large"),
-]

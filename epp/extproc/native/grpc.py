@@ -20,8 +20,9 @@ from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import quote
 
 from epp.extproc.native import frames
-from epp.extproc.native.connection import Connection, Headers, StreamGone
+from epp.extproc.native.connection import Connection
 from epp.extproc.native.frames import ErrorCode, StreamError
+from epp.extproc.native.streams import Headers, StreamGone
 
 log = logging.getLogger("epp.extproc.native")
 

@@ -34,10 +34,11 @@ from hyperframe.frame import (
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.certreload import LiveCertificate
-from epp.extproc.native.connection import STREAM_WINDOW, Connection
+from epp.extproc.native.connection import Connection
 from epp.extproc.native.grpc import Call, GrpcServer, Method
 from epp.extproc.native.health import Health
 from epp.extproc.native.server import NativeTransport
+from epp.extproc.native.streams import STREAM_WINDOW
 from epp.extproc.tls import self_signed
 from epp.observability.metrics import EppMetrics
 from epp.router import Router
