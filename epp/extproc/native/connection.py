@@ -61,7 +61,7 @@ class Connection(asyncio.Protocol):
         self._buf = bytearray()
         self._preface_seen = False
         self._settings_seen = False
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []  # joined into one write
         self._flush_pending = False
         self._streams: dict[int, Stream] = {}
         self._last_stream = 0  # highest stream id the peer opened

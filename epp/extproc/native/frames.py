@@ -147,16 +147,13 @@ def headers(stream_id: int, block: bytes, max_frame: int, end_stream: bool) -> b
     return b"".join(parts)
 
 
-def data(stream_id: int, payload: bytes | memoryview, max_frame: int) -> list[bytes]:
-    """``payload`` as DATA frames of at most ``max_frame`` bytes (none end the stream:
-    gRPC ends it with trailers)."""
-    if len(payload) <= max_frame:
-        return [header(len(payload), FrameType.DATA, 0, stream_id), bytes(payload)]
-    out = []
-    view = memoryview(payload)
-    for at in range(0, len(view), max_frame):
-        piece = view[at : at + max_frame]
-        out += [header(len(piece), FrameType.DATA, 0, stream_id), bytes(piece)]
+def data(stream_id: int, payload: memoryview, max_frame: int) -> list[bytes | memoryview]:
+    """``payload`` (a view of immutable bytes: it is not copied) as DATA frames of at
+    most ``max_frame`` bytes (none end the stream: gRPC ends it with trailers)."""
+    out: list[bytes | memoryview] = []
+    for at in range(0, len(payload), max_frame):
+        piece = payload[at : at + max_frame]
+        out += [header(len(piece), FrameType.DATA, 0, stream_id), piece]
     return out
 
 
