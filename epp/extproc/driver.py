@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
-from epp.extproc.stream import Deferred, EndStream, ExtProcStream, StreamEnd
+from epp.errors import InternalError
+from epp.extproc.stream import ExtProcStream, StreamEnd
 from epp.router import Router
 
 __all__ = ["Channel", "StreamBroken", "StreamEnd", "drive"]
+
+log = logging.getLogger(__name__)
 
 
 class Channel(Protocol):
@@ -38,7 +42,7 @@ class Channel(Protocol):
         ...
 
 
-class StreamBroken(Exception):
+class StreamBroken(InternalError):
     """A message broke the protocol once the response had started: the transport ends
     the gRPC stream with FAILED_PRECONDITION and ``reason`` (Envoy's failure mode
     decides the rest). The machine is closed already (as ``error``)."""
@@ -60,49 +64,65 @@ async def drive(
     (``complete``, or ``ended`` where the transport cannot tell a half-close from a
     reset). A cancellation counts as ``cancelled``, an exception as ``error``; either
     propagates. Raises :class:`StreamBroken` for a message that broke the protocol."""
-    machine = ExtProcStream(router, max_destinations, send=channel.send)
-    end: StreamEnd = "cancelled"  # unless the loop ends or fails (CancelledError is a
-    receive: asyncio.Future[Any] | None = None  # BaseException): the next message, read ahead
+    unasked = _Unasked(channel)
+    machine = ExtProcStream(router, max_destinations, asyncio.get_running_loop(), unasked.push)
+    end: StreamEnd = "cancelled"  # unless it ends or fails (CancelledError is a BaseException)
     try:
-        while True:
-            msg = await (receive or channel.recv())
-            receive = None
-            if msg is None:
-                break
-            replies = machine.on_message(msg)
-            if isinstance(replies, EndStream):  # the message broke the protocol
-                raise StreamBroken(replies.reason)
-            if isinstance(replies, Deferred):  # held (flow control, a prefill leg)
-                for reply in replies.now:
-                    await channel.send(reply)
-                receive = asyncio.ensure_future(channel.recv())
-                answer = await _unless_closed(replies.later, receive)
-                if answer is None:  # Envoy closed the stream meanwhile
-                    break
-                replies = answer
-            if not isinstance(replies, list):  # routing waits (EDS)
-                replies = await replies
-            for reply in replies:
-                await channel.send(reply)
+        await _carry(channel, machine)
         end = eof
     except Exception:
         end = "error"
         raise
     finally:
-        if receive is not None:
-            receive.cancel()
         machine.close(end)
 
 
-async def _unless_closed(
-    later: Awaitable[list[ProcessingResponse]], receive: asyncio.Future[Any]
-) -> list[ProcessingResponse] | None:
-    """Await ``later`` while ``receive``, the stream's next message, is read beside it:
-    if the stream ends first (Envoy closed it: the client left), ``later`` is cancelled
-    and the answer is None. A message that arrives meanwhile is left in ``receive``."""
-    task = asyncio.ensure_future(later)
+async def _carry(channel: Channel, machine: ExtProcStream) -> None:
+    """Feed ``machine`` the stream's messages and do what it answers, until Envoy ends
+    the stream."""
+    receive: asyncio.Future[Any] | None = None  # the next message, read ahead
     try:
-        await asyncio.wait({task, receive}, return_when=asyncio.FIRST_COMPLETED)
+        while True:
+            msg = await (receive or channel.recv())
+            receive = None
+            if msg is None:
+                return
+            step = machine.on_message(msg)
+            while True:
+                if step.end_stream:
+                    raise StreamBroken(step.end_stream)
+                for reply in step.replies:
+                    await channel.send(reply)
+                if step.wait is None:
+                    break
+                # the routing answer waits: read on beside it, so a client that leaves
+                # (Envoy closes the stream) cancels the wait
+                if receive is None:
+                    receive = asyncio.ensure_future(channel.recv())
+                try:
+                    value = await _unless_closed(step.wait, receive)
+                except Exception as error:  # the client's answer (the machine says which)
+                    step = machine.on_wait_failed(error)
+                    continue
+                if value is _CLOSED:
+                    return
+                step = machine.on_waited(value)
+    finally:
+        if receive is not None:
+            receive.cancel()
+
+
+# What _unless_closed answers when the stream ended before the wait did.
+_CLOSED: Any = object()
+
+
+async def _unless_closed(wait: Awaitable[Any], receive: asyncio.Future[Any]) -> Any:
+    """What ``wait`` gives (or raises), while ``receive``, the stream's next message, is
+    read beside it: if the stream ends first, ``wait`` is cancelled and the answer is
+    ``_CLOSED``. A message that arrives meanwhile is left in ``receive`` for later."""
+    task = asyncio.ensure_future(wait)
+    try:
+        await asyncio.wait((task, receive), return_when=asyncio.FIRST_COMPLETED)
         if task.done() or (receive.exception() is None and receive.result() is not None):
             return await task
     except BaseException:
@@ -111,4 +131,24 @@ async def _unless_closed(
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    return None
+    return _CLOSED
+
+
+class _Unasked:
+    """Sends the replies no message asked for (a stalled response's end) beside the
+    driver's loop, and keeps the task until it is done."""
+
+    __slots__ = ("_send", "_sending")
+
+    def __init__(self, channel: Channel) -> None:
+        self._send = channel.send
+        self._sending: asyncio.Future[None] | None = None
+
+    def push(self, reply: ProcessingResponse) -> None:
+        self._sending = asyncio.ensure_future(self._deliver(reply))
+
+    async def _deliver(self, reply: ProcessingResponse) -> None:
+        try:
+            await self._send(reply)
+        except Exception as exc:  # the stream ended meanwhile: nobody left to tell
+            log.debug("a reply no message asked for was not sent: %r", exc)

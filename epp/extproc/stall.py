@@ -14,9 +14,8 @@ newest chunk's deadline instead of being moved at every chunk.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 import orjson
@@ -33,8 +32,6 @@ CHUNK_TIMEOUT_S = 15.0
 STALL_CODE = "stream_stalled"
 _SSE_END = b"\n\n"
 _ANTHROPIC_PATH = "/v1/messages"
-# How a transport sends a reply outside its message loop (a stalled stream's end).
-Send = Callable[[ProcessingResponse], Awaitable[None]]
 
 
 class Handle(Protocol):
@@ -96,19 +93,9 @@ def stall_event(timeout_s: float, tail: bytes, anthropic: bool = False) -> bytes
     return start + b"event: error\ndata: " + orjson.dumps(error) + _SSE_END
 
 
-def end_stalled(
-    send: Send, timeout_s: float, tail: bytes, path: str, request_id: str
-) -> asyncio.Task[None]:
-    """Send the client a stalled stream's error event as the response's last chunk
-    (FULL_DUPLEX_STREAMED), beside the transport's message loop; the caller keeps the
-    task until it is done."""
+def stall_reply(timeout_s: float, tail: bytes, path: str, request_id: str) -> ProcessingResponse:
+    """The reply that ends a stalled stream: its error event as the response's last
+    chunk (FULL_DUPLEX_STREAMED), for the driver to send beside its message loop."""
     log.warning("request %s: no chunk for %g s, stream ended", request_id, timeout_s)
     event = stall_event(timeout_s, tail, anthropic=path.startswith(_ANTHROPIC_PATH))
-    return asyncio.ensure_future(_send(send, response_body_echo(event, True), request_id))
-
-
-async def _send(send: Send, reply: ProcessingResponse, request_id: str) -> None:
-    try:
-        await send(reply)
-    except Exception as exc:  # the stream ended meanwhile: nobody left to tell
-        log.debug("request %s: a stalled stream's end not sent: %r", request_id, exc)
+    return response_body_echo(event, True)

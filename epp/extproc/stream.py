@@ -1,20 +1,22 @@
-"""One state machine per ext_proc stream (= one HTTP request through Envoy).
+"""One state machine per ext_proc stream (= one HTTP request through Envoy), sans I/O.
 
 Envoy's protocol state (which phase we are in, which body modes Envoy uses) is kept
 apart from the request's own state (headers, buffered body, routing claim). Which
 message may come in which phase, and what follows it, is :mod:`epp.extproc.phases`'s
-table; this module does what each message asks. The machine is transport-agnostic: it
-turns each ProcessingRequest into the replies to send, so any gRPC server can drive it.
+table; this module does what each message asks. The machine never awaits and owns no
+task: each event in (a message from Envoy, or the end of a wait it asked for) gives one
+:class:`Step` out (replies to send, perhaps something to wait for, or the end of the
+stream), and :mod:`epp.extproc.driver` does the I/O for every transport.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from enum import Enum, auto
+from typing import Any, Literal, cast
 
 import orjson
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -31,7 +33,7 @@ from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
 from epp.extproc.conformance import SERVED_ECHO_HEADER
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
-from epp.extproc.stall import ChunkWatch, Send, end_stalled
+from epp.extproc.stall import ChunkWatch, Timers, stall_reply
 from epp.flowcontrol.controller import Waiting
 from epp.flowcontrol.queues import fairness_id
 from epp.modelnames import REWRITE_HEADERS
@@ -76,29 +78,26 @@ StreamEnd = Literal["complete", "cancelled", "ended", "error", "abandoned"]
 
 
 @dataclass(frozen=True, slots=True)
-class EndStream:
-    """End the gRPC stream with FAILED_PRECONDITION: a message broke the protocol after
-    the response started, when no immediate response can reach the client any more."""
+class Step:
+    """What the driver does after one event (a message, or the end of a wait): send
+    ``replies`` in order; then, with a ``wait``, await it while reading the stream beside
+    it and hand its outcome back (:meth:`ExtProcStream.on_waited`, or
+    :meth:`ExtProcStream.on_wait_failed` with what it raised), which gives the next
+    step. ``end_stream`` (never with replies or a wait): end the gRPC stream with
+    FAILED_PRECONDITION and this reason: a message broke the protocol after the
+    response started, when no immediate response can reach the client any more."""
 
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Deferred:
-    """Replies to send now (asking Envoy to wait longer), then the awaited rest: a
-    request held by flow control."""
-
-    now: list[ProcessingResponse]
-    later: Awaitable[list[ProcessingResponse]]
-
-    def __await__(self) -> Generator[Any, None, list[ProcessingResponse]]:
-        """Awaited as a whole: the later replies (``now`` is for a transport to send)."""
-        return self.later.__await__()
+    replies: Sequence[ProcessingResponse] = ()
+    wait: Awaitable[Any] | None = None
+    end_stream: str = ""
 
 
-# The replies to a message, or an awaitable of them (routing waits for an EDS
-# acknowledgement, a prefill leg or its turn in flow control first).
-Replies = list[ProcessingResponse] | Awaitable[list[ProcessingResponse]] | Deferred
+NOTHING = Step()  # buffering, or a message Envoy wants no reply to
+# the steps whose one reply is always the same: shared, not built per message
+_REQUEST_HEADERS_SEEN = Step((messages.EMPTY_REQUEST_HEADERS,))
+_RESPONSE_HEADERS_SEEN = Step((messages.EMPTY_RESPONSE_HEADERS,))
+_RESPONSE_BODY_SEEN = Step((messages.EMPTY_RESPONSE_BODY,))
+_RESPONSE_TRAILERS_SEEN = Step((messages.EMPTY_RESPONSE_TRAILERS,))
 # The error code of the immediate 500 that answers an illegal message.
 PROTOCOL_ERROR = "extproc_protocol_error"
 
@@ -131,17 +130,60 @@ class _Request:
     stream: bool = False  # the client asked for a streamed answer ("stream": true)
 
 
+class _Awaiting(Enum):
+    """What a routing answer waits for (each may follow the one before)."""
+
+    SYNC = auto()  # an Envoy behind EDS to acknowledge our endpoints
+    PLACEMENT = auto()  # the request's LoRA adapter to be loaded somewhere
+    ADMISSION = auto()  # its turn in flow control
+    PREFILL = auto()  # the coordinator's decode leg (a prefill leg may run first)
+
+
+@dataclass(slots=True)
+class _Routing:
+    """A whole request on its way to its routing answer: what the rest of the way needs
+    after a wait."""
+
+    body: bytes | None
+    end_of_stream: bool  # the answer's last body chunk ends the request (no trailers)
+    trailers: bool  # the request's trailers came: their reply follows the answer
+    awaiting: _Awaiting | None = None
+    waited: bool = False  # Envoy was asked to wait already (it takes one extension)
+    doc: dict[str, Any] | None = None
+    rewritten: bool = False  # the model name was rewritten in ``doc``
+    request: InferenceRequest | None = None  # once parsed and placed
+
+
+# The one reply that answers an internal failure: a 500 to the client.
+_INTERNAL = "internal error in the endpoint picker"
+_DOING = {
+    _Awaiting.SYNC: "routing",
+    _Awaiting.PLACEMENT: "routing",
+    _Awaiting.ADMISSION: "routing",
+    _Awaiting.PREFILL: "preparing the decode leg",
+}
+
+
 class ExtProcStream:
-    def __init__(self, router: Router, max_destinations: int = 1, send: Send | None = None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        max_destinations: int = 1,
+        timers: Timers | None = None,
+        push: Callable[[ProcessingResponse], None] | None = None,
+    ) -> None:
         self._router = router
-        # sends a reply no message asked for; None: the stream never ends a response itself
-        self._send = send
+        # a clock and timers (the driver's event loop) for a streamed response's silence,
+        # and how to send a reply no message asked for (its end); without both, the
+        # stream never ends a response itself
+        self._timers = timers
+        self._push = push
         self._watch: ChunkWatch | None = None  # a streamed response's silence (stall.py)
-        self._sending: asyncio.Task[None] | None = None
         # how many ip:port the Envoy config behind this stream can use (transport.py)
         self._max_destinations = max_destinations
         self._envoy = _Envoy()
         self._req = _Request()
+        self._routing: _Routing | None = None  # while the routing answer is prepared
         self._subset_hint: frozenset[str] | None = None
         self._trace: RequestTrace | None = None  # with --tracing only
         router.metrics.open_streams.inc()  # until close()
@@ -150,10 +192,11 @@ class ExtProcStream:
     def phase(self) -> Phase:
         return self._envoy.phase
 
-    def on_message(self, msg: ProcessingRequest) -> Replies | EndStream:
-        """Replies for one message from Envoy (possibly none while buffering). Usually a
-        list; an awaitable of one while routing waits (EDS, a prefill leg); EndStream for
-        a message that breaks the protocol after the response started."""
+    def on_message(self, msg: ProcessingRequest) -> Step:
+        """The step for one message from Envoy: its replies (possibly none while
+        buffering), a wait before the routing answer (EDS, an adapter load, flow
+        control, a prefill leg), or the end of the stream for a message that breaks the
+        protocol after the response started."""
         message = message_of(msg)
         step = self._advance(message)
         if isinstance(step, Answer):
@@ -166,19 +209,67 @@ class ExtProcStream:
                 end = message is Message.REQUEST_BODY_END
                 return self._on_request_body(msg.request_body.body, end)
             if message is Message.REQUEST_TRAILERS:
-                return self._on_request_trailers()
+                return self._complete_request(end_of_stream=False, trailers=True)
             if message in (Message.RESPONSE_HEADERS, Message.RESPONSE_HEADERS_END):
                 return self._on_response_headers(msg.response_headers)
             if message in (Message.RESPONSE_BODY, Message.RESPONSE_BODY_END):
                 end = message is Message.RESPONSE_BODY_END
                 return self._on_response_body(msg.response_body.body, end)
             self._finish()  # response trailers: the one kind left that the table lets in
-            return [messages.EMPTY_RESPONSE_TRAILERS]
+            return _RESPONSE_TRAILERS_SEEN
         except ClientVisibleError as error:
-            return [self._reject(error)]
+            return Step([self._reject(error)])
         except Exception:
             log.exception("request %s: internal error handling %s", self._req.request_id, message)
-            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
+            return Step([self._reject(ClientVisibleError(_INTERNAL))])
+
+    def on_waited(self, value: object) -> Step:
+        """The wait the last step asked for is over and gave ``value``: the next step."""
+        routing = self._routing
+        assert routing is not None and routing.awaiting is not None, "no wait was asked"
+        awaiting, routing.awaiting = routing.awaiting, None
+        try:
+            if awaiting is _Awaiting.PREFILL:
+                step = self._prefilled(cast(DecodeLeg, value), routing)
+            elif self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
+                if awaiting is _Awaiting.ADMISSION:
+                    cast(Routed, value).release()
+                return NOTHING
+            elif awaiting is _Awaiting.SYNC:
+                step = self._route(routing)
+            elif awaiting is _Awaiting.PLACEMENT:
+                step = self._schedule(cast(InferenceRequest, value), routing)
+            else:
+                assert routing.request is not None
+                step = self._routed(cast(Routed, value), routing.request, routing)
+        except ClientVisibleError as error:
+            if awaiting is _Awaiting.PREFILL and self._trace is not None:
+                self._trace.prefill_done(error.message)
+            step = Step([self._reject(error)])
+        except Exception:
+            log.exception("request %s: internal error %s", self._req.request_id, _DOING[awaiting])
+            step = Step([self._reject(ClientVisibleError(_INTERNAL))])
+        return self._settled(step, routing)
+
+    def on_wait_failed(self, error: Exception) -> Step:
+        """The wait the last step asked for raised ``error``: the client's answer (its
+        own error, or a 500)."""
+        routing = self._routing
+        assert routing is not None and routing.awaiting is not None, "no wait was asked"
+        awaiting, routing.awaiting = routing.awaiting, None
+        if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile: nobody to tell
+            return NOTHING
+        if not isinstance(error, ClientVisibleError):
+            log.error(
+                "request %s: internal error %s",
+                self._req.request_id,
+                _DOING[awaiting],
+                exc_info=error,
+            )
+            error = ClientVisibleError(_INTERNAL)
+        elif awaiting is _Awaiting.PREFILL and self._trace is not None:
+            self._trace.prefill_done(error.message)
+        return self._settled(Step([self._reject(error)]), routing)
 
     def close(self, end: StreamEnd = "complete") -> None:
         """The stream ended (EOF, cancel or error): release whatever the request holds.
@@ -200,17 +291,17 @@ class ExtProcStream:
             self._envoy.phase = step
         return step
 
-    def _answer(self, answer: Answer, message: Message) -> list[ProcessingResponse] | EndStream:
+    def _answer(self, answer: Answer, message: Message) -> Step:
         """The defined answer to a message that makes no move (phases.py)."""
         if answer is Answer.LATE:
-            return []
+            return NOTHING
         reason = f"ext_proc {message.value} is not allowed in phase {self.phase.name}"
         log.warning("request %s: %s", self._req.request_id or "(no headers yet)", reason)
         if answer is Answer.REJECT:
-            return [self._reject(ClientVisibleError(reason, code=PROTOCOL_ERROR))]
+            return Step([self._reject(ClientVisibleError(reason, code=PROTOCOL_ERROR))])
         self._advance(Outcome.CLOSED)
         self._finish()
-        return EndStream(reason)
+        return Step(end_stream=reason)
 
     def _note(self, msg: ProcessingRequest) -> None:
         """What a message carries besides its kind: Envoy's body modes (on the first),
@@ -234,7 +325,7 @@ class ExtProcStream:
         return phase not in (Phase.DONE, Phase.CUT) and bool(self._req.headers)
 
     # -- request path -------------------------------------------------------------------
-    def _on_request_headers(self, msg: HttpHeaders) -> Replies:
+    def _on_request_headers(self, msg: HttpHeaders) -> Step:
         req = self._req
         for h in msg.headers.headers:
             req.headers[h.key] = h.raw_value.decode() if h.raw_value else h.value
@@ -249,13 +340,13 @@ class ExtProcStream:
         if msg.end_of_stream:  # nothing to wait for
             # GET /v1/models has no body by design; a POST without one is a client error.
             method = req.headers.get(":method", "GET")
-            return self._route(b"" if method in _BODY_METHODS else None)
+            return self._complete(b"" if method in _BODY_METHODS else None, True, False)
         if self._envoy.request_body_mode == _BUFFERED:
             # Envoy sends the whole body only after this answer; we route on the body.
-            return [messages.EMPTY_REQUEST_HEADERS]
-        return []
+            return _REQUEST_HEADERS_SEEN
+        return NOTHING
 
-    def _on_request_body(self, data: bytes, end: bool) -> Replies:
+    def _on_request_body(self, data: bytes, end: bool) -> Step:
         req = self._req
         if data:
             req.size += len(data)
@@ -265,25 +356,43 @@ class ExtProcStream:
                     code="body_too_large",
                 )
             req.chunks.append(data)
-        return self._complete_request(end_of_stream=True) if end else []
+        return self._complete_request(end_of_stream=True, trailers=False) if end else NOTHING
 
-    def _on_request_trailers(self) -> Replies:
-        replies = self._complete_request(end_of_stream=False)
-        if isinstance(replies, list):
-            return [*replies, messages.EMPTY_REQUEST_TRAILERS]
-        if isinstance(replies, Deferred):
-            return Deferred(replies.now, _then(replies.later, messages.EMPTY_REQUEST_TRAILERS))
-        return _then(replies, messages.EMPTY_REQUEST_TRAILERS)
-
-    def _complete_request(self, end_of_stream: bool) -> Replies:
+    def _complete_request(self, end_of_stream: bool, trailers: bool) -> Step:
         body = b"".join(self._req.chunks)
         self._req.chunks = []
-        return self._route(body, end_of_stream)
+        return self._complete(body, end_of_stream, trailers)
 
-    def _route(self, body: bytes | None, end_of_stream: bool = True) -> Replies:
-        """Schedule, then answer with the routing reply and (full duplex) the body; a
-        disaggregated request first lets the coordinator prepare the decode leg, which
-        may take a prefill leg's time (then the replies are awaited).
+    def _complete(self, body: bytes | None, end_of_stream: bool, trailers: bool) -> Step:
+        """The request is whole: on the way to its routing answer."""
+        routing = self._routing = _Routing(body, end_of_stream, trailers)
+        return self._settled(self._route(routing), routing)
+
+    def _settled(self, step: Step, routing: _Routing) -> Step:
+        """``step``, and once the routing answer is out (nothing more to wait for), the
+        reply to the request's trailers after it."""
+        if step.wait is not None:
+            return step
+        self._routing = None  # the body and the parsed request are not needed any more
+        if routing.trailers:
+            return Step([*step.replies, messages.EMPTY_REQUEST_TRAILERS])
+        return step
+
+    def _wait(
+        self, routing: _Routing, awaiting: _Awaiting, until: Awaitable[Any], wait_s: float
+    ) -> Step:
+        """Wait for ``until`` before answering; Envoy, unless it was asked already, is
+        asked to wait ``wait_s`` (the longest that may follow) for the answer."""
+        routing.awaiting = awaiting
+        if routing.waited:
+            return Step(wait=until)
+        routing.waited = True
+        return Step([messages.extend_timeout(wait_s)], until)
+
+    def _route(self, routing: _Routing) -> Step:
+        """Schedule, then answer with the routing reply and (full duplex) the body; an
+        adapter to load, flow control or a disaggregated request's decode leg may make
+        the answer wait.
 
         Behind an EDS config (more than one destination), nothing is picked before an
         Envoy has acknowledged this process's endpoints: just after an EPP restart,
@@ -291,83 +400,60 @@ class ExtProcStream:
         does not know to one of those."""
         sync = self._router.envoy_sync
         if self._max_destinations > 1 and sync is not None and not sync.synced:
-            # Envoy may get one timeout extension here: the longest that may follow
-            cfg = self._router.flow.cfg
+            cfg = self._router.flow.cfg  # Envoy may get one extension: the longest wait
             wait_s = EDS_SYNC_WAIT_S + cfg.max_queue_timeout_s + cfg.message_timeout_margin_s
-            later = self._route_when_synced(sync.wait(), body, end_of_stream)
-            return Deferred([messages.extend_timeout(wait_s)], later)
+            return self._wait(routing, _Awaiting.SYNC, sync.wait(), wait_s)
         req = self._req
         request, doc = parse_request(
             req.request_id,
             req.headers,
-            body,
+            routing.body,
             req.subset,
             self._router.chars_per_token,
         )
         resolved = self._router.resolve(request, doc)  # model rewrites, adapter catalogue
-        if resolved.doc is not None:
-            doc = resolved.doc
-        rewritten = resolved.doc is not None
+        routing.rewritten = resolved.doc is not None
+        routing.doc = doc if resolved.doc is None else resolved.doc
         placed = self._router.place(resolved.request)  # an adapter loaded first?
         if not isinstance(placed, InferenceRequest):
-            cfg = self._router.flow.cfg  # Envoy may get one extension: the longest wait
+            cfg = self._router.flow.cfg
             wait_s = cfg.max_queue_timeout_s + cfg.message_timeout_margin_s
-            later = self._schedule_after(placed, doc, rewritten, body, end_of_stream)
-            return Deferred([messages.extend_timeout(wait_s)], later)
-        return self._schedule(placed, doc, rewritten, body, end_of_stream)
+            return self._wait(routing, _Awaiting.PLACEMENT, placed, wait_s)
+        return self._schedule(placed, routing)
 
-    def _schedule(
-        self,
-        request: InferenceRequest,
-        doc: dict[str, Any] | None,
-        rewritten: bool,
-        body: bytes | None,
-        end_of_stream: bool,
-    ) -> Replies:
+    def _schedule(self, request: InferenceRequest, routing: _Routing) -> Step:
         """Admission (flow control), then the routed reply."""
         trace = self._trace
         if trace is not None:
             trace.admitting()
-        admitted = self._router.admit(request, len(body or b""), self._max_destinations)
+        size = len(routing.body or b"")
+        admitted = self._router.admit(request, size, self._max_destinations)
         if isinstance(admitted, Waiting):  # held: Envoy is asked to wait that long
             if trace is not None:
                 trace.held()
+            routing.request = request
             wait_s = admitted.limit_s + self._router.flow.cfg.message_timeout_margin_s
-            later = self._route_when_dispatched(
-                admitted, request, doc, rewritten, body, end_of_stream
-            )
-            return Deferred([messages.extend_timeout(wait_s)], later)
-        replies = self._routed(admitted, request, doc, rewritten, body, end_of_stream)
-        if isinstance(replies, list):
-            return replies
-        # a prefill leg runs first: Envoy is asked to wait for it
-        return Deferred(
-            [messages.extend_timeout(self._router.flow.cfg.message_timeout_margin_s)], replies
-        )
+            return self._wait(routing, _Awaiting.ADMISSION, admitted.result, wait_s)
+        return self._routed(admitted, request, routing)
 
-    def _routed(
-        self,
-        routed: Routed,
-        request: InferenceRequest,
-        doc: dict[str, Any] | None,
-        rewritten: bool,
-        body: bytes | None,
-        end_of_stream: bool,
-    ) -> list[ProcessingResponse] | Awaitable[list[ProcessingResponse]]:
+    def _routed(self, routed: Routed, request: InferenceRequest, routing: _Routing) -> Step:
         req = self._req
         req.routed = routed
         req.stream = request.stream
         trace = self._trace
+        doc = routing.doc
         if trace is not None:
             request = self._traced(trace, routed, request, doc)
         leg = None
         if doc is not None:
-            leg = self._router.hand_off(routed, request, doc, rewritten)
+            leg = self._router.hand_off(routed, request, doc, routing.rewritten)
         if leg is None or isinstance(leg, DecodeLeg):
             if trace is not None:
                 trace.prefill_done()
-            return self._forward(body, end_of_stream, leg)
-        return self._forward_after(leg, body, end_of_stream)
+            return Step(self._forward(routing, leg))
+        # a prefill leg runs first: Envoy is asked to wait for it
+        margin_s = self._router.flow.cfg.message_timeout_margin_s
+        return self._wait(routing, _Awaiting.PREFILL, leg, margin_s)
 
     def _traced(
         self,
@@ -387,103 +473,23 @@ class ExtProcStream:
         carried = trace.prefill(result.prefill, coordinator.name)
         return replace(request, headers={**request.headers, **carried})
 
-    async def _schedule_after(
-        self,
-        placed: Awaitable[InferenceRequest],
-        doc: dict[str, Any] | None,
-        rewritten: bool,
-        body: bytes | None,
-        end_of_stream: bool,
-    ) -> list[ProcessingResponse]:
-        """Schedule once the request's adapter is loaded (epp.lora.placement)."""
-
-        async def scheduled() -> list[ProcessingResponse]:
-            request = await placed
-            if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
-                return []
-            replies = self._schedule(request, doc, rewritten, body, end_of_stream)
-            if isinstance(replies, Deferred):  # held: the extension was asked already
-                replies = replies.later
-            return replies if isinstance(replies, list) else await replies
-
-        return await self._answering_errors(scheduled())
-
-    async def _route_when_dispatched(
-        self,
-        waiting: Waiting[Routed],
-        request: InferenceRequest,
-        doc: dict[str, Any] | None,
-        rewritten: bool,
-        body: bytes | None,
-        end_of_stream: bool,
-    ) -> list[ProcessingResponse]:
-        async def dispatched() -> list[ProcessingResponse]:
-            routed = await waiting.result
-            if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
-                routed.release()
-                return []
-            replies = self._routed(routed, request, doc, rewritten, body, end_of_stream)
-            return replies if isinstance(replies, list) else await replies
-
-        return await self._answering_errors(dispatched())
-
-    async def _route_when_synced(
-        self, synced: Awaitable[None], body: bytes | None, end_of_stream: bool
-    ) -> list[ProcessingResponse]:
-        await synced
+    def _prefilled(self, leg: DecodeLeg, routing: _Routing) -> Step:
+        """The decode leg is ready (a prefill leg ran first): the routing answer."""
+        if self._trace is not None:
+            routed = self._req.routed  # its result is the deferred pick's, if any
+            self._trace.prefill_done(decode=None if routed is None else routed.result.primary)
         if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
-            return []
+            if leg.prefill_ticket is not None:
+                leg.prefill_ticket.release()
+            return NOTHING
+        return Step(self._forward(routing, leg))
 
-        async def routed() -> list[ProcessingResponse]:
-            replies = self._route(body, end_of_stream)
-            if isinstance(replies, Deferred):  # held: the extension was asked already
-                replies = replies.later
-            return replies if isinstance(replies, list) else await replies
-
-        return await self._answering_errors(routed())
-
-    async def _answering_errors(
-        self, work: Awaitable[list[ProcessingResponse]]
-    ) -> list[ProcessingResponse]:
-        """``work``'s replies; an error it raises is answered to the client instead."""
-        try:
-            return await work
-        except ClientVisibleError as error:
-            return [self._reject(error)]
-        except Exception:
-            log.exception("request %s: internal error routing", self._req.request_id)
-            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
-
-    async def _forward_after(
-        self, pending: Awaitable[DecodeLeg], body: bytes | None, end_of_stream: bool
-    ) -> list[ProcessingResponse]:
-        try:
-            leg = await pending
-            if self._trace is not None:
-                routed = self._req.routed  # its result is the deferred pick's, if any
-                self._trace.prefill_done(decode=None if routed is None else routed.result.primary)
-            if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
-                if leg.prefill_ticket is not None:
-                    leg.prefill_ticket.release()
-                return []
-            return self._forward(body, end_of_stream, leg)
-        except ClientVisibleError as error:
-            if self._trace is not None:
-                self._trace.prefill_done(error.message)
-            return [self._reject(error)]
-        except Exception:
-            log.exception(
-                "request %s: internal error preparing the decode leg", self._req.request_id
-            )
-            return [self._reject(ClientVisibleError("internal error in the endpoint picker"))]
-
-    def _forward(
-        self, body: bytes | None, end_of_stream: bool, leg: DecodeLeg | None
-    ) -> list[ProcessingResponse]:
+    def _forward(self, routing: _Routing, leg: DecodeLeg | None) -> list[ProcessingResponse]:
         self._advance(Outcome.ROUTED)
         req = self._req
         routed = req.routed
         assert routed is not None
+        body = routing.body
         extra: list[tuple[str, str]] = list(self._router.request_headers)
         rewritten = None
         if leg is not None:
@@ -515,7 +521,7 @@ class ExtProcStream:
         reply = messages.routed(destination, extra, remove)
         if body is None:
             return [reply]
-        return [reply, *messages.streamed_request_body(body, end_of_stream)]
+        return [reply, *messages.streamed_request_body(body, routing.end_of_stream)]
 
     def _reject(self, error: ClientVisibleError) -> ProcessingResponse:
         log.info("request %s rejected: %d %s", self._req.request_id, error.status, error.message)
@@ -527,7 +533,7 @@ class ExtProcStream:
         return messages.immediate(error)
 
     # -- response path ------------------------------------------------------------------
-    def _on_response_headers(self, msg: HttpHeaders) -> list[ProcessingResponse]:
+    def _on_response_headers(self, msg: HttpHeaders) -> Step:
         headers = {
             h.key: h.raw_value.decode() if h.raw_value else h.value for h in msg.headers.headers
         }
@@ -538,10 +544,10 @@ class ExtProcStream:
         if msg.end_of_stream:
             self._finish()
         if self._router.echo_served_endpoint and self._req.served:
-            return [messages.response_headers_set([(SERVED_ECHO_HEADER, self._req.served)])]
-        return [messages.EMPTY_RESPONSE_HEADERS]
+            return Step([messages.response_headers_set([(SERVED_ECHO_HEADER, self._req.served)])])
+        return _RESPONSE_HEADERS_SEEN
 
-    def _on_response_body(self, data: bytes, end: bool) -> list[ProcessingResponse]:
+    def _on_response_body(self, data: bytes, end: bool) -> Step:
         req = self._req
         routed = req.routed
         if self._watch is not None:
@@ -557,27 +563,30 @@ class ExtProcStream:
                 self._router.completed(routed, req.status, req.served, find_usage(req.tail))
             self._finish()
         if self._envoy.response_body_mode == _FULL_DUPLEX:
-            return [messages.response_body_echo(data, end)]
-        return [messages.EMPTY_RESPONSE_BODY]
+            return Step((messages.response_body_echo(data, end),))
+        return _RESPONSE_BODY_SEEN
 
     def _watch_chunks(self) -> None:
         """From a stream's first byte on: end it if its server goes silent, where we can
         (the response body passes us full duplex, so we can send the client its end)."""
         timeout_s = self._router.stream_chunk_timeout_s
+        timers = self._timers
         if (
             self._req.stream
             and timeout_s > 0
-            and self._send is not None
+            and timers is not None
+            and self._push is not None
             and self._envoy.response_body_mode == _FULL_DUPLEX
         ):
-            self._watch = ChunkWatch(asyncio.get_running_loop(), timeout_s, self._stalled)
+            self._watch = ChunkWatch(timers, timeout_s, self._stalled)
 
     def _stalled(self) -> None:
         """No chunk for the chunk timeout: the request leaves the endpoint's in-flight
         count, the stall counts against the endpoint, and the client gets the end of its
-        stream (stall.py)."""
+        stream (stall.py): a reply no message asked for, which the driver sends."""
         self._watch = None
-        if self._envoy.phase is not Phase.RESPONSE_BODY or self._send is None:
+        push = self._push
+        if self._envoy.phase is not Phase.RESPONSE_BODY or push is None:
             return
         self._advance(Outcome.STALLED)
         req, routed = self._req, self._req.routed
@@ -586,7 +595,7 @@ class ExtProcStream:
             self._router.stalled(routed.ticket.address, req.served)
         path = req.headers.get(":path", "")
         timeout_s = self._router.stream_chunk_timeout_s
-        self._sending = end_stalled(self._send, timeout_s, req.tail, path, req.request_id)
+        push(stall_reply(timeout_s, req.tail, path, req.request_id))
 
     def _finish(self) -> None:
         watch = self._watch
@@ -635,9 +644,3 @@ def _upstream_address(msg: ProcessingRequest) -> str:
     if attrs is None or UPSTREAM_ADDRESS not in attrs.fields:
         return ""
     return str(attrs.fields[UPSTREAM_ADDRESS].string_value)
-
-
-async def _then(
-    first: Awaitable[list[ProcessingResponse]], last: ProcessingResponse
-) -> list[ProcessingResponse]:
-    return [*(await first), last]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -13,6 +14,9 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     ProcessingResponse,
     ProtocolConfiguration,
 )
+
+if TYPE_CHECKING:
+    from epp.extproc.stream import ExtProcStream, Step
 
 
 def request_headers(
@@ -80,3 +84,27 @@ def streamed_body(replies: list[ProcessingResponse]) -> tuple[bytes, bool]:
     """The request body we echoed back, and whether the last chunk ended the stream."""
     chunks = [r.request_body.response.body_mutation.streamed_response for r in replies]
     return b"".join(c.body for c in chunks), bool(chunks and chunks[-1].end_of_stream)
+
+
+def replies(step: Step) -> list[ProcessingResponse]:
+    """The replies of a step that neither waits nor ends the stream."""
+    assert step.wait is None and not step.end_stream, step
+    return list(step.replies)
+
+
+async def settle(stream: ExtProcStream, step: Step) -> list[ProcessingResponse]:
+    """What the driver sends once ``step``'s waits are over, one after the other (the
+    replies that ask Envoy to wait, before the first, left out): the machine alone, no
+    stream read beside the waits."""
+    if step.wait is None:
+        return replies(step)
+    out: list[ProcessingResponse] = []
+    while step.wait is not None:
+        try:
+            value = await step.wait
+        except Exception as error:
+            step = stream.on_wait_failed(error)
+        else:
+            step = stream.on_waited(value)
+        out.extend(step.replies)
+    return out

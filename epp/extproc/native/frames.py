@@ -7,6 +7,8 @@ from __future__ import annotations
 import struct
 from enum import IntEnum
 
+from epp.errors import InternalError
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEADER_LEN = 9
 MAX_WINDOW = 2**31 - 1
@@ -62,7 +64,7 @@ class ErrorCode(IntEnum):
     HTTP_1_1_REQUIRED = 0xD
 
 
-class ConnectionFailure(Exception):
+class ConnectionFailure(InternalError):
     """The peer broke the protocol for the whole connection: GOAWAY with ``code``."""
 
     def __init__(self, code: ErrorCode, reason: str) -> None:
@@ -70,7 +72,7 @@ class ConnectionFailure(Exception):
         self.code = code
 
 
-class StreamError(Exception):
+class StreamError(InternalError):
     """The peer broke the protocol on one stream: RST_STREAM with ``code``."""
 
     def __init__(self, stream_id: int, code: ErrorCode, reason: str) -> None:

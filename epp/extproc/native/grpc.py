@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import quote
 
+from epp.errors import InternalError
 from epp.extproc.native import frames
 from epp.extproc.native.connection import Connection
 from epp.extproc.native.frames import ErrorCode, StreamError
@@ -48,7 +49,7 @@ class Message(Protocol):
 M = TypeVar("M")
 
 
-class GrpcError(Exception):
+class GrpcError(InternalError):
     """Ends a call with this status (raised by a handler or by the framing)."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from epp.errors import InternalError
+
 # Windows sized for Envoy: a 220 KB prompt crosses without waiting for a WINDOW_UPDATE,
 # and many streams share the connection's window.
 STREAM_WINDOW = 4 * 1024 * 1024
@@ -36,7 +38,7 @@ class Receiver(Protocol):
         ...
 
 
-class StreamGone(Exception):
+class StreamGone(InternalError):
     """The stream was reset or its connection closed: nothing more can be sent on it."""
 
 

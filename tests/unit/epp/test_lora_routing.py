@@ -47,7 +47,7 @@ def routed(router: Router, model: str, **headers: str) -> tuple[ExtProcStream, P
     stream = ExtProcStream(router, max_destinations=3)
     body = orjson.dumps({"model": model, "prompt": f"hello {model}", "max_tokens": 2})
     stream.on_message(m.request_headers(headers))
-    replies = list(stream.on_message(m.request_body(body, True)))
+    replies = list(m.replies(stream.on_message(m.request_body(body, True))))
     return stream, replies[0]
 
 

@@ -83,8 +83,8 @@ def test_a_request_span_continues_the_clients_trace_and_goes_on_upstream() -> No
     router, exporter = traced()
     stream = ExtProcStream(router)
     parent = {"traceparent": f"00-{TRACE}-{CLIENT}-01", "x-request-id": "r1"}
-    assert stream.on_message(m.request_headers(parent)) == []
-    replies = stream.on_message(m.request_body(BODY, True))
+    assert m.replies(stream.on_message(m.request_headers(parent))) == []
+    replies = m.replies(stream.on_message(m.request_body(BODY, True)))
     assert isinstance(replies, list)
     sent = m.set_headers(replies[0])
     stream.on_message(m.response_headers(200))
@@ -124,9 +124,9 @@ async def test_a_held_request_has_a_flow_control_span() -> None:
     first, second = ExtProcStream(router), ExtProcStream(router)
     for stream in (first, second):
         stream.on_message(m.request_headers({"x-gateway-inference-priority": "2"}))
-    assert isinstance(first.on_message(m.request_body(BODY, True)), list)
+    assert m.replies(first.on_message(m.request_body(BODY, True)))
     held = second.on_message(m.request_body(BODY, True))
-    task = asyncio.ensure_future(held)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(m.settle(second, held))
     await asyncio.sleep(0.01)
     first.close()  # room frees: the second is dispatched
     replies = await asyncio.wait_for(task, 2)
@@ -147,7 +147,7 @@ async def test_the_prefill_leg_is_a_span_whose_context_goes_to_the_prefill_serve
     long = orjson.dumps({"model": "m", "prompt": "a long prompt " * 200, "max_tokens": 5})
     stream.on_message(m.request_headers({"traceparent": f"00-{TRACE}-{CLIENT}-01"}))
     pending = stream.on_message(m.request_body(long, True))
-    task = asyncio.ensure_future(pending)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(m.settle(stream, pending))
     await asyncio.sleep(0.01)
     coordinator.release.set()
     replies = await asyncio.wait_for(task, 2)
@@ -182,7 +182,7 @@ async def test_a_deferred_decode_pick_is_where_the_request_span_says_it_went() -
     stream = ExtProcStream(router)
     long = orjson.dumps({"model": "m", "prompt": "a long prompt " * 200, "max_tokens": 5})
     stream.on_message(m.request_headers({}))
-    task = asyncio.ensure_future(stream.on_message(m.request_body(long, True)))  # type: ignore[arg-type]
+    task = asyncio.ensure_future(m.settle(stream, stream.on_message(m.request_body(long, True))))
     await asyncio.sleep(0.01)
     first = (spans(exporter)["epp.schedule"].attributes or {})["epp.endpoint"]
     router.datastore.remove(str(first))  # gone during the leg: the pick must move

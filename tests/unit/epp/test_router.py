@@ -87,10 +87,10 @@ def parse(prompt: str) -> InferenceRequest:
 def start(stream: ExtProcStream, prompt: str = LONG) -> asyncio.Future[Any]:
     """The request's replies, as the transport awaits them."""
     payload = orjson.dumps({"model": "m", "prompt": prompt, "max_tokens": 5})
-    assert stream.on_message(m.request_headers()) == []
+    assert m.replies(stream.on_message(m.request_headers())) == []
     out = stream.on_message(m.request_body(payload, True))
-    assert not isinstance(out, list), "a deferred request waits for its prefill leg"
-    return asyncio.ensure_future(out)  # type: ignore[arg-type]
+    assert out.wait is not None, "a deferred request waits for its prefill leg"
+    return asyncio.ensure_future(m.settle(stream, out))
 
 
 async def settle() -> None:

@@ -7,9 +7,7 @@ import asyncio
 import itertools
 import json
 import random
-from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -20,7 +18,7 @@ from hypothesis import strategies as st
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
-from epp.extproc.stream import PROTOCOL_ERROR, EndStream, ExtProcStream
+from epp.extproc.stream import PROTOCOL_ERROR, ExtProcStream, Step
 from epp.observability.metrics import EppMetrics
 from epp.router import Router
 from epp.types import Endpoint
@@ -220,33 +218,34 @@ async def test_the_stream_does_what_the_table_says(phase: Phase, message: Messag
     sync = EnvoySync() if phase in (P.REQUEST_HEADERS, P.REQUEST_BODY, P.ROUTING) else None
     router = make_router(sync)
     stream = ExtProcStream(router, max_destinations=3)
-    pending: list[Awaitable[Any]] = []
+    pending: list[Step] = []
     for msg in PREFIXES[phase]:
-        replies = stream.on_message(msg)
-        assert not isinstance(replies, EndStream)
-        if not isinstance(replies, list):
-            pending.append(replies)
+        out = stream.on_message(msg)
+        assert not out.end_stream
+        if out.wait is not None:
+            pending.append(out)
     assert stream.phase is phase
     step = TABLE[phase, message]
-    replies = stream.on_message(SAMPLES[message])
+    out = stream.on_message(SAMPLES[message])
+    replies = list(out.replies)
     if isinstance(step, Phase):
         assert stream.phase is step
-        assert not isinstance(replies, EndStream)
-        if not isinstance(replies, list):
-            pending.append(replies)
+        assert not out.end_stream
+        if out.wait is not None:
+            pending.append(out)
         elif replies:
             assert not replies[0].HasField("immediate_response")
     elif step is Answer.LATE:
-        assert replies == [] and stream.phase is P.DONE
+        assert m.replies(out) == [] and stream.phase is P.DONE
     elif step is Answer.REJECT:
-        assert isinstance(replies, list) and len(replies) == 1
+        assert len(m.replies(out)) == 1
         answer = replies[0].immediate_response
         assert answer.status.code == 500
         error = json.loads(answer.body)["error"]
         assert error["code"] == PROTOCOL_ERROR and message.value in error["message"]
         assert stream.phase is P.DONE and rejected_500(router) == 1
     else:
-        assert isinstance(replies, EndStream) and message.value in replies.reason
+        assert out == Step(end_stream=out.end_stream) and message.value in out.end_stream
         assert stream.phase is P.DONE and rejected_500(router) == 0
     if step in (Answer.REJECT, Answer.END_STREAM):  # released at once, not at the end
         assert router.datastore.total_in_flight() == 0
@@ -254,7 +253,7 @@ async def test_the_stream_does_what_the_table_says(phase: Phase, message: Messag
     if sync is not None:
         sync.acknowledged()
     for waiting in pending:  # a stream closed while routing waited answers nothing
-        late = await asyncio.wait_for(waiting, 5)
+        late = await asyncio.wait_for(m.settle(stream, waiting), 5)
         assert not any(
             r.HasField("request_headers") or r.HasField("immediate_response") for r in late
         )
@@ -265,10 +264,10 @@ def test_envoys_own_local_reply_passes_through_before_any_request() -> None:
     """Another filter's 401 (or a codec error) reaches the ext_proc filter's response
     path although it never saw the request (envoyproxy/envoy#38261): passed through."""
     stream = ExtProcStream(make_router())
-    [reply] = stream.on_message(m.response_headers(401))  # type: ignore[misc]
+    [reply] = m.replies(stream.on_message(m.response_headers(401)))
     assert reply.HasField("response_headers")
     assert not reply.response_headers.HasField("response")
-    [reply] = stream.on_message(m.response_body(b"Jwt is missing", True))  # type: ignore[misc]
+    [reply] = m.replies(stream.on_message(m.response_body(b"Jwt is missing", True)))
     assert reply.HasField("response_body") and stream.phase is P.DONE
 
 
@@ -279,7 +278,7 @@ def test_a_second_request_headers_neither_routes_again_nor_leaks_the_first_claim
         stream.on_message(msg)
     assert router.datastore.total_in_flight() == 1
     again = m.request_headers(method="GET", path="/v1/models", end_of_stream=True)
-    [reply] = stream.on_message(again)  # type: ignore[misc]
+    [reply] = m.replies(stream.on_message(again))
     assert reply.immediate_response.status.code == 500
     assert router.datastore.total_in_flight() == 0
     stream.close()
@@ -297,12 +296,12 @@ def test_any_message_sequence_follows_the_table_and_releases_every_claim(
     for kind in kinds:
         before = stream.phase
         step = TABLE[before, kind]
-        replies = stream.on_message(SAMPLES[kind])
+        out = stream.on_message(SAMPLES[kind])
         assert all(n >= 0 for n in router.datastore.snapshot().in_flight.values())
-        if isinstance(replies, EndStream):
-            assert step is Answer.END_STREAM
-            break  # the transport ends the stream
-        assert isinstance(replies, list)  # no EDS wait, no coordinator: never awaited
+        if out.end_stream:
+            assert step is Answer.END_STREAM and not out.replies and out.wait is None
+            break  # the driver ends the stream
+        replies = m.replies(out)  # no EDS wait, no coordinator: never a wait
         if step is Answer.LATE:
             assert replies == []
         elif step is Answer.REJECT:

@@ -111,11 +111,7 @@ async def test_a_stalled_stream_is_ended_released_and_counted() -> None:
     ejector = Ejector(router.datastore, EjectionPolicy(eject_after=1), probe=_never)
     router.outcomes = ejector
     sent: asyncio.Queue[ProcessingResponse] = asyncio.Queue()
-
-    async def send(reply: ProcessingResponse) -> None:
-        sent.put_nowait(reply)
-
-    stream = ExtProcStream(router, send=send)
+    stream = ExtProcStream(router, timers=asyncio.get_running_loop(), push=sent.put_nowait)
     full_duplex = ProcessingMode.FULL_DUPLEX_STREAMED
     stream.on_message(m.request_headers(response_body_mode=full_duplex))
     run(stream, m.chunked(STREAM_BODY))
@@ -132,8 +128,8 @@ async def test_a_stalled_stream_is_ended_released_and_counted() -> None:
     member = router.datastore.member("127.0.0.1:8000")
     assert member is not None and member.status is Status.EJECTED  # one stall, eject_after=1
     # what Envoy still sends of the response gets no reply; the stream ends cleanly
-    assert stream.on_message(m.response_body(b"data: late\n\n", False)) == []
-    assert stream.on_message(m.response_body(b"", True)) == []
+    assert m.replies(stream.on_message(m.response_body(b"data: late\n\n", False))) == []
+    assert m.replies(stream.on_message(m.response_body(b"", True))) == []
     stream.close()
     assert router.metrics.streams.labels("complete")._value.get() == 1
     assert sent.empty()
@@ -143,11 +139,11 @@ async def test_without_full_duplex_or_stream_nothing_is_watched() -> None:
     router = make_router(n=1)
     router.stream_chunk_timeout_s = 0.01
 
-    async def send(reply: ProcessingResponse) -> None:
+    def push(reply: ProcessingResponse) -> None:
         raise AssertionError("nothing to send")
 
     for body, mode in ((STREAM_BODY, ProcessingMode.STREAMED), (BODY, None)):
-        stream = ExtProcStream(router, send=send)
+        stream = ExtProcStream(router, timers=asyncio.get_running_loop(), push=push)
         stream.on_message(m.request_headers(response_body_mode=mode))
         run(stream, m.chunked(body))
         stream.on_message(m.response_headers(200))

@@ -42,7 +42,7 @@ def make_router(n: int = 2, max_body: int = 1 << 20, envoy_sync: EnvoySync | Non
 def run(stream: ExtProcStream, msgs: list) -> list:  # type: ignore[type-arg]
     out = []
     for msg in msgs:
-        out.extend(stream.on_message(msg))
+        out.extend(m.replies(stream.on_message(msg)))
     return out
 
 
@@ -50,7 +50,7 @@ def run(stream: ExtProcStream, msgs: list) -> list:  # type: ignore[type-arg]
 def test_body_split_anywhere_is_held_then_routed_and_echoed(cut: int) -> None:
     router = make_router()
     stream = ExtProcStream(router)
-    assert stream.on_message(m.request_headers()) == []  # held until the body ends
+    assert m.replies(stream.on_message(m.request_headers())) == []  # held until the body ends
     replies = run(stream, m.chunked(BODY, cut))
     head, body = replies[0], replies[1:]
     headers = m.set_headers(head)
@@ -82,8 +82,8 @@ def test_large_body_is_echoed_in_bounded_chunks() -> None:
 
 def test_bodyless_request_is_answered_at_once() -> None:
     stream = ExtProcStream(make_router())
-    [reply] = stream.on_message(
-        m.request_headers(method="GET", path="/v1/models", end_of_stream=True)
+    [reply] = m.replies(
+        stream.on_message(m.request_headers(method="GET", path="/v1/models", end_of_stream=True))
     )
     assert "x-gateway-destination-endpoint" in m.set_headers(reply)
     assert "content-length" not in m.set_headers(reply)
@@ -91,7 +91,7 @@ def test_bodyless_request_is_answered_at_once() -> None:
 
 def test_post_without_body_is_400() -> None:
     stream = ExtProcStream(make_router())
-    [reply] = stream.on_message(m.request_headers(end_of_stream=True))
+    [reply] = m.replies(stream.on_message(m.request_headers(end_of_stream=True)))
     assert reply.immediate_response.status.code == 400
     assert json.loads(reply.immediate_response.body)["error"]["code"] == "empty_body"
 
@@ -140,7 +140,7 @@ def test_bad_bodies_get_json_errors(body: bytes, status: int, code: str) -> None
     router = make_router()
     stream = ExtProcStream(router)
     stream.on_message(m.request_headers())
-    [reply] = stream.on_message(m.request_body(body, True))
+    [reply] = m.replies(stream.on_message(m.request_body(body, True)))
     imm = reply.immediate_response
     assert imm.status.code == status
     assert json.loads(imm.body)["error"]["code"] == code
@@ -154,17 +154,17 @@ def test_body_over_the_limit_is_413_as_soon_as_it_is_exceeded() -> None:
     router = make_router(max_body=100)
     stream = ExtProcStream(router)
     stream.on_message(m.request_headers())
-    assert stream.on_message(m.request_body(b"x" * 60, False)) == []
-    [reply] = stream.on_message(m.request_body(b"x" * 60, False))
+    assert m.replies(stream.on_message(m.request_body(b"x" * 60, False))) == []
+    [reply] = m.replies(stream.on_message(m.request_body(b"x" * 60, False)))
     assert reply.immediate_response.status.code == 413
     assert "100 bytes" in json.loads(reply.immediate_response.body)["error"]["message"]
-    assert stream.on_message(m.request_body(b"x", True)) == []  # rest is dropped
+    assert m.replies(stream.on_message(m.request_body(b"x", True))) == []  # rest is dropped
 
 
 def test_no_endpoint_is_503() -> None:
     stream = ExtProcStream(make_router(n=0))
     stream.on_message(m.request_headers())
-    [reply] = stream.on_message(m.request_body(BODY, True))
+    [reply] = m.replies(stream.on_message(m.request_body(BODY, True)))
     assert reply.immediate_response.status.code == 503
 
 
@@ -174,10 +174,10 @@ def test_response_path_releases_in_flight_and_counts_usage() -> None:
     stream.on_message(m.request_headers())
     run(stream, m.chunked(BODY))
     assert router.datastore.total_in_flight() == 1
-    [r] = stream.on_message(m.response_headers(200))
+    [r] = m.replies(stream.on_message(m.response_headers(200)))
     assert r.HasField("response_headers")
     usage = b'{"usage": {"prompt_tokens": 75, "completion_tokens": 4}}'
-    [r] = stream.on_message(m.response_body(usage[:10], False))
+    [r] = m.replies(stream.on_message(m.response_body(usage[:10], False)))
     assert r.HasField("response_body") and not r.response_body.HasField("response")
     assert router.datastore.total_in_flight() == 1
     running = router.metrics.registry.get_sample_value
@@ -197,7 +197,7 @@ def test_full_duplex_response_mode_echoes_chunks() -> None:
     stream.on_message(m.request_headers(response_body_mode=ProcessingMode.FULL_DUPLEX_STREAMED))
     run(stream, m.chunked(BODY))
     stream.on_message(m.response_headers(200))
-    [r] = stream.on_message(m.response_body(b"data: x\n\n", False))
+    [r] = m.replies(stream.on_message(m.response_body(b"data: x\n\n", False)))
     assert r.response_body.response.body_mutation.streamed_response.body == b"data: x\n\n"
 
 
@@ -217,7 +217,7 @@ def test_subset_hint_from_envoy_metadata_limits_the_pick() -> None:
         assert m.set_headers(head)["x-gateway-destination-endpoint"] == "127.0.0.1:8001"
     stream = ExtProcStream(make_router())
     stream.on_message(with_subset(m.request_headers(), ["10.9.9.9:1"]))
-    [reply] = stream.on_message(m.request_body(BODY, True))
+    [reply] = m.replies(stream.on_message(m.request_body(BODY, True)))
     assert reply.immediate_response.status.code == 503
     assert json.loads(reply.immediate_response.body)["error"]["code"] == "no_endpoint_in_subset"
 
@@ -249,9 +249,11 @@ def test_the_served_endpoint_is_read_from_envoy_lb_metadata(as_list: bool) -> No
 def test_buffered_body_is_routed_on_the_body_without_echo() -> None:
     router = make_router()
     stream = ExtProcStream(router)
-    [head] = stream.on_message(m.request_headers(request_body_mode=ProcessingMode.BUFFERED))
+    [head] = m.replies(
+        stream.on_message(m.request_headers(request_body_mode=ProcessingMode.BUFFERED))
+    )
     assert head.HasField("request_headers") and not head.request_headers.HasField("response")
-    [reply] = stream.on_message(m.request_body(BODY, True))
+    [reply] = m.replies(stream.on_message(m.request_body(BODY, True)))
     common = reply.request_body.response
     headers = {
         h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers
@@ -278,10 +280,10 @@ def test_close_mid_stream_releases() -> None:
 def test_trailers_end_the_body() -> None:
     stream = ExtProcStream(make_router())
     stream.on_message(m.request_headers())
-    assert stream.on_message(m.request_body(BODY, False)) == []
+    assert m.replies(stream.on_message(m.request_body(BODY, False))) == []
     from envoy.service.ext_proc.v3.external_processor_pb2 import HttpTrailers, ProcessingRequest
 
-    replies = stream.on_message(ProcessingRequest(request_trailers=HttpTrailers()))
+    replies = m.replies(stream.on_message(ProcessingRequest(request_trailers=HttpTrailers())))
     assert replies[0].HasField("request_headers")
     assert m.streamed_body(replies[1:-1]) == (BODY, False)
     assert replies[-1].HasField("request_trailers")
@@ -299,8 +301,8 @@ async def test_an_eds_envoy_gets_no_pick_before_it_acknowledged_our_endpoints() 
     stream = ExtProcStream(router, max_destinations=3)
     stream.on_message(m.request_headers())
     pending = stream.on_message(m.request_body(BODY, end_of_stream=True))
-    assert not isinstance(pending, list)
-    waiting = asyncio.ensure_future(pending)
+    assert pending.wait is not None
+    waiting = asyncio.ensure_future(m.settle(stream, pending))
     await asyncio.sleep(0)
     assert not waiting.done() and sum(router.datastore.snapshot().in_flight.values()) == 0
     sync.acknowledged()
@@ -315,10 +317,10 @@ async def test_a_stream_closed_while_waiting_for_eds_sends_nothing() -> None:
     stream = ExtProcStream(router, max_destinations=3)
     stream.on_message(m.request_headers())
     pending = stream.on_message(m.request_body(BODY, end_of_stream=True))
-    assert not isinstance(pending, list)
+    assert pending.wait is not None
     stream.close()
     sync.acknowledged()
-    assert await pending == []
+    assert await m.settle(stream, pending) == []
 
 
 def test_a_streamed_response_teaches_the_latency_model_and_a_models_listing_does_not() -> None:

@@ -42,7 +42,7 @@ def make_router(config: str, echo: bool) -> Router:
 def routed(router: Router, headers: dict[str, str]) -> tuple[ProcessingResponse, ExtProcStream]:
     stream = ExtProcStream(router)
     stream.on_message(m.request_headers(headers))
-    head, *_ = stream.on_message(m.request_body(BODY, True))
+    head, *_ = m.replies(stream.on_message(m.request_body(BODY, True)))
     return head, stream
 
 
@@ -86,17 +86,17 @@ def test_with_the_conformance_config_the_header_picks_the_endpoint() -> None:
 
 def test_the_served_endpoint_is_echoed_from_envoy_lb_metadata() -> None:
     _, stream = routed(make_router("conformance.yaml", True), {})
-    [reply] = stream.on_message(served("127.0.0.1:3004"))
+    [reply] = m.replies(stream.on_message(served("127.0.0.1:3004")))
     assert response_set_headers(reply) == {ECHO: "127.0.0.1:3004"}
 
 
 def test_the_echo_is_left_out_when_the_proxy_reports_no_served_endpoint() -> None:
     _, stream = routed(make_router("conformance.yaml", True), {})
-    [reply] = stream.on_message(m.response_headers(200))
+    [reply] = m.replies(stream.on_message(m.response_headers(200)))
     assert response_set_headers(reply) == {}
 
 
 def test_without_the_setting_nothing_is_echoed() -> None:
     _, stream = routed(make_router("least-request.yaml", False), {})
-    [reply] = stream.on_message(served("127.0.0.1:3004"))
+    [reply] = m.replies(stream.on_message(served("127.0.0.1:3004")))
     assert response_set_headers(reply) == {}

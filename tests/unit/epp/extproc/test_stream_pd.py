@@ -74,9 +74,8 @@ def body(prompt: str = LONG, **extra: Any) -> bytes:
 
 
 async def replies_for(stream: ExtProcStream, payload: bytes, **headers: Any) -> Any:
-    assert stream.on_message(m.request_headers(**headers)) == []
-    out = stream.on_message(m.request_body(payload, True))
-    return out if isinstance(out, list) else await out
+    assert m.replies(stream.on_message(m.request_headers(**headers))) == []
+    return await m.settle(stream, stream.on_message(m.request_body(payload, True)))
 
 
 def decoded(replies: list[ProcessingResponse]) -> Mapping[str, Any]:
@@ -194,8 +193,8 @@ async def test_buffered_mode_replaces_the_body_only_when_rewritten(rewrite: bool
     coord = FakeCoordinator(DecodeLeg(doc=new if rewrite else None), wait=False)
     stream = ExtProcStream(router(coord))
     first = stream.on_message(m.request_headers(request_body_mode=ProcessingMode.BUFFERED))
-    assert first == [EMPTY_REQUEST_HEADERS]
-    [reply] = stream.on_message(m.request_body(body(), True))  # type: ignore[misc]
+    assert m.replies(first) == [EMPTY_REQUEST_HEADERS]
+    [reply] = m.replies(stream.on_message(m.request_body(body(), True)))
     common = reply.request_body.response
     headers = {
         h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers
