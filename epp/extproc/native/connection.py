@@ -449,13 +449,19 @@ class Connection(asyncio.Protocol):
         if not self._streams:
             self._close_soon()
 
-    def abort(self) -> None:
-        """Close now; open streams are reset."""
+    def close(self) -> None:
+        """Close once what is queued is sent; open streams are reset."""
         if self._transport is not None and not self._closed:
             if not self._goaway_sent:
                 self._queue(frames.goaway(self._last_stream, ErrorCode.NO_ERROR))
             self._flush()
             self._transport.close()
+
+    def abort(self) -> None:
+        """Close at once, unsent bytes dropped (a peer that stopped reading cannot hold
+        a shutdown up: Python 3.12's ``Server.wait_closed`` waits for every connection)."""
+        if self._transport is not None and not self._closed:
+            self._transport.abort()
 
     def _fail(self, code: ErrorCode, reason: str) -> None:
         log.info("HTTP/2 connection closed (%s): %s", code.name, reason)
@@ -467,7 +473,7 @@ class Connection(asyncio.Protocol):
             self._transport.close()
 
     def _close_soon(self) -> None:
-        asyncio.get_running_loop().call_soon(self.abort)
+        asyncio.get_running_loop().call_soon(self.close)
 
     def _wake_windows(self) -> None:
         waiters, self._window_waiters = self._window_waiters, []
