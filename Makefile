@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow test-scenarios test-vllm test-compose lint typecheck bench bench-overhead \
+.PHONY: run test test-slow test-scenarios test-transports test-vllm test-compose lint typecheck bench bench-overhead \
 	bench-decision bench-scrape bench-kv-events bench-routing bench-lora bench-pd bench-fairness \
 	bench-inference-perf bench-vllm routing-model-shared clean
 
@@ -48,6 +48,14 @@ SCENARIO_BASE ?= 1000
 test-scenarios: $(STAMP)
 	EPP_SCENARIOS=$(SCENARIOS) EPP_SCENARIO_BASE=$(SCENARIO_BASE) \
 		$(BIN)/python -m pytest -q tests/scenarios/test_matrix.py
+
+# Every gRPC transport everywhere (docs/testing.md, "Transports"): the tests parametrized
+# over transports on all of them, and the whole e2e tier with the stacks that name no
+# transport on the new `native` one (`make test` covers it in its own tests and in
+# tests/e2e/test_through_envoy.py).
+test-transports: $(STAMP)
+	EPP_TEST_TRANSPORTS=all EPP_E2E_TRANSPORT=native \
+		$(BIN)/python -m pytest -q tests/e2e tests/integration/epp/extproc tests/integration/epp/test_serve.py
 
 # The real-engine tier (docs/test-vllm.md; opt-in, ~5 minutes, +2-3 the first time): vLLM's
 # CPU build in a venv of its own (only the model servers run from it), a tiny random

@@ -237,6 +237,7 @@ EPPS = {
     # its own process: the garbage the resets leave must not slow other rows
     "grpclib-resets": ["--transport", "grpclib"],
     "grpclib-2-workers": ["--transport", "grpclib", "--workers", "2", "--worker-base-port", "0"],
+    "native": ["--transport", "native"],
 }
 BASELINE = PathSpec("alone", "Envoy alone (round robin)", None)
 PATHS = [
@@ -251,6 +252,8 @@ PATHS = [
     PathSpec("grpclib-buffered", "EPP grpclib, buffered", "grpclib", "buffered"),
     PathSpec("grpcio-buffered", "EPP grpcio, buffered", "grpcio", "buffered"),
     PathSpec("grpcio-full-asyncio", "EPP grpcio, full, asyncio loop (no uvloop)", "asyncio"),
+    PathSpec("native-full", "EPP native, full", "native"),
+    PathSpec("native-lean", "EPP native, lean", "native", "lean"),
     PathSpec("grpclib-full-resets",
              "EPP grpclib, full, Envoy resets streams (no graceful close)", "grpclib-resets",
              graceful_close=False),

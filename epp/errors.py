@@ -37,6 +37,12 @@ raises on purpose, and one branch of it is what a client may see.
         ├── StreamBroken             (extproc/driver.py)         Envoy broke the ext_proc
         │                                                        protocol once the response
         │                                                        had started
+        ├── ConnectionFailure        (extproc/native/frames.py)  a peer broke HTTP/2 for the
+        │                                                        whole connection: GOAWAY
+        ├── StreamError              (extproc/native/frames.py)  ... for one stream: RST_STREAM
+        ├── StreamGone               (extproc/native/streams.py) a reply for a stream already
+        │                                                        reset or closed
+        ├── GrpcError                (extproc/native/grpc.py)    ends a gRPC call with a status
         ├── LeaseError               (serving/leaderelection.py) a Lease call failed
         └── LegFailed                (disagg/legs.py)            prefill server unreachable
                                                                  or too slow

@@ -489,7 +489,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--transport",
         choices=sorted(TRANSPORTS),
         default=DEFAULT_TRANSPORT,
-        help="gRPC library the EPP serves ext_proc with (epp serve --transport)",
+        help="gRPC server the EPP serves ext_proc with (epp serve --transport)",
     )
     parser.add_argument(
         "--epp-tls",

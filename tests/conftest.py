@@ -18,6 +18,7 @@ import pytest
 from hypothesis import settings
 
 from epp_harness.procs import ManagedProcess, start_epp
+from tests.support.transports import transports
 
 # property tests check results, never speed: a shared machine stalls any test sometimes
 settings.register_profile("epp", deadline=None)
@@ -35,7 +36,7 @@ def closed_addresses() -> Iterator[list[str]]:
         yield [f"127.0.0.1:{sock.getsockname()[1]}" for sock in (one, two)]
 
 
-@pytest.fixture(params=["grpcio", "grpclib"])
+@pytest.fixture(params=transports())
 def epp_server(
     tmp_path: Path, request: pytest.FixtureRequest, closed_addresses: list[str]
 ) -> Iterator[ManagedProcess]:

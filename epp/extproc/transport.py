@@ -2,13 +2,14 @@
 :class:`~epp.extproc.driver.Channel` handed to :func:`~epp.extproc.driver.drive`) and
 answer the standard gRPC health service.
 
-Two implementations, chosen with ``epp serve --transport``: ``grpclib`` (pure-Python
+Three implementations, chosen with ``epp serve --transport``: ``grpclib`` (pure-Python
 asyncio HTTP/2, the default: as little or less EPP CPU per 1 KB request than grpc.aio
-in bench/results/overhead.md) and ``grpcio`` (grpc.aio, Google's implementation, whose
+in bench/results/overhead.md), ``grpcio`` (grpc.aio, Google's implementation, whose
 C core frames HTTP/2: ~10-20 % less EPP CPU per 220 KB request in
-bench/results/overhead-220kb.md). Each is
-imported only when chosen, because both ship a generated ``grpc.health.v1`` module and
-the two cannot share a process.
+bench/results/overhead-220kb.md) and ``native`` (:mod:`epp.extproc.native`: HTTP/2 and
+gRPC framing written for this one peer; new, not measured yet). Each is imported only
+when chosen, because grpcio and grpclib both ship a generated ``grpc.health.v1`` module
+and the two cannot share a process (``native`` codes its two health messages itself).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ DEFAULT_TRANSPORT = "grpclib"
 TRANSPORTS = {
     "grpcio": "epp.extproc.grpcio_transport",
     "grpclib": "epp.extproc.grpclib_transport",
+    # this project's own HTTP/2 and gRPC framing (epp/extproc/native/): new, not yet the
+    # default (docs/operations.md)
+    "native": "epp.extproc.native.server",
 }
 # gRPC metadata by which an Envoy config says how long a destination list it can use
 MAX_DESTINATIONS_METADATA = "x-epp-max-destinations"

@@ -126,7 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--transport",
         choices=sorted(TRANSPORTS),
         default=DEFAULT_TRANSPORT,
-        help="gRPC server library carrying ext_proc streams (see bench/results/overhead.md)",
+        help="gRPC server carrying ext_proc streams: grpclib, grpcio, or native (this "
+        "project's own HTTP/2 framing; new, not measured yet); docs/operations.md",
     )
     parser.add_argument(
         "--shutdown-grace-seconds",

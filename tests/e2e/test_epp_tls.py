@@ -8,15 +8,15 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from epp.extproc.transport import TRANSPORTS
 from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import get_json, metric_sum, request
+from tests.support.transports import transports
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module", params=sorted(TRANSPORTS))
+@pytest.fixture(scope="module", params=transports())
 def tls_stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
     opts = ephemeral(
         servers=2,

@@ -12,10 +12,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import orjson
 import pytest
 
-from epp.extproc.transport import TRANSPORTS
 from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import epp_in_flight, get_json, metric_samples, open_raw_post, request
+from tests.support.transports import transports
 from tests.support.wait import quiesce, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +23,7 @@ MODEL = "sim-model"
 QUEUE_METRIC = "llm_d_epp_flow_control_request_queue_duration_seconds_count"
 
 
-@pytest.fixture(scope="module", params=sorted(TRANSPORTS))
+@pytest.fixture(scope="module", params=transports())
 def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalStack]:

@@ -9,16 +9,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from epp.extproc.transport import TRANSPORTS
 from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import get_json, open_raw_post
+from tests.support.transports import transports
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", transports())
 def test_streaming_request_survives_epp_shutdown(transport: str) -> None:
     opts = ephemeral(
         servers=1, sim_args=["--time-scale", "0.3"], epp_args=["--transport", transport]
@@ -38,7 +38,7 @@ def test_streaming_request_survives_epp_shutdown(transport: str) -> None:
         assert stack.epp.proc.wait(timeout=15) == 0  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", transports())
 def test_held_requests_are_answered_at_shutdown(transport: str, tmp_path: Path) -> None:
     config = tmp_path / "epp.yaml"  # one request per server: the second one is held
     config.write_text("saturationDetector: {maxConcurrency: 1}\nflowControl: {enabled: true}\n")

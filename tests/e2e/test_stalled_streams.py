@@ -15,10 +15,10 @@ import orjson
 import pytest
 
 from epp.extproc.stall import STALL_CODE
-from epp.extproc.transport import TRANSPORTS
 from epp_harness.stack import LocalStack
 from tests.e2e.conftest import ephemeral
 from tests.support.http import epp_in_flight, metric_samples, open_raw_post
+from tests.support.transports import transports
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -41,7 +41,7 @@ def _stack(sim_args: list[str], epp_args: tuple[str, ...] = ()) -> Iterator[Loca
         yield s
 
 
-@pytest.fixture(params=sorted(TRANSPORTS))
+@pytest.fixture(params=transports())
 def stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
     # each transport sends the stalled stream's end its own way (epp/extproc/*_transport.py)
     yield from _stack(["--time-scale", "0.2"], ("--transport", request.param))

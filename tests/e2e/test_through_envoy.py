@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,12 +15,20 @@ import pytest
 from epp_harness.envoyconfig import EnvoyOptions, epp_config
 from epp_harness.envoyproc import EnvoyProcess, write_config
 from epp_harness.stack import LocalStack
-from tests.e2e.conftest import MAX_BODY, ephemeral
+from tests.e2e.conftest import MAX_BODY, ephemeral, transport_stack
 from tests.support.http import epp_in_flight, get_json, metric_samples, open_raw_post, request
+from tests.support.transports import transports
 from tests.support.wait import quiesce, wait_for
 
 pytestmark = pytest.mark.e2e
 MODEL = "sim-model"
+
+
+@pytest.fixture(scope="module", params=transports(every=True))
+def stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
+    """The request path through a real Envoy is what `make test` checks on every
+    transport, the opt-in ones included."""
+    yield from transport_stack(request.param)
 
 
 def client(stack: LocalStack) -> openai.OpenAI:
@@ -173,8 +182,8 @@ def test_envoy_half_closes_every_ext_proc_stream(stack: LocalStack) -> None:
     """Envoy's graceful close (our configs turn it on): a request's stream ends with a
     half-close, also when the client walks away mid-response, not with the RST_STREAM
     that left an exception (and, under grpclib, garbage cycles) behind per request.
-    grpc.aio shows a half-close and a reset alike (``ended``): there only grpclib's
-    answer tells them apart."""
+    grpc.aio shows a half-close and a reset alike (``ended``): there only grpclib's and
+    the native transport's answers tell them apart."""
     before = stream_ends(stack)
     body = orjson.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 3})
     for _ in range(5):
@@ -184,7 +193,7 @@ def test_envoy_half_closes_every_ext_proc_stream(stack: LocalStack) -> None:
     )
     with open_raw_post(stack.envoy_url, "/v1/completions", streaming) as s:
         assert b"200 OK" in s.recv(4096)  # then the client is gone
-    clean = "complete" if transport(stack) == "grpclib" else "ended"
+    clean = "ended" if transport(stack) == "grpcio" else "complete"
     after = stream_ends(stack)  # the client that walked away is counted as such
     ended = {end: n - before.get(end, 0) for end, n in after.items() if n != before.get(end, 0)}
     assert ended == {clean: 5, "abandoned": 1}
@@ -194,8 +203,8 @@ def test_an_envoy_without_graceful_close_resets_every_stream(
     stack: LocalStack, tmp_path: Path
 ) -> None:
     """What a gateway's Envoy without the runtime flag does: every stream reset, which
-    the metric tells apart on grpclib (``cancelled``)."""
-    if transport(stack) != "grpclib":
+    the metric tells apart on grpclib and native (``cancelled``)."""
+    if transport(stack) == "grpcio":
         pytest.skip("grpc.aio ends the request iterator alike for a reset and a half-close")
     opts = EnvoyOptions(listen_port=0, admin_port=0, epp_port=stack.grpc_port, graceful_close=False)
     envoy = EnvoyProcess(write_config(epp_config(opts), tmp_path / "envoy.yaml"), tmp_path)

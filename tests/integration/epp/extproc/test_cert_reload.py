@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp_harness.procs import ManagedProcess, start_epp
 from tests.support.certs import ServerFiles, server_files
+from tests.support.transports import transports
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -66,7 +67,7 @@ def health(channel: grpc.Channel) -> int:
     return status
 
 
-@pytest.mark.parametrize("transport", ["grpcio", "grpclib"])
+@pytest.mark.parametrize("transport", transports())
 def test_both_ports_serve_replaced_files_from_the_next_handshake(
     tmp_path: Path, closed_addresses: list[str], transport: str
 ) -> None:

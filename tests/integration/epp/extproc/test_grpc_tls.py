@@ -20,6 +20,7 @@ from epp_harness.procs import ManagedProcess, start_epp
 from tests.support import extproc as m
 from tests.support.certs import server_files
 from tests.support.http import request
+from tests.support.transports import transports
 
 BODY = orjson.dumps({"model": "m", "prompt": "a prompt over TLS " * 10})
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -49,7 +50,7 @@ def start(tmp_path: Path, endpoint: str, transport: str, *tls_flags: str) -> Man
 
 
 @pytest.fixture(
-    params=[(t, mode) for t in ("grpcio", "grpclib") for mode in ("self-signed", "files")],
+    params=[(t, mode) for t in transports() for mode in ("self-signed", "files")],
     ids=lambda p: "-".join(p),
 )
 def tls_server(
