@@ -90,7 +90,7 @@ test-compose: $(STAMP)
 	set -e; compose=$$(bash tools/compose-machine.sh); \
 		EPP_COMPOSE=$$compose $(BIN)/python -m pytest -v tests/compose --timeout 600
 
-# All benchmarks (~50 minutes); results land in bench/results/, and its README.md (the one
+# All benchmarks (about 2.5 hours); results land in bench/results/, and its README.md (the one
 # page that quotes figures) is rewritten from them last.
 bench: bench-overhead bench-decision bench-scrape bench-kv-events bench-fairness bench-routing \
 	bench-lora bench-pd
