@@ -22,14 +22,15 @@ from bench import inference_perf_report, pd_report, vllm_routing_report
 RESULTS = Path(__file__).resolve().parent / "results"
 INDEX = RESULTS / "README.md"
 
-# Targets the benchmarks are read against (issue 13 and the project's brief).
+# Targets the benchmarks are read against: what routing has to buy (prefills saved on
+# shared prompts) and what the EPP may cost (latency and CPU a user would not notice).
 TARGET_ADDED_MS = 5.0  # added latency for 220 KB prompts at concurrency 20
 TARGET_DECISION_P99_US = 1000.0  # one scheduling cycle at 1,000 endpoints
 TARGET_P90_VS_RR = 1 / 3  # p90 TTFT vs round robin at 0.7 load, Zipf groups, 1.6 copies
 TARGET_WARM_MISS = 0.10  # warm-miss rate at every load
 TARGET_LORA_VS_RR = 0.5  # adapter loads per 100 requests and TTFT p90 vs round robin
 NONE = "\N{EN DASH}"  # an empty table cell
-MATRIX = "routing-zipf-"  # issue 13's matrix and its companions
+MATRIX = "routing-zipf-"  # the routing matrix and its companions
 MODEL = "routing-model"  # bench.routing_model: a design tool's numbers, not the benchmark
 
 # Result files whose routing numbers rest on the simulator's KV cache as it was before it
@@ -154,7 +155,8 @@ BENCHMARKS = [
     ),
     (
         "kv-events",
-        "issue 16's costs on one core (`kv-events.md`): KV-event index updates (blocks/s "
+        "what the servers' KV events cost the EPP on one core (`kv-events.md`): KV-event "
+        "index updates (blocks/s "
         "applied, and with msgpack decoding), lookups against 1,000 endpoints, "
         "tokenization per request, and a decision with the precise prefix scorer at "
         "1,000 endpoints",
@@ -168,7 +170,9 @@ BENCHMARKS = [
     ),
     (
         "routing",
-        "issue 13's matrix (about 45 minutes; `routing-zipf-WORKLOAD-kvCOPIES.md`, each "
+        "the routing matrix: whether routing saves prefills on shared prompts under KV "
+        "pressure, against round robin and an oracle (about an hour; "
+        "`routing-zipf-WORKLOAD-kvCOPIES.md`, each "
         "with `_ttft.png` and `_load.png`): 4 simulators running 4 sequences each, "
         "Poisson arrivals at 0.4, 0.7 and 0.95 of round robin's calibrated capacity and "
         "1.2 (past it), 20 s per rate, fresh simulators per policy. Workloads "
@@ -200,7 +204,8 @@ BENCHMARKS = [
     ),
     (
         "pd",
-        "issue 21's comparison (about 1.5 hours; `pd.md`, `--quick` writes `pd-short.md`, "
+        "when splitting prefill from decode pays (about 1.5 hours; `pd.md`, `--quick` "
+        "writes `pd-short.md`, "
         "each with `_itl.png`, `_ttft.png` and `_goodput.png`): the same 4 simulators "
         "(step-level batching with chunked prefill, so a long prefill slows the decodes "
         "beside it) aggregated and split 1P:3D and 2P:2D under the `nixl` and `sidecar` "
@@ -301,6 +306,9 @@ OTHER_MEASUREMENTS = [
     "no gen-2 pass. A py-spy profile (grpcio, uvloop, concurrency 32, 1 KB, 655 samples): "
     "everything under `ExtProcServicer.Process` 7.5 % of the samples, the scheduler 0.4 "
     "%, the event loop's C core 52 %, grpc's poller thread 32 %.",
+    "One vLLM CPU server alone, sizing `make bench-vllm`'s rates (its workload, the shared "
+    "2 cores at load average ~5): 16 req/s at TTFT p50 19 ms / p90 29 ms, 32 req/s at p50 "
+    "368 ms / p90 813 ms (queueing), so it saturates near 25-30 req/s.",
 ]
 
 
@@ -686,7 +694,8 @@ def benchmarks_table() -> list[str]:
 
 
 def lora_targets() -> list[list[str]]:
-    """Issue 20: adapter loads per 100 requests and TTFT p90 at most half round robin's."""
+    """Adapter loads per 100 requests and TTFT p90 at most half round robin's: LoRA-aware
+    placement should halve the swaps and the waits they cause."""
     results = {r["policy"]: r for r in load("lora")["results"]}
     rr = results["round-robin"]
     rows = []

@@ -57,16 +57,20 @@ NOISE = [
     re.compile(r"[A-Za-z_][\w.-]*\d[\w]*(?:\.\d+)*"),
     re.compile(r"\b\d+(?!(?:ms|us|µs|s|x|KB|MB|GB|KiB|MiB|GiB|min)\b)[A-Za-z_]\w*"),
 ]
-NUMBER = re.compile(r"(?<![\w.,/])[+\-−±~]?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?![\w,/]\d|\.\d)")
-# A unit right after the number: the longer names first.
-UNIT = re.compile(
-    r"\s?(?P<unit>µs|us|ms|%|[x×](?![\w])|[A-Za-z]+/s\b|s\b|min\b|minutes?\b"
-    r"|seconds?\b|hours?\b|KB\b|MB\b|GB\b|KiB\b|MiB\b|GiB\b)"
+TIMES = "\N{MULTIPLICATION SIGN}"
+NUMBER = re.compile(
+    r"(?<![\w.,/])[+\-\N{MINUS SIGN}±~]?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?![\w,/]\d|\.\d)"
 )
-UNIT_NAMES = {"us": "µs", "×": "x", "seconds": "s", "second": "s", "minutes": "min"}
+# A unit right after the number. A ratio is 0.34x or 2 x, not a product (2 x 32 layers,
+# 2 x (B alone + ...)).
+UNIT = re.compile(
+    r"\s?(?P<unit>µs\b|us\b|ms\b|%|[x" + TIMES + r"](?!\w|\s*[\w(])|[A-Za-z]+/s\b|s\b"
+    r"|min\b|minutes?\b|seconds?\b|hours?\b|KB\b|MB\b|GB\b|KiB\b|MiB\b|GiB\b)"
+)
+UNIT_NAMES = {"us": "µs", TIMES: "x", "seconds": "s", "second": "s", "minutes": "min"}
 UNIT_NAMES |= {"minute": "min", "hour": "hours"}
 # Between two numbers of a range or list that share the last one's unit (5-18 %).
-JOINER = re.compile(r"\s*(?:-|–|to|/|or|and|vs\.?|against|,|, or|, and)\s*")
+JOINER = re.compile(r"\s*(?:-|\N{EN DASH}|to|/|or|and|vs\.?|against|,|, or|, and)\s*")
 RATIOS = {"%", "x"}  # figures even with one significant digit (9 %, 2x)
 # Units that measurements come in; a number with another unit (20 s, 1 MiB, 2.5 hours)
 # is a setting or a size, not read as a figure.
@@ -76,6 +80,7 @@ SETTING = re.compile(r"\s*(?:load|of (?:its |the pool's |round robin's )?capacit
 # A bound is a target or a limit, not a measurement (within 10 %, at most 1/3, ≤ 5 ms);
 # a percentage after "at" is the load a cell ran at (at 95 %).
 BOUND = re.compile(r"(?:\bat most|\bat least|\bwithin|\bbelow|\bunder|[≤≥<>]=?)\s*$", re.I)
+UNIT_WORDS = re.compile(r"µs|us|ms|[A-Za-z]+/s\b")
 TABLE_UNIT = re.compile(r"(µs|ms|%|req/s|tok/s|\bs\b)\W*$")
 
 
@@ -124,7 +129,11 @@ def figures(line: str) -> list[Figure]:
         if u and SETTING.match(text, u.end()):
             continue
         before = text[: m.start()]
-        if BOUND.search(before) or unit == "%" and re.search(r"\bat\s*$", before):
+        if (
+            m[0].startswith("±")
+            or BOUND.search(before)
+            or (unit == "%" and re.search(r"\bat\s*$", before))
+        ):
             continue
         found.append((m.start(), u.end() if u else m.end(), digits, unit))
     # A number joined to the next one by "-", "to", "/", "or" takes its unit (5-18 %).
@@ -136,7 +145,7 @@ def figures(line: str) -> list[Figure]:
     return [
         Figure(normalise(digits), unit, line[start:end].strip())
         for start, end, digits, unit in found
-        if unit in RATIOS or (unit in MEASURED or not unit) and significant(digits) >= 2
+        if unit in RATIOS or ((unit in MEASURED or not unit) and significant(digits) >= 2)
     ]
 
 
@@ -166,8 +175,16 @@ def page_figures(text: str) -> Iterator[tuple[int, Figure]]:
                 continue
             if any(h.lower().startswith("default") for h in header):
                 continue
-        else:
-            header = []
+            for i, cell in enumerate(cells(line)):
+                m = TABLE_UNIT.search(header[i]) if i < len(header) else None
+                numeric = not re.search(r"[^\W\dx]", UNIT_WORDS.sub("", clean(cell)))
+                numeric = numeric and not (i < len(header) and header[i].lower() == "status")
+                for f in figures(cell):
+                    # a bare number in a cell of figures only is one (p90 | 176 / 173)
+                    unit = f.unit or (m[1] if m else ANY_UNIT) if numeric else f.unit
+                    yield number, Figure(f.value, unit, f.text)
+            continue
+        header = []
         for figure in figures(line):
             yield number, figure
 
@@ -197,9 +214,15 @@ def result_figures(text: str) -> set[tuple[str, str]]:
 
 
 def holds(held: set[tuple[str, str]], figure: Figure) -> bool:
-    if (figure.value, figure.unit) in held:
-        return True
-    return bool(figure.unit) and (figure.value, ANY_UNIT) in held
+    """A result holds the figure: the same value with the same unit, or in a result
+    table's cell whose header names no unit (then the page's unit is taken for it). A
+    bare number in a page's table matches the value with any unit; a bare number in
+    prose matches nothing (in prose it is a count, a setting or a status code)."""
+    if figure.unit == ANY_UNIT:
+        return any(value == figure.value for value, _ in held)
+    return bool(figure.unit) and (
+        (figure.value, figure.unit) in held or (figure.value, ANY_UNIT) in held
+    )
 
 
 def pages(patterns: Iterable[str], root: Path = ROOT) -> list[Path]:
@@ -209,7 +232,8 @@ def pages(patterns: Iterable[str], root: Path = ROOT) -> list[Path]:
 def copied(root: Path = ROOT) -> list[Found]:
     """Every figure a page outside bench/results quotes that a result page holds."""
     results = {
-        p.name: result_figures(p.read_text()) for p in sorted((root / "bench" / "results").glob("*.md"))
+        p.name: result_figures(p.read_text())
+        for p in sorted((root / "bench" / "results").glob("*.md"))
     }
     out: list[Found] = []
     for page in pages(PAGES, root):
