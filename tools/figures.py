@@ -1,23 +1,30 @@
 """Measured figures live in ``bench/results/`` only: this finds the pages that copy one.
 
-A *figure* is a number a reader would take for a measurement: one with a unit (``ms``,
-``µs``, ``s``, ``%``, a ratio such as ``0.34x``, a rate such as ``req/s``), or a bare
-number with at least two significant digits (``814``, ``0.95``, ``1,016``; not ``4``,
-``20`` or ``1,000``). A page outside ``bench/results/`` *copies* a figure when a result
-page there holds the same value with the same unit (a number in a result table takes
-its unit from the column's header; one whose header names none matches any unit).
+A *figure* is a number a reader would take for a measurement: one with a unit that
+measurements come in (``ms``, ``µs``, ``%``, a ratio such as ``0.34x``, a rate such as
+``req/s``; a time with at least two significant digits), or a bare number in a table
+cell that holds figures only (``| 176 / 173 |``). A range or a list gives its last unit
+to each of its numbers (``5-18 %``). A page outside ``bench/results/`` *copies* a figure
+when a result page holds the same value with the same unit; a number in a result table
+takes its unit from the column's header, and one whose header names none matches any
+unit. Only figures with a unit are read from a result page's prose.
 
-What is not read as a figure on a page (the rule docs/development.md states):
+Not read as figures (the rule docs/development.md states, for the pages a reader meets):
 
 - fenced code blocks and inline code (quoted command output, flags, config values);
-- link targets, HTML comments, dates, times, versions, commit ids and names that
-  carry digits (``p90``, ``kv1.6``, ``2P:2D``);
-- a table row under a header with a column named ``default`` (a table of defaults);
+- link targets, HTML comments, dates, times, versions, commit ids and names that carry
+  digits (``p90``, ``kv1.6``, ``2P:2D``);
+- seconds, sizes and other units (settings and sizes, not measurements), a share of
+  capacity (``70 % load``, ``at 95 %``), a bound or target (``within 10 %``,
+  ``<= 1.2x``), a tolerance (``±20 %``), a product (``2 x 32 layers``);
+- a bare number in prose (a count, a setting, a status code: too alike to tell apart);
+- a table of defaults (a column named ``default``) or a ``status`` column;
 - a line that ends with the marker ``<!-- not-a-result -->`` (a number that equals a
-  result by coincidence: a target, a configured setting); keep it rare.
+  result by coincidence); keep it rare.
 
-``python -m tools.figures`` lists every copied figure (exit 1 if any);
-``tests/unit/docs/test_figures.py`` runs the same check in ``make test``.
+``python -m tools.figures`` lists every copied figure and every issue number a reader
+would meet (exit 1 if any); ``tests/unit/docs/test_figures.py`` runs the same checks in
+``make test``.
 """
 
 from __future__ import annotations
@@ -182,11 +189,13 @@ def page_figures(text: str) -> Iterator[tuple[int, Figure]]:
                 for f in figures(cell):
                     # a bare number in a cell of figures only is one (p90 | 176 / 173)
                     unit = f.unit or (m[1] if m else ANY_UNIT) if numeric else f.unit
-                    yield number, Figure(f.value, unit, f.text)
+                    if unit:
+                        yield number, Figure(f.value, unit, f.text)
             continue
         header = []
         for figure in figures(line):
-            yield number, figure
+            if figure.unit:  # a bare number in prose is a count, a setting, a status
+                yield number, figure
 
 
 def result_figures(text: str) -> set[tuple[str, str]]:
@@ -216,13 +225,10 @@ def result_figures(text: str) -> set[tuple[str, str]]:
 def holds(held: set[tuple[str, str]], figure: Figure) -> bool:
     """A result holds the figure: the same value with the same unit, or in a result
     table's cell whose header names no unit (then the page's unit is taken for it). A
-    bare number in a page's table matches the value with any unit; a bare number in
-    prose matches nothing (in prose it is a count, a setting or a status code)."""
+    bare number in a page's table of figures matches the value with any unit."""
     if figure.unit == ANY_UNIT:
         return any(value == figure.value for value, _ in held)
-    return bool(figure.unit) and (
-        (figure.value, figure.unit) in held or (figure.value, ANY_UNIT) in held
-    )
+    return (figure.value, figure.unit) in held or (figure.value, ANY_UNIT) in held
 
 
 def pages(patterns: Iterable[str], root: Path = ROOT) -> list[Path]:

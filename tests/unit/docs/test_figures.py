@@ -39,7 +39,7 @@ def test_a_figure_is_a_number_with_a_measured_unit_or_two_significant_digits() -
     assert read("7 µs and 5 ms") == []
     # settings: sizes and other units, a load, a bound
     assert read("20 s, 1 MiB, 2.5 hours, at 70 %, 95 % load, within 10 %, ≤ 0.5x") == []
-    # bare: two significant digits or more
+    # bare (read in a table cell of figures): two significant digits or more
     assert read("1,016 and 0.95 and 44.4; not 4, 20, 1,000") == [
         ("1016", ""),
         ("0.95", ""),
@@ -82,6 +82,24 @@ def test_code_links_defaults_tables_and_the_marker_are_exempt() -> None:
         ]
     )
     assert [(n, f.value) for n, f in figures.page_figures(page)] == [(1, "155"), (11, "155")]
+
+
+def test_a_page_table_of_figures_is_read_and_prose_counts_are_not() -> None:
+    page = "\n".join(
+        [
+            "16 groups of 1,500-token prompts, 404 when unknown.",
+            "",
+            "| policy | p90 ms | warm misses | note |",
+            "|---|---|---|---|",
+            "| default | 176 / 173 | 31 / 35 | 16 groups, 1,500 tokens |",
+            "",
+            "| status | when |",
+            "|---|---|",
+            "| 429 | 20 requests waiting |",
+        ]
+    )
+    read_back = [(n, f.value, f.unit) for n, f in figures.page_figures(page)]
+    assert read_back == [(5, "176", "ms"), (5, "173", "ms"), (5, "31", "?"), (5, "35", "?")]
 
 
 def test_a_result_table_cell_takes_its_unit_from_the_header() -> None:
