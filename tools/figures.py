@@ -37,7 +37,6 @@ from decimal import Decimal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 MARKER = "<!-- not-a-result -->"
 ANY_UNIT = "?"  # a result table cell whose header names no unit
 
@@ -71,7 +70,7 @@ NUMBER = re.compile(
 # A unit right after the number. A ratio is 0.34x or 2 x, not a product (2 x 32 layers,
 # 2 x (B alone + ...)).
 UNIT = re.compile(
-    r"\s?(?P<unit>µs\b|us\b|ms\b|%|[x" + TIMES + r"](?!\w|\s*[\w(])|[A-Za-z]+/s\b|s\b"
+    r"\s?(?P<unit>µs\b|us\b|ms\b|%|[x" + TIMES + r"](?!\w|\s*[\w(])|[a-z]+/s\b|s\b"
     r"|min\b|minutes?\b|seconds?\b|hours?\b|KB\b|MB\b|GB\b|KiB\b|MiB\b|GiB\b)"
 )
 UNIT_NAMES = {"us": "µs", TIMES: "x", "seconds": "s", "second": "s", "minutes": "min"}
@@ -81,7 +80,7 @@ JOINER = re.compile(r"\s*(?:-|\N{EN DASH}|to|/|or|and|vs\.?|against|,|, or|, and
 RATIOS = {"%", "x"}  # figures even with one significant digit (9 %, 2x)
 # Units that measurements come in; a number with another unit (20 s, 1 MiB, 2.5 hours)
 # is a setting or a size, not read as a figure.
-MEASURED = RATIOS | {"ms", "µs", "req/s", "tok/s", "blocks/s", "scrapes/s"}
+MEASURED = RATIOS | {"ms", "µs"}  # and every rate of things: req/s, tok/s, blocks/s
 # A share of capacity is the load a benchmark was run at, a setting (70 % load).
 SETTING = re.compile(r"\s*(?:load|of (?:its |the pool's |round robin's )?capacity)\b")
 # A bound is a target or a limit, not a measurement (within 10 %, at most 1/3, ≤ 5 ms);
@@ -107,9 +106,11 @@ class Found:
 
 
 def normalise(digits: str) -> str:
-    value = Decimal(digits.replace(",", "")).normalize()
-    text = format(value, "f")
-    return text
+    return format(Decimal(digits.replace(",", "")).normalize(), "f")
+
+
+def measured(unit: str) -> bool:
+    return unit in MEASURED or unit.endswith("/s")
 
 
 def significant(digits: str) -> int:
@@ -152,7 +153,7 @@ def figures(line: str) -> list[Figure]:
     return [
         Figure(normalise(digits), unit, line[start:end].strip())
         for start, end, digits, unit in found
-        if unit in RATIOS or ((unit in MEASURED or not unit) and significant(digits) >= 2)
+        if unit in RATIOS or ((measured(unit) or not unit) and significant(digits) >= 2)
     ]
 
 
