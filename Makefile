@@ -103,7 +103,7 @@ test-compose: $(STAMP)
 	set -e; compose=$$(bash tools/compose-machine.sh); \
 		EPP_COMPOSE=$$compose $(BIN)/python -m pytest -v tests/compose --timeout 600
 
-# All benchmarks (~50 minutes); results land in bench/results/, and its README.md (the one
+# All benchmarks (about 2.5 hours); results land in bench/results/, and its README.md (the one
 # page that quotes figures) is rewritten from them last.
 bench: bench-overhead bench-decision bench-scrape bench-kv-events bench-fairness bench-routing \
 	bench-lora bench-pd
@@ -131,16 +131,17 @@ bench-lora: $(STAMP)
 bench-fairness: $(STAMP)
 	$(BIN)/python -m bench.fairness
 
-# Issue 13's matrix (~10 minutes per workload and KV size with six policies at 20 s per
-# rate): 16 groups of 1,500-token system prompts, 75-225-token questions, 16-48 output
-# tokens, Zipf skew 1.1, 4 sequences per server; 0.4, 0.7 and 0.95 of round robin's
-# capacity and 1.2 (past it); free KV for 1.6 copies of all prefixes (the stress
-# setting: 6 groups per server) and 2.5 (roomier); workloads groups, control (no shared
-# prefix) and multi-turn. Policies: round robin (Envoy alone), least request, the
-# default, the latency-model scheduler (configs/predicted-latency.yaml), the same with
-# group homes (configs/predicted-homes.yaml) and ideal-split
-# (an oracle). Results: bench/results/routing-zipf-WORKLOAD-kvCOPIES.*. Narrow it or add a
-# policy, e.g.
+# The routing matrix: does routing save prefills on shared prompts when the KV cannot
+# hold them all, against round robin and an oracle (~10 minutes per workload and KV size
+# with six policies at 20 s per rate): 16 groups of 1,500-token system prompts,
+# 75-225-token questions, 16-48 output tokens, Zipf skew 1.1, 4 sequences per server;
+# 0.4, 0.7 and 0.95 of round robin's capacity and 1.2 (past it); free KV for 1.6 copies
+# of all prefixes (the stress setting: 6 groups per server) and 2.5 (roomier);
+# workloads groups, control (no shared prefix) and multi-turn. Policies: round robin
+# (Envoy alone), least request, the default, the latency-model scheduler
+# (configs/predicted-latency.yaml), the same with group homes
+# (configs/predicted-homes.yaml) and ideal-split (an oracle). Results:
+# bench/results/routing-zipf-WORKLOAD-kvCOPIES.*. Narrow it or add a policy, e.g.
 #   make bench-routing MATRIX_CELLS="groups:1.6" \
 #     MATRIX_POLICIES='--policy ideal --policy "new=--config configs/new.yaml"'
 MATRIX_SETTING := --groups 16 --prefix-tokens 1500 --question-tokens 75 225 \
@@ -149,11 +150,11 @@ MATRIX_POLICIES ?= --policy round-robin --policy least-request --policy default=
 	--policy "off=--config configs/flow-control-off.yaml" \
 	--policy "predicted=--config configs/predicted-latency.yaml" \
 	--policy "homes=--config configs/predicted-homes.yaml" --policy ideal-split
-# issue 16: the simulators publish KV events; the approximate prefix index against the
+# KV events: the simulators publish them; the approximate prefix index against the
 # precise one (docs/kv-events.md), on the stress setting
 EVENTS_POLICIES ?= --policy round-robin --policy default= \
 	--policy "precise=--config configs/precise-prefix.yaml" --policy ideal-split
-# issue 17: two EPP replicas against the same simulators (docs/replicas.md), with the
+# Replicas: two EPP replicas against the same simulators (docs/replicas.md), with the
 # servers' KV events (precise) and without (approximate), each beside one replica
 REPLICAS_POLICIES ?= --policy "precise=--config configs/precise-prefix.yaml" \
 	--policy "precise-2=--replicas 2 --config configs/precise-prefix.yaml" \
@@ -205,9 +206,10 @@ routing-model-shared: $(STAMP)
 		--prefix-copies $(call cell_copies,$(cell)) \
 		--name routing-model-$(call cell_shape,$(cell))-groups-kv$(call cell_copies,$(cell)) || exit 1;)
 
-# Issue 21: the same 4 simulators aggregated and split (1P:3D, 2P:2D; nixl and sidecar;
-# the deciders on 1P:3D), prefill-heavy, decode-heavy and mixed workloads, six loads up
-# to past saturation (~1.5 hours; bench/results/pd.*). `--quick` is the short run.
+# Prefill/decode: does splitting pay? The same 4 simulators aggregated and split (1P:3D,
+# 2P:2D; nixl and sidecar; the deciders on 1P:3D), prefill-heavy, decode-heavy and mixed
+# workloads, six loads up to past saturation (~1.5 hours; bench/results/pd.*).
+# `--quick` is the short run.
 bench-pd: $(STAMP)
 	$(BIN)/python -m bench.pd
 

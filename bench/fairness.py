@@ -14,10 +14,11 @@ time to the first body chunk (the first token). Three scenarios, each on a fresh
   servers at once and wait in their queues).
 
 The pool's capacity is its slots over one request's service time on the simulator
-(prefill + output tokens x per-token time at a full batch). The target (issue 18): B's
-TTFT p90 under the flood within 2 x (B's p90 alone + the pool's mean time between two
-completions), A getting the remaining throughput, and the total throughput no lower
-than without flow control.
+(prefill + output tokens x per-token time at a full batch). The target: B's TTFT p90
+under the flood within 2 x (B's p90 alone + the pool's mean time between two
+completions), i.e. a light tenant waits for about one freed slot however hard another
+floods, A getting the remaining throughput, and the total throughput no lower than
+without flow control (fairness must not cost capacity).
 """
 
 from __future__ import annotations

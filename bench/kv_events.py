@@ -1,4 +1,4 @@
-"""KV events and the precise prefix index (issue 16): what they cost on one core.
+"""KV events and the precise prefix index: what they cost on one core.
 
 * index update: BlockStored events (16-token blocks, 8 per event, 4 events per message,
   chains continued through parent links) and BlockRemoved keeping it at its cap, as

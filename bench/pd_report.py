@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 NONE = "\N{EN DASH}"  # an empty table cell
-TARGET_LOAD = 0.7  # the issue's reading point: ~70 % load, mixed workload
+TARGET_LOAD = 0.7  # where the split is judged: ~70 % load, mixed workload
 TARGET_ITL_P99 = 0.5  # split ITL p99 at most this multiple of aggregated's
 TARGET_TTFT_P90 = 1.2  # with TTFT p90 at most this multiple
 
@@ -44,7 +44,8 @@ def decider_names(meta: dict[str, Any]) -> dict[str, str]:
 
 
 def reading(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    """The issue's two targets, read from the rows."""
+    """The split's two targets (ITL p99 <= 0.5x and TTFT p90 <= 1.2x aggregated's: halve
+    the decode tail without making the first token much later), read from the rows."""
     out = ["## Reading", ""]
     load = min(meta["loads"], key=lambda x: abs(x - TARGET_LOAD))
     agg = cell(rows, "aggregated", "mixed", load)

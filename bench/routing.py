@@ -1,7 +1,7 @@
 """Routing quality: TTFT, cache use and load balance of scheduling policies.
 
 Run: ``.venv/bin/python -m bench.routing`` (~5 min) or ``--quick`` (~1 min smoke run);
-``make bench-routing`` runs issue 13's matrix (see the Makefile).
+``make bench-routing`` runs the routing matrix (see the Makefile).
 Writes bench/results/routing.{md,json} and routing_ttft.png / routing_load.png
 (``--quick``: routing-quick.*; ``--per-request`` adds every request's result).
 
@@ -77,7 +77,7 @@ of the simulator's defaults cannot move a baseline unnoticed; a new such flag be
   keeps evicting prefixes. This is the stress setting: a popular group has no room for
   a second home. ``--prefix-copies 2`` (1592 blocks: a loaded server caches half the
   groups, the pool two copies of each) is the roomier setting that
-  bench/results/routing-roomy.md reports. Issue 13's setting (``make
+  bench/results/routing-roomy.md reports. The matrix's setting (``make
   bench-routing``): ``--max-num-seqs 4`` and 1.6 copies, so a loaded server's
   free KV holds 6 of the 16 groups' prefixes; 2.5 copies (10 groups) is its roomier
   variant. The derivation assumes a groups request; multi-turn prompts grow with their

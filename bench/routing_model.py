@@ -1,6 +1,6 @@
 """A deterministic, virtual-time model of bench.routing: a design tool, not the benchmark.
 
-Run: ``.venv/bin/python -m bench.routing_model`` (issue 13's stress setting, seconds per
+Run: ``.venv/bin/python -m bench.routing_model`` (the routing matrix's stress setting, seconds per
 cell); ``--help`` for the knobs. Writes bench/results/NAME.{md,json} (``--name``,
 default routing-model).
 
@@ -107,7 +107,7 @@ BASE_PORT = 8000
 # group's homes (running + waiting), homes as ideal-split's or shared out by the pool's KV
 JSQ_ORACLES = ("ideal-split-jsq", "ideal-kv-jsq")
 
-# issue 13's policies: the yardsticks and the three shipped schedulers
+# the routing matrix's policies: the yardsticks and the three shipped schedulers
 DEFAULT_POLICIES = (
     "round-robin",
     "default=",
@@ -598,7 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=59.0,
         help="report the share of requests slower than this (default: 1/3 of round "
-        "robin's ~177 ms p90 at 40-70 %% load, issue 13's target)",
+        "robin's ~177 ms p90 at 40-70 %% load: the routing target)",
     )
     add("--name", default="routing-model")
     add("--out", type=Path, default=RESULTS)
