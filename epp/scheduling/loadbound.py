@@ -22,10 +22,11 @@ from epp.types import CHARS_PER_TOKEN, EndpointState, InferenceRequest
 LOAD_BOUND = 1.25
 # routed requests over which a group's share is averaged (the decay's time constant)
 WINDOW = 512
-# a group carrying this share of one endpoint's fair share of the traffic is hot: the
-# load bound spills it (routing-model-shared.md compared 0.5 and 1 with the bound for
-# everyone)
-HOT_SHARE = 1.0
+# a group carrying this share of one endpoint's fair share of the traffic is hot (0: no
+# group is told apart, every request is bounded by loadBound). Off by default: with KV
+# for 2.5 copies of equal groups, homes kept regardless of load swings doubled p90 at 0.7
+# of capacity on the routing model (bench/results/routing-model-shared.md)
+HOT_SHARE = 0.0
 
 
 class GroupShares:
@@ -66,7 +67,7 @@ class LoadBound:
     off): more EPP in-flight requests than this x the candidates' mean + 1;
     ``loadBoundKeepsFreeSlot`` (false): only an endpoint with no free slot (in-flight
     at least its slots as configured, labelled or learned; unknown slots: the bound
-    alone); ``hotGroupShare`` (1; 0 = every request bounded by ``loadBound``): a group
+    alone); ``hotGroupShare`` (0 = every request bounded by ``loadBound``; 1 tried): a group
     carrying less than this share of one endpoint's fair share of the recent traffic
     is bounded by ``coldGroupLoadBound`` (0 = not bounded) instead; ``groupTokens``
     (128): the leading tokens that name a prompt's group."""

@@ -575,7 +575,7 @@ def test_the_load_bound_spills_a_hot_group_and_keeps_a_cold_one_home(vectorize_f
     states = [state(1), state(2), state(3), state(4)]
     hot = InferenceRequest("h", "m", "/", prompt="hot system prompt " * 60)
     cold = InferenceRequest("c", "m", "/", prompt="cold system prompt " * 60)
-    scorer = prefix.prefix_cache_scorer(Params("t", {}))  # hotGroupShare 1, cold unbounded
+    scorer = prefix.prefix_cache_scorer(Params("t", {"hotGroupShare": 1}))  # cold: unbounded
     snap = Snapshot(tuple(states), {})
     for i in range(40):  # the hot group carries 7/8 of the traffic: 3.5 endpoints' worth
         req = cold if i % 8 == 0 else hot
@@ -589,7 +589,7 @@ def test_the_load_bound_spills_a_hot_group_and_keeps_a_cold_one_home(vectorize_f
 
     assert home_score(hot) == 0.0  # 9 > 1.25 x mean(2.5) + 1: spill
     assert home_score(cold) == 1.0  # half of one endpoint's share: stays home
-    everyone = prefix.prefix_cache_scorer(Params("t", {"hotGroupShare": 0}))  # all bounded
+    everyone = prefix.prefix_cache_scorer(Params("t", {}))  # the default: all bounded
     for _ in range(4):
         everyone.on_routed(cold, SchedulingResult((states[0].endpoint,)), snap)
     c = CycleContext(cold, Snapshot(tuple(states), {states[0].address: 9}), NOW, random.Random(0))
