@@ -53,6 +53,7 @@ from tests.support.h2wire import (
     health_request,
     request_headers,
 )
+from tests.support.routers import make_router as make_lifecycle
 from tests.support.wait import until
 
 LEAST_REQUEST = (Path(__file__).parents[4] / "configs" / "least-request.yaml").read_text()
@@ -100,13 +101,7 @@ def make_router() -> Router:
     ds = Datastore()
     for i in range(2):
         ds.add(Endpoint("127.0.0.1", 8000 + i))
-    return Router(
-        ds,
-        build_scheduler(LEAST_REQUEST),
-        EppMetrics(ds),
-        max_body_bytes=1 << 20,
-        rng=random.Random(0),
-    )
+    return make_lifecycle(ds, build_scheduler(LEAST_REQUEST), EppMetrics(ds), rng=random.Random(0))
 
 
 @pytest.fixture
