@@ -38,11 +38,13 @@ class Pipe:
         self.inbox: asyncio.Queue[ProcessingRequest | BaseException | None] = asyncio.Queue()
         self.outbox: asyncio.Queue[ProcessingResponse] = asyncio.Queue()
         self.reading = asyncio.Event()  # the driver waits in recv()
+        self.taken = asyncio.Event()  # the driver took a message
 
     async def recv(self) -> ProcessingRequest | None:
         self.reading.set()
         item = await self.inbox.get()
         self.reading.clear()
+        self.taken.set()
         if isinstance(item, BaseException):
             raise item
         return item
@@ -203,8 +205,10 @@ async def test_a_message_during_a_wait_is_answered_after_the_routing_replies() -
     pipe.put(m.request_body(BODY[30:], True))
     assert (await pipe.reply()).HasField("override_message_timeout")
     # a response message (Envoy's own local reply) arrives while routing waits
+    pipe.taken.clear()
     pipe.put(m.response_headers(200, end_of_stream=True))
-    await asyncio.wait_for(pipe.reading.wait(), SAFETY_S)
+    await asyncio.wait_for(pipe.taken.wait(), SAFETY_S)  # taken while routing still waits
+    assert not pipe.sent()  # nothing answered before the routing replies
     sync.acknowledged()
     routed = await pipe.reply()
     assert routed.HasField("request_headers")
