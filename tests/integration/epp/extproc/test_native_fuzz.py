@@ -22,7 +22,6 @@ from hyperframe.frame import GoAwayFrame, HeadersFrame, PingFrame, RstStreamFram
 
 from epp.extproc.native.server import NativeTransport
 from epp.router import Router
-from tests.integration.epp.extproc.test_native_h2 import BODY, make_router
 from tests.support import extproc as m
 from tests.support.h2wire import (
     EXT_PROC,
@@ -32,6 +31,7 @@ from tests.support.h2wire import (
     health_request,
     request_headers,
 )
+from tests.support.native import BODY, serving
 from tests.support.wait import until
 
 CASES = int(os.environ.get("EPP_FUZZ_CASES", "150"))
@@ -130,12 +130,8 @@ class Case:
 
 @pytest.fixture
 async def epp() -> AsyncIterator[tuple[NativeTransport, Router, int]]:
-    router = make_router()
-    transport = NativeTransport(router)
-    port = await transport.start("127.0.0.1", 0)
-    await transport.set_serving(True)
-    yield transport, router, port
-    await transport.stop(0)
+    async with serving() as served:
+        yield served
 
 
 @pytest.mark.timeout(600)

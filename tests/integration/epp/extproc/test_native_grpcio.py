@@ -12,8 +12,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.extproc.native.server import NativeTransport
 from epp.router import Router
-from tests.integration.epp.extproc.test_native_h2 import BODY, make_router
 from tests.support import extproc as m
+from tests.support.native import BODY, serving
 from tests.support.wait import until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -22,13 +22,11 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[NativeTransport, Router, grpc.aio.Channel]]:
-    router = make_router()
-    transport = NativeTransport(router)
-    port = await transport.start("127.0.0.1", 0)
-    await transport.set_serving(True)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with (
+        serving() as (transport, router, port),
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
         yield transport, router, channel
-    await transport.stop(0)
 
 
 async def test_ext_proc_stream(served: tuple[NativeTransport, Router, grpc.aio.Channel]) -> None:

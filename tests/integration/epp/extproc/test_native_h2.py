@@ -10,14 +10,12 @@ import asyncio
 import random
 import ssl
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import h2.config
 import h2.connection
 import h2.events
 import h2.settings
-import orjson
 import pytest
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingResponse
 from hyperframe.frame import (
@@ -31,8 +29,6 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from epp.config import build_scheduler
-from epp.datastore import Datastore
 from epp.extproc.certreload import LiveCertificate
 from epp.extproc.native.connection import Connection
 from epp.extproc.native.grpc import Call, GrpcServer, Method
@@ -40,9 +36,7 @@ from epp.extproc.native.health import Health
 from epp.extproc.native.server import NativeTransport
 from epp.extproc.native.streams import STREAM_WINDOW
 from epp.extproc.tls import self_signed
-from epp.observability.metrics import EppMetrics
 from epp.router import Router
-from epp.types import Endpoint
 from tests.support import extproc as m
 from tests.support.h2wire import (
     EXT_PROC,
@@ -53,11 +47,9 @@ from tests.support.h2wire import (
     health_request,
     request_headers,
 )
-from tests.support.routers import make_router as make_lifecycle
+from tests.support.native import BODY, make_router, serving
 from tests.support.wait import until
 
-LEAST_REQUEST = (Path(__file__).parents[4] / "configs" / "least-request.yaml").read_text()
-BODY = orjson.dumps({"model": "m", "prompt": "hello " * 50, "max_tokens": 4})
 ECHO = "/test.Echo/Echo"
 MAX_STREAMS = 3
 # error codes (RFC 9113 §7)
@@ -97,21 +89,10 @@ async def echo_port() -> AsyncIterator[int]:
         call.task.cancel()
 
 
-def make_router() -> Router:
-    ds = Datastore()
-    for i in range(2):
-        ds.add(Endpoint("127.0.0.1", 8000 + i))
-    return make_lifecycle(ds, build_scheduler(LEAST_REQUEST), EppMetrics(ds), rng=random.Random(0))
-
-
 @pytest.fixture
 async def epp() -> AsyncIterator[tuple[NativeTransport, Router, int]]:
-    router = make_router()
-    transport = NativeTransport(router)
-    port = await transport.start("127.0.0.1", 0)
-    await transport.set_serving(True)
-    yield transport, router, port
-    await transport.stop(0)
+    async with serving() as served:
+        yield served
 
 
 class H2Client:
