@@ -33,14 +33,24 @@ def keep_tail(tail: bytes, chunk: bytes) -> bytes:
 
 
 def find_usage(tail: bytes) -> Usage | None:
-    """The last ``"usage": {...}`` object in ``tail``, or None if absent or malformed."""
+    """The last ``"usage": {...}`` object in ``tail`` (OpenAI's names), or None if
+    absent or malformed."""
+    return usage_named(tail, "prompt_tokens", "completion_tokens", "prompt_tokens_details")
+
+
+def usage_named(
+    tail: bytes, prompt_key: str, completion_key: str, details_key: str
+) -> Usage | None:
+    """The last ``"usage": {...}`` object in ``tail`` with its counts under these names
+    (the cached ones under ``details_key``'s ``cached_tokens``), or None if absent or
+    malformed."""
     obj = last_object(tail, b'"usage"')
     if obj is None:
         return None
-    prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
+    prompt, completion = obj.get(prompt_key), obj.get(completion_key)
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
-    details = obj.get("prompt_tokens_details")
+    details = obj.get(details_key)
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(prompt, completion, cached_within(cached, prompt))
 

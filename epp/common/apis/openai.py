@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from epp.common.apis.base import Api, Read, openai_error, openai_usage, positive_int, stream_flag
-from epp.common.usage import Usage, cached_within, last_object
+from epp.common.usage import Usage, last_object, usage_named
 from epp.types import CHARS_PER_TOKEN
 
 # characters a token id is spelled in, in a prompt's text (what the prefix index hashes:
@@ -128,15 +128,7 @@ def _read_embeddings(doc: Mapping[str, Any]) -> Read:
 def _responses_usage(head: bytes, tail: bytes) -> Usage | None:
     """Responses' ``usage``: ``input_tokens`` (cached ones included, counted in
     ``input_tokens_details.cached_tokens``), ``output_tokens``."""
-    obj = last_object(tail, b'"usage"')
-    if obj is None:
-        return None
-    prompt, completion = obj.get("input_tokens"), obj.get("output_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
-        return None
-    details = obj.get("input_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return Usage(prompt, completion, cached_within(cached, prompt))
+    return usage_named(tail, "input_tokens", "output_tokens", "input_tokens_details")
 
 
 def _embeddings_usage(head: bytes, tail: bytes) -> Usage | None:
