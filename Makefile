@@ -137,7 +137,7 @@ bench-overhead: $(STAMP) | $(OVERHEAD_BASE_DIR)
 	$(OVERHEAD_AB) --concurrency 1 64 --name overhead-ab $(OVERHEAD_ARGS)
 	$(OVERHEAD_AB) --prompt-bytes 225280 --concurrency 20 --server-ms 0 200 \
 		--name overhead-220kb $(OVERHEAD_ARGS)
-	$(OVERHEAD_AB) --stream-chunks 64 --concurrency 1 16 --name overhead-streamed $(OVERHEAD_ARGS)
+	$(OVERHEAD_AB) --stream-chunks 64 --concurrency 1 32 --name overhead-streamed $(OVERHEAD_ARGS)
 	$(BIN)/python -m bench.results_index
 
 # Every path of bench/overhead.py once (processing modes, transports, event loops,

@@ -67,6 +67,9 @@ BODIES = Path(tempfile.mkdtemp(prefix="epp-bench-"))
 # with --stream-chunks, the simulators' pause between tokens when they take no time
 # otherwise: long enough that each chunk reaches Envoy, and the EPP, on its own
 TOKEN_MS = 1.0
+# with --stream-chunks, how long each cell first measures the EPP with no request: at a
+# few streams per second its scrapes would otherwise weigh on the CPU per request
+IDLE_S = 1.0
 
 
 def body_file(stream_chunks: int) -> Path:
@@ -136,19 +139,25 @@ def adapted_flags(key: str, addresses: list[str]) -> tuple[list[str] | None, str
     return overhead_ab.adapt_argv(flags, checkout_options(checkout))
 
 
+def spawn_picker(workdir: Path, addresses: list[str]) -> ManagedProcess:
+    """Start the minimal picker (bench/minimal_picker.py) on the servers at
+    ``addresses``; returns at once (call wait_ready())."""
+    ready = workdir / f"{PICKER}.ready"
+    endpoints = [a for addr in addresses for a in ("--endpoint", addr)]
+    argv = [sys.executable, "-m", "bench.minimal_picker", "--grpc-port", "0", *endpoints]
+    return ManagedProcess(
+        PICKER,
+        [*argv, "--ready-file", str(ready)],
+        ready_file=ready,
+        log_path=workdir / f"{PICKER}.log",
+    ).start()
+
+
 def spawn_epp_for(stack: LocalStack, key: str) -> ManagedProcess:
     """Start the EPP process ``key`` names (:func:`_epp_code`; ``picker``: the minimal
     picker) on the simulators; returns at once (call wait_ready())."""
     if key == PICKER:
-        ready = stack.workdir / f"{key}.ready"
-        endpoints = [a for addr in stack.sim_addresses for a in ("--endpoint", addr)]
-        argv = [sys.executable, "-m", "bench.minimal_picker", "--grpc-port", "0", *endpoints]
-        return ManagedProcess(
-            key,
-            [*argv, "--ready-file", str(ready)],
-            ready_file=ready,
-            log_path=stack.workdir / f"{key}.log",
-        ).start()
+        return spawn_picker(stack.workdir, stack.sim_addresses)
     flags, why = adapted_flags(key, stack.sim_addresses)
     assert flags is not None, f"{key}: {why} (runnable_on() leaves such paths out)"
     _, env = _epp_code(key)
@@ -206,7 +215,10 @@ def measure(
     sim_pids: list[int],
     think_ms: float,
     body: Path | None = None,
+    idle_s: float = 0.0,
 ) -> dict[str, Any]:
+    """One cell; with ``idle_s``, first the EPP's CPU while no request runs (its scrapes
+    and timers), per second."""
     url = f"http://127.0.0.1:{path.envoy.port}/v1/completions"
     # warm connections, caches, JIT-less Python paths
     load(url, concurrency, 1.0, 0.0, body=body)
@@ -216,6 +228,7 @@ def measure(
     group = workers.group(path.http_port) if path.workers > 1 else []
     if group:
         pids["epp"] += [w["pid"] for w in group]
+    idle = idle_cpu_us_per_s(pids.get("epp", []), idle_s) if idle_s else None
     seen0 = [workers.requests_seen(w["http_port"]) for w in group]  # not in the CPU counted
     before = {k: sum(cpu_seconds(p) for p in ps) for k, ps in pids.items()}
     process_cpu0 = [cpu_seconds(p) for p in pids["epp"]] if path.workers else []
@@ -249,8 +262,19 @@ def measure(
         # Envoy -> EPP messages per request (the load above counts every request it
         # sends: no warm-up)
         result["extproc_msgs_per_req"] = (messages1 - messages0) / n
+    if idle is not None:
+        result["epp_idle_cpu_us_per_s"] = idle
     result["path"], result["concurrency"] = path.name, concurrency
     return result
+
+
+def idle_cpu_us_per_s(pids: list[int], seconds: float) -> float | None:
+    """The CPU ``pids`` take per second while no request runs (None: no processes)."""
+    if not pids:
+        return None
+    cpu0, began = sum(cpu_seconds(p) for p in pids), time.monotonic()
+    time.sleep(seconds)
+    return (sum(cpu_seconds(p) for p in pids) - cpu0) / (time.monotonic() - began) * 1e6
 
 
 def children_cpu_seconds() -> float:
@@ -477,7 +501,7 @@ def run_paths(
                               f"{path.name} ...", end="", flush=True)  # fmt: skip
                         row = measure(
                             path, c, args.duration, sim_pids, server_ms * THINK_SHARE,
-                            body_file(chunks),
+                            body_file(chunks), IDLE_S if chunks else 0.0,
                         )  # fmt: skip
                         key, _, checkout = spec.key.partition("@")
                         row.update(server_ms=server_ms, stream_chunks=chunks, repeat=repeat)

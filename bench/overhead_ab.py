@@ -123,12 +123,20 @@ def cpu_ratios(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def request_cpu_us(row: dict[str, Any]) -> float:
+    """The EPP's CPU per request less its idle work over the same time (where measured:
+    ``epp_idle_cpu_us_per_s``)."""
+    idle = float(row.get("epp_idle_cpu_us_per_s", 0.0))
+    return float(row["epp_cpu_us_per_req"]) - (idle / row["rps"] if row.get("rps") else 0.0)
+
+
 def per_chunk_us(plain: dict[str, Any], streamed: dict[str, Any]) -> float | None:
     """EPP CPU per streamed response chunk: what a streamed request costs more than the
-    same request answered in one piece, over the ext_proc messages Envoy sent more
-    (its own counters: the chunks that reached the EPP one by one), or over the chunks
-    the server wrote when the counters are missing. None without a difference."""
-    extra_us = float(streamed["epp_cpu_us_per_req"]) - float(plain["epp_cpu_us_per_req"])
+    same request answered in one piece (each less the EPP's idle work), over the
+    ext_proc messages Envoy sent more (its own counters: the chunks that reached the EPP
+    one by one), or over the chunks the server wrote when the counters are missing.
+    None without a difference."""
+    extra_us = request_cpu_us(streamed) - request_cpu_us(plain)
     messages = streamed.get("extproc_msgs_per_req")
     before = plain.get("extproc_msgs_per_req")
     if messages is not None and before is not None:

@@ -174,11 +174,13 @@ def chunk_lines(rows: list[dict[str, Any]]) -> list[str]:
         "Measured directly: the EPP's CPU per request streamed minus in one piece, over "
         "the ext_proc messages Envoy sent the EPP more per request (Envoy's "
         "`ext_proc.stream_msgs_sent` counter: the chunks that reached the EPP one by "
-        "one).",
+        "one). Both CPU figures are net of the EPP's idle work (scrapes, timers: its CPU "
+        "per second with no request, measured before each cell, over the cell's req/s), "
+        "which at a few streams per second would outweigh the requests' own.",
         "",
-        "| path | concurrency | EPP µs/req in one piece | streamed | messages to the EPP "
-        "per request (one piece / streamed) | EPP µs per chunk |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| path | concurrency | EPP idle ms/s | EPP µs/req in one piece | streamed "
+        "| messages to the EPP per request (one piece / streamed) | EPP µs per chunk |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for plain, streamed in pairs:
         per_chunk = overhead_ab.per_chunk_us(plain, streamed)
@@ -187,9 +189,12 @@ def chunk_lines(rows: list[dict[str, Any]]) -> list[str]:
             if "extproc_msgs_per_req" in streamed and "extproc_msgs_per_req" in plain
             else "-"
         )
+        idle = streamed.get("epp_idle_cpu_us_per_s")
         lines.append(
             f"| {streamed['path']} | {streamed['concurrency']} "
-            f"| {plain['epp_cpu_us_per_req']:.0f} | {streamed['epp_cpu_us_per_req']:.0f} "
+            f"| {'-' if idle is None else f'{idle / 1000:.1f}'} "
+            f"| {overhead_ab.request_cpu_us(plain):.0f} "
+            f"| {overhead_ab.request_cpu_us(streamed):.0f} "
             f"| {msgs} | {'-' if per_chunk is None else f'{per_chunk:.1f}'} |"
         )
     return [*lines, ""]

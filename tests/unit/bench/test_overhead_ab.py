@@ -129,3 +129,13 @@ def test_cpu_per_chunk_without_counters_divides_by_the_chunks_written() -> None:
     assert per_chunk_us(plain, streamed) == 20.0
     same = {"epp_cpu_us_per_req": 900.0, "stream_chunks": 64, "extproc_msgs_per_req": 6.0}
     assert per_chunk_us({**plain, "extproc_msgs_per_req": 6.0}, same) is None
+
+
+def test_cpu_per_chunk_is_net_of_the_epps_idle_work() -> None:
+    # 50 ms of scrapes a second: 5,000 µs per request at 10 req/s, 2,500 at 20
+    plain = {"epp_cpu_us_per_req": 5500.0, "rps": 10.0, "epp_idle_cpu_us_per_s": 50_000.0}
+    streamed = {
+        "epp_cpu_us_per_req": 4280.0, "rps": 20.0, "epp_idle_cpu_us_per_s": 50_000.0,
+        "stream_chunks": 64,
+    }  # fmt: skip
+    assert per_chunk_us(plain, streamed) == 20.0  # (1780 - 500) µs over 64 chunks

@@ -67,19 +67,20 @@ def streamed(
     return r
 
 
-def test_the_chunk_target_takes_each_paths_worst_concurrency() -> None:
+def test_the_chunk_target_is_judged_at_the_highest_concurrency() -> None:
     rows = [
         streamed("EPP native, full", "native-full", -64, 300.0, 6.0),
-        streamed("EPP native, full", "native-full", 64, 1300.0, 70.0),  # 1000 / 64
+        streamed("EPP native, full", "native-full", 64, 1940.0, 70.0),  # 1640 / 64 = 25.6
         streamed("EPP grpclib, full (base)", "grpclib-full", -64, 800.0, 6.0, side="old"),
         streamed("EPP grpclib, full (base)", "grpclib-full", 64, 4000.0, 70.0, side="old"),
     ]
-    assert chunk_target(rows)[-1] == "met"
-    busy = [{**r, "concurrency": 16} for r in rows]
-    busy[1]["epp_cpu_us_per_req"] = 1940.0  # 1640 / 64 = 25.6 µs at concurrency 16
-    target = chunk_target(rows + busy)
+    target = chunk_target(rows)
     assert target[-1] == "**missed** by 5.6 µs"
     assert "EPP grpclib, full (base) 50.0 µs" in target[2]  # today's, shown beside
+    quiet = [{**r, "concurrency": 1} for r in rows]  # each chunk wakes the EPP: not judged
+    busy = [{**r, "concurrency": 128} for r in rows]
+    busy[1]["epp_cpu_us_per_req"] = 1300.0  # 1000 / 64 = 15.6 µs
+    assert chunk_target(quiet + rows + busy)[-1] == "met"
 
 
 def test_throughput_is_reported_with_its_prediction_for_more_cores() -> None:
