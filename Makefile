@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: run test test-slow test-scenarios test-transports test-vllm test-compose lint typecheck bench bench-overhead \
+	bench-overhead-paths \
 	bench-decision bench-scrape bench-kv-events bench-routing bench-lora bench-pd bench-fairness \
 	bench-inference-perf bench-vllm routing-model-shared clean
 
@@ -105,13 +106,44 @@ test-compose: $(STAMP)
 
 # All benchmarks (about 2.5 hours); results land in bench/results/, and its README.md (the one
 # page that quotes figures) is rewritten from them last.
-bench: bench-overhead bench-decision bench-scrape bench-kv-events bench-fairness bench-routing \
-	bench-lora bench-pd
+bench: bench-overhead bench-overhead-paths bench-decision bench-scrape bench-kv-events \
+	bench-fairness bench-routing bench-lora bench-pd
 	$(BIN)/python -m bench.results_index
 
-bench-overhead: $(STAMP)
+# What the request path costs, judged by the Targets of bench/results/README.md (about 25
+# minutes with the default 4 repeats): one A/B run per workload of d9354b2's grpclib EPP
+# (the per-request baseline) against this tree's grpclib and native transports and the
+# minimal Python picker (bench/minimal_picker.py), Envoy alone as every table's base,
+# each cell measured OVERHEAD_REPEATS times in turn (old, new, ...; the tables hold the
+# medians, the A/B ratio is the median of the pairs'). Workloads: 1 KB at concurrency 1
+# and 64 (overhead-ab), 220 KB at concurrency 20 against instant and 200 ms servers
+# (overhead-220kb), 64-chunk SSE streams (overhead-streamed: EPP CPU per chunk). The
+# baseline runs from a checkout made once with `git worktree add` in .cache/; its
+# `epp serve` gets only the flags its --help lists. Run it on a quiet machine.
+OVERHEAD_BASE := d9354b2
+OVERHEAD_BASE_DIR := .cache/base-$(OVERHEAD_BASE)
+OVERHEAD_REPEATS ?= 4
+OVERHEAD_AB = $(BIN)/python -m bench.overhead --paths grpclib-full native-full picker \
+	--also-from $(OVERHEAD_BASE_DIR) --repeats $(OVERHEAD_REPEATS)
+OVERHEAD_ARGS ?=
+
+$(OVERHEAD_BASE_DIR):
+	@git cat-file -e '$(OVERHEAD_BASE)^{commit}' 2>/dev/null || { echo "bench-overhead: \
+	commit $(OVERHEAD_BASE) is not in this clone's history (a shallow clone? git fetch \
+	--unshallow)"; exit 2; }
+	git worktree add --detach $@ $(OVERHEAD_BASE)
+
+bench-overhead: $(STAMP) | $(OVERHEAD_BASE_DIR)
+	$(OVERHEAD_AB) --concurrency 1 64 --name overhead-ab $(OVERHEAD_ARGS)
+	$(OVERHEAD_AB) --prompt-bytes 225280 --concurrency 20 --server-ms 0 200 \
+		--name overhead-220kb $(OVERHEAD_ARGS)
+	$(OVERHEAD_AB) --stream-chunks 64 --concurrency 1 32 --name overhead-streamed $(OVERHEAD_ARGS)
+	$(BIN)/python -m bench.results_index
+
+# Every path of bench/overhead.py once (processing modes, transports, event loops,
+# workers, stream resets) against Envoy alone, 1 KB at concurrency 1 and 64 (~5 minutes).
+bench-overhead-paths: $(STAMP)
 	$(BIN)/python -m bench.overhead
-	$(BIN)/python -m bench.overhead --prompt-bytes 225280 --concurrency 20 --server-ms 0 200 --name overhead-220kb
 
 bench-decision: $(STAMP)
 	$(BIN)/python -m bench.decision

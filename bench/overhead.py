@@ -9,11 +9,22 @@ at each concurrency. Writes bench/results/overhead.{md,json} (``--name``).
 path again. With instant servers (0, the default) a closed loop saturates the machine,
 so the tables show throughput and CPU per request; with realistic servers (e.g. 200 ms)
 the machine has room to spare and the added latency is the EPP's own.
+
+``--stream-chunks N`` measures every path twice: completions of N - 1 tokens answered
+in one piece, and the same streamed (SSE: a chunk per token and one for the usage and
+``[DONE]``, the simulators pacing tokens ``--token-ms`` apart so each chunk travels
+alone); the EPP's CPU per chunk is the difference over the extra ext_proc messages
+Envoy's counters show. ``--also-from CHECKOUT`` runs each EPP path on another
+checkout's code too, with the flags its ``epp serve --help`` lists, and ``--repeats N``
+measures every cell N times in turn (old, new, old, new ...): the tables hold the
+medians, and the new/old ratio of EPP CPU per request is the median of the pairs'.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import math
 import os
 import resource
@@ -21,14 +32,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from bench import workers
-from bench.host import cpu_seconds, machine_cpu, machine_description
+from bench import overhead_ab, overhead_report, workers
+from bench.host import cpu_seconds, git_state, machine_cpu, machine_description
+from bench.overhead_report import PICKER, workload
 from epp_harness.envoyconfig import (
     ClusterKind,
     EnvoyOptions,
@@ -41,13 +54,6 @@ from epp_harness.procs import ManagedProcess, spawn_epp
 from epp_harness.stack import LocalStack, StackOptions
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# The target for the EPP's added latency with 220 KB prompts at concurrency 20: small
-# beside a model server's own time to first token, so routing never shows to a user.
-TARGET_ADDED_MS = 5.0
-# A cell this busy is CPU-bound: latency there is mostly queueing for the cores.
-SATURATED = 0.9
-# Other work on the machine above this many cores skews a cell (marked in the reading).
-BUSY_NEIGHBOURS = 0.25
 CHARS_PER_TOKEN = 4  # the simulators' token estimate (epp_harness/sim/config.py)
 # KV block size of simulators that take time: large blocks keep their own prefix-cache
 # hashing (blake2b per block, ~3 ms per 220 KB prompt at 16 tokens) from loading the
@@ -57,15 +63,38 @@ SIM_BLOCK_TOKENS = 1024
 # between requests: behind servers that all take exactly the same time, closed-loop
 # clients otherwise move in lockstep and reach the EPP in bursts of `concurrency`.
 THINK_SHARE = 0.5
-BODY_FILE = Path(tempfile.mkdtemp(prefix="epp-bench-")) / "body.json"
+BODIES = Path(tempfile.mkdtemp(prefix="epp-bench-"))
+# with --stream-chunks, the simulators' pause between tokens when they take no time
+# otherwise: long enough that each chunk reaches Envoy, and the EPP, on its own
+TOKEN_MS = 1.0
+# with --stream-chunks, how long each cell first measures the EPP with no request: at a
+# few streams per second its scrapes would otherwise weigh on the CPU per request
+IDLE_S = 1.0
 
 
-def write_body(prompt_bytes: int) -> None:
-    BODY_FILE.write_bytes(
-        orjson.dumps(
-            {"model": "sim-model", "prompt": "x" * prompt_bytes, "max_tokens": 1, "temperature": 0}
-        )
-    )
+def body_file(stream_chunks: int) -> Path:
+    """The request body of a workload: ``stream_chunks`` 0, a one-token completion, or
+    (:func:`write_bodies` with chunks) that many chunks' tokens, answered in one piece
+    (-N) or streamed (N)."""
+    return BODIES / f"body{stream_chunks}.json"
+
+
+def workloads(stream_chunks: int) -> list[int]:
+    """The rows' ``stream_chunks`` values (:func:`bench.overhead_report.workload`): 0, or
+    when streaming the one-piece reference (-N) and the stream (N)."""
+    return [-stream_chunks, stream_chunks] if stream_chunks else [0]
+
+
+def write_bodies(prompt_bytes: int, stream_chunks: int) -> None:
+    prompt = "x" * prompt_bytes
+    for chunks in workloads(stream_chunks):
+        # a stream's chunks: one per token, then the usage with [DONE] in one write
+        tokens = abs(chunks) - 1 if chunks else 1
+        body = {"model": "sim-model", "prompt": prompt, "max_tokens": tokens, "temperature": 0}
+        if chunks > 0:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        body_file(chunks).write_bytes(orjson.dumps(body))
 
 
 @dataclass
@@ -78,15 +107,61 @@ class Path_:
     http_port: int = 0
 
 
+def serve_flags(key: str, addresses: list[str]) -> list[str]:
+    """``epp serve``'s flags for the EPP process ``key`` (:func:`_epp_code`) on the
+    servers at ``addresses``, as this checkout's CLI takes them."""
+    flags, _ = _epp_code(key)
+    endpoints = [a for addr in addresses for a in ("--endpoint", addr)]
+    return [
+        "--grpc-port", "0", "--http-port", "0", "--grpc-health-port", "0",
+        "--log-level", "warning", *endpoints, *flags,
+    ]  # fmt: skip
+
+
+@functools.cache
+def checkout_options(checkout: str) -> dict[str, frozenset[str] | None]:
+    """The options of ``epp serve`` in another checkout, read from its ``--help``."""
+    help_text = subprocess.run(
+        [sys.executable, "-m", "epp", "serve", "--help"],
+        capture_output=True, text=True, check=True,
+        env={**os.environ, **_checkout_env(checkout)},
+    ).stdout  # fmt: skip
+    return overhead_ab.cli_options(help_text)
+
+
+def adapted_flags(key: str, addresses: list[str]) -> tuple[list[str] | None, str]:
+    """:func:`serve_flags` as the checkout ``key`` names takes them (None: it cannot run
+    that path), and what was left out or why not."""
+    flags = serve_flags(key, addresses)
+    _, _, checkout = key.partition("@")
+    if not checkout:
+        return flags, ""
+    return overhead_ab.adapt_argv(flags, checkout_options(checkout))
+
+
+def spawn_picker(workdir: Path, addresses: list[str]) -> ManagedProcess:
+    """Start the minimal picker (bench/minimal_picker.py) on the servers at
+    ``addresses``; returns at once (call wait_ready())."""
+    ready = workdir / f"{PICKER}.ready"
+    endpoints = [a for addr in addresses for a in ("--endpoint", addr)]
+    argv = [sys.executable, "-m", "bench.minimal_picker", "--grpc-port", "0", *endpoints]
+    return ManagedProcess(
+        PICKER,
+        [*argv, "--ready-file", str(ready)],
+        ready_file=ready,
+        log_path=workdir / f"{PICKER}.log",
+    ).start()
+
+
 def spawn_epp_for(stack: LocalStack, key: str) -> ManagedProcess:
-    """Start the EPP process ``key`` names (:func:`_epp_code`) on the simulators;
-    returns at once (call wait_ready())."""
-    flags, env = _epp_code(key)
-    endpoints = [a for addr in stack.sim_addresses for a in ("--endpoint", addr)]
-    return spawn_epp(
-        stack.workdir, _file_name(key), "serve", "--grpc-port", "0", "--http-port", "0",
-        "--grpc-health-port", "0", "--log-level", "warning", *endpoints, *flags, env=env,
-    )  # fmt: skip
+    """Start the EPP process ``key`` names (:func:`_epp_code`; ``picker``: the minimal
+    picker) on the simulators; returns at once (call wait_ready())."""
+    if key == PICKER:
+        return spawn_picker(stack.workdir, stack.sim_addresses)
+    flags, why = adapted_flags(key, stack.sim_addresses)
+    assert flags is not None, f"{key}: {why} (runnable_on() leaves such paths out)"
+    _, env = _epp_code(key)
+    return spawn_epp(stack.workdir, _file_name(key), "serve", *flags, env=env)
 
 
 def _file_name(key: str) -> str:
@@ -102,10 +177,16 @@ def start_envoy(stack: LocalStack, name: str, config: dict[str, Any]) -> EnvoyPr
 
 
 def load(
-    url: str, concurrency: int, duration: float, warmup: float, think_ms: float = 0.0
+    url: str,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    think_ms: float = 0.0,
+    body: Path | None = None,
 ) -> dict[str, Any]:
+    body = body or body_file(0)
     out = subprocess.run(
-        [sys.executable, "-m", "bench.loadgen", "--url", url, "--body-file", str(BODY_FILE),
+        [sys.executable, "-m", "bench.loadgen", "--url", url, "--body-file", str(body),
          "--concurrency", str(concurrency), "--duration", str(duration), "--warmup", str(warmup),
          "--think-ms", str(think_ms)],
         capture_output=True, text=True, check=True,
@@ -114,27 +195,52 @@ def load(
     return result
 
 
+def extproc_messages(envoy: EnvoyProcess) -> float | None:
+    """The messages Envoy's ext_proc filter has sent its processor so far (None: no
+    ext_proc filter)."""
+    url = f"{envoy.admin_url}/stats?filter=ext_proc.stream_msgs_sent"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    for line in text.splitlines():
+        name, _, value = line.partition(": ")
+        if name.endswith("ext_proc.stream_msgs_sent"):
+            return float(value)
+    return None
+
+
 def measure(
-    path: Path_, concurrency: int, duration: float, sim_pids: list[int], think_ms: float
+    path: Path_,
+    concurrency: int,
+    duration: float,
+    sim_pids: list[int],
+    think_ms: float,
+    body: Path | None = None,
+    idle_s: float = 0.0,
 ) -> dict[str, Any]:
+    """One cell; with ``idle_s``, first the EPP's CPU while no request runs (its scrapes
+    and timers), per second."""
     url = f"http://127.0.0.1:{path.envoy.port}/v1/completions"
-    load(url, concurrency, 1.0, 0.0)  # warm connections, caches, JIT-less Python paths
+    # warm connections, caches, JIT-less Python paths
+    load(url, concurrency, 1.0, 0.0, body=body)
     pids = {"envoy": [path.envoy.process.pid], "sims": sim_pids}
     if path.epp_pid:
         pids["epp"] = [path.epp_pid]
     group = workers.group(path.http_port) if path.workers > 1 else []
     if group:
         pids["epp"] += [w["pid"] for w in group]
+    idle = idle_cpu_us_per_s(pids.get("epp", []), idle_s) if idle_s else None
     seen0 = [workers.requests_seen(w["http_port"]) for w in group]  # not in the CPU counted
     before = {k: sum(cpu_seconds(p) for p in ps) for k, ps in pids.items()}
     process_cpu0 = [cpu_seconds(p) for p in pids["epp"]] if path.workers else []
     client0 = children_cpu_seconds()
+    messages0 = extproc_messages(path.envoy)
     busy0, total0 = machine_cpu()
     start = time.monotonic()
-    result = load(url, concurrency, duration, 0.0, think_ms)
+    result = load(url, concurrency, duration, 0.0, think_ms, body)
     wall = time.monotonic() - start
     busy1, total1 = machine_cpu()
     spent = {k: sum(cpu_seconds(p) for p in ps) - before[k] for k, ps in pids.items()}
+    messages1 = extproc_messages(path.envoy)
     spent["client"] = children_cpu_seconds() - client0  # the load generator
     if path.workers:
         n_req = max(result["requests"], 1)
@@ -152,8 +258,23 @@ def measure(
     n = max(result["requests"], 1)
     for k, seconds in spent.items():
         result[f"{k}_cpu_us_per_req"] = seconds / n * 1e6
+    if messages0 is not None and messages1 is not None:
+        # Envoy -> EPP messages per request (the load above counts every request it
+        # sends: no warm-up)
+        result["extproc_msgs_per_req"] = (messages1 - messages0) / n
+    if idle is not None:
+        result["epp_idle_cpu_us_per_s"] = idle
     result["path"], result["concurrency"] = path.name, concurrency
     return result
+
+
+def idle_cpu_us_per_s(pids: list[int], seconds: float) -> float | None:
+    """The CPU ``pids`` take per second while no request runs (None: no processes)."""
+    if not pids:
+        return None
+    cpu0, began = sum(cpu_seconds(p) for p in pids), time.monotonic()
+    time.sleep(seconds)
+    return (sum(cpu_seconds(p) for p in pids) - cpu0) / (time.monotonic() - began) * 1e6
 
 
 def children_cpu_seconds() -> float:
@@ -161,17 +282,19 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def sim_args(server_ms: float, prompt_bytes: int, concurrency: int) -> list[str]:
+def sim_args(
+    server_ms: float, prompt_bytes: int, concurrency: int, token_ms: float = 0.0
+) -> list[str]:
     """Simulator flags: answer instantly (0), or take ``server_ms`` per completion
-    however many requests run at once and wherever the EPP sends them (no queueing, KV
-    for ``concurrency`` prompts on one server), so the servers add no latency of their
-    own that differs between paths."""
-    if server_ms == 0:
+    (and ``token_ms`` between tokens) however many requests run at once and wherever
+    the EPP sends them (no queueing, KV for ``concurrency`` prompts on one server), so
+    the servers add no latency of their own that differs between paths."""
+    if server_ms == 0 and token_ms == 0:
         return ["--time-scale", "0"]
     blocks_per_request = math.ceil(prompt_bytes / CHARS_PER_TOKEN / SIM_BLOCK_TOKENS) + 2
     return [
         "--time-scale", "1", "--prefill-overhead-ms", f"{server_ms:g}",
-        "--prefill-ms-per-token", "0", "--decode-ms-per-token", "0",
+        "--prefill-ms-per-token", "0", "--decode-ms-per-token", f"{token_ms:g}",
         "--itl-ms-per-running-seq", "0", "--block-size", str(SIM_BLOCK_TOKENS),
         "--max-num-seqs", str(concurrency),
         "--kv-blocks", str(max(8192, 2 * blocks_per_request * concurrency)),
@@ -207,12 +330,41 @@ def main() -> int:
         default=[0.0],
         help="simulated time per completion (0 = instant); each value runs every path",
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="measure every cell this many times in turn (with --also-from: old, new, old, "
+        "new ...); the tables hold the medians",
+    )
+    parser.add_argument(
+        "--stream-chunks",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure each path on completions of N - 1 tokens answered in one piece and "
+        "streamed in N SSE chunks: the EPP's CPU per response chunk",
+    )
+    parser.add_argument(
+        "--token-ms",
+        type=float,
+        default=TOKEN_MS,
+        help="with --stream-chunks: the simulators' time between tokens",
+    )
     args = parser.parse_args()
-    write_body(args.prompt_bytes)
+    if args.repeats < 1 or args.stream_chunks < 0 or args.stream_chunks == 1:
+        parser.error("--repeats must be at least 1, --stream-chunks 0 or at least 2")
+    write_bodies(args.prompt_bytes, args.stream_chunks)
+    specs = chosen_paths(args.paths, args.also_from)
+    left_out: dict[str, str] = {}
+    if args.also_from is not None:
+        specs, left_out = runnable_on(specs, args.also_from)
+        for key, why in left_out.items():
+            print(f"{key}: {why}", flush=True)
     rows = []
     for server_ms in args.server_ms:
-        rows += run_paths(args, server_ms)
-    write_results(args.out, rows, args)
+        rows += run_paths(args, server_ms, specs)
+    write_results(args.out, rows, args, left_out)
     return 0
 
 
@@ -258,17 +410,18 @@ PATHS = [
     PathSpec("grpclib-full-resets",
              "EPP grpclib, full, Envoy resets streams (no graceful close)", "grpclib-resets",
              graceful_close=False),
+    PathSpec("picker", "minimal Python picker (grpcio, uvloop), full", PICKER),
 ]  # fmt: skip
 
 
 def chosen_paths(keys: list[str] | None, also_from: Path | None) -> list[PathSpec]:
     """The baseline, then the chosen paths (all by default) in :data:`PATHS`' order;
-    with ``also_from`` each EPP path again right after it, on that checkout's code."""
+    with ``also_from`` each EPP path (the picker is none) first on that checkout's code,
+    then on this one's: old, new."""
     picked = [s for s in PATHS if keys is None or s.key in keys]
     out = [BASELINE]
     for spec in picked:
-        out.append(spec)
-        if also_from is not None:
+        if also_from is not None and spec.epp not in (None, PICKER):
             out.append(
                 replace(
                     spec,
@@ -277,17 +430,37 @@ def chosen_paths(keys: list[str] | None, also_from: Path | None) -> list[PathSpe
                     epp=f"{spec.epp}@{also_from.resolve()}",
                 )
             )
+        out.append(spec)
     return out
 
 
-def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]]:
-    """The chosen paths at every concurrency, against simulators taking ``server_ms``."""
+def runnable_on(specs: list[PathSpec], checkout: Path) -> tuple[list[PathSpec], dict[str, str]]:
+    """``specs`` less the paths ``checkout``'s CLI cannot serve, and why each went (or
+    which optional flags its paths run without)."""
+    kept, notes = [], {}
+    for spec in specs:
+        if spec.epp is None or "@" not in spec.epp:
+            kept.append(spec)
+            continue
+        flags, why = adapted_flags(spec.epp, ["127.0.0.1:1"])
+        if flags is not None:
+            kept.append(spec)
+        if why:
+            notes[spec.key] = why if flags is not None else f"not run: {why}"
+    return kept, notes
+
+
+def run_paths(
+    args: argparse.Namespace, server_ms: float, specs: list[PathSpec]
+) -> list[dict[str, Any]]:
+    """``specs`` at every concurrency, ``args.repeats`` times in turn, against
+    simulators taking ``server_ms``."""
+    token_ms = args.token_ms if args.stream_chunks else 0.0
     opts = StackOptions(
         servers=args.servers, envoy_port=0, envoy_admin_port=0, grpc_port=0, http_port=0,
-        sim_args=sim_args(server_ms, args.prompt_bytes, max(args.concurrency)),
+        sim_args=sim_args(server_ms, args.prompt_bytes, max(args.concurrency), token_ms),
         epp=False, log_level="warning",
     )  # fmt: skip
-    specs = chosen_paths(args.paths, args.also_from)
     epps: dict[str, ManagedProcess] = {}
     envoys: list[EnvoyProcess] = []
     rows = []
@@ -309,7 +482,7 @@ def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]
                     envoys.append(start_envoy(stack, workdir, config))
                     return Path_(spec.name, envoys[-1], None)
                 epp = epps[spec.epp]
-                ports = epp.info["grpc_ports"]
+                ports = epp.info.get("grpc_ports", [])  # older checkouts: one port
                 opts = EnvoyOptions(
                     listen_port=0, admin_port=0, epp_port=epp.info["grpc_port"],
                     processing=spec.processing, cluster=spec.cluster,
@@ -321,13 +494,20 @@ def run_paths(args: argparse.Namespace, server_ms: float) -> list[dict[str, Any]
                 return Path_(spec.name, envoys[-1], epp.pid, spec.workers, http_port)
 
             paths = [start_path(spec) for spec in specs]
-            for c in args.concurrency:
-                for path in paths:
-                    print(f"  c={c:<3} {path.name} ...", end="", flush=True)
-                    row = measure(path, c, args.duration, sim_pids, server_ms * THINK_SHARE)
-                    row["server_ms"] = server_ms
-                    print(f" {row['rps']:.0f} req/s, p50 {row['p50_ms']:.2f} ms", flush=True)
-                    rows.append(row)
+            for c, repeat in itertools.product(args.concurrency, range(args.repeats)):
+                for spec, path in zip(specs, paths, strict=True):
+                    for chunks in workloads(args.stream_chunks):
+                        print(f"  c={c:<3} {repeat + 1}/{args.repeats} {workload(chunks)} "
+                              f"{path.name} ...", end="", flush=True)  # fmt: skip
+                        row = measure(
+                            path, c, args.duration, sim_pids, server_ms * THINK_SHARE,
+                            body_file(chunks), IDLE_S if chunks else 0.0,
+                        )  # fmt: skip
+                        key, _, checkout = spec.key.partition("@")
+                        row.update(server_ms=server_ms, stream_chunks=chunks, repeat=repeat)
+                        row.update(key=key, side="old" if checkout else "new")
+                        print(f" {row['rps']:.0f} req/s, p50 {row['p50_ms']:.2f} ms", flush=True)
+                        rows.append(row)
         finally:
             for envoy in envoys:
                 envoy.stop()
@@ -341,137 +521,53 @@ def _epp_code(key: str) -> tuple[list[str], dict[str, str]]:
     checkout DIR (first on PYTHONPATH, and the current directory, which ``python -m``
     would put before it, left out; its workers inherit both)."""
     name, _, checkout = key.partition("@")
-    return EPPS[name], ({"PYTHONPATH": checkout, "PYTHONSAFEPATH": "1"} if checkout else {})
+    return EPPS[name], _checkout_env(checkout)
 
 
-def write_results(out: Path, rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+def _checkout_env(checkout: str) -> dict[str, str]:
+    return {"PYTHONPATH": checkout, "PYTHONSAFEPATH": "1"} if checkout else {}
+
+
+def write_results(
+    out: Path, runs: list[dict[str, Any]], args: argparse.Namespace, notes: dict[str, str]
+) -> None:
+    """``NAME.json`` (the medians as ``rows``, every measurement as ``runs``, the A/B
+    ratios as ``ab``) and ``NAME.md``."""
     out.mkdir(parents=True, exist_ok=True)
-    meta = {
+    meta: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine_description(),
+        "git": git_state(),
+        "command": "python -m bench.overhead " + " ".join(sys.argv[1:]),
         "duration_s": args.duration,
         "servers": args.servers,
         "cores": os.cpu_count() or 1,
+        "repeats": args.repeats,
+        "prompt_bytes": args.prompt_bytes,
+        "stream_chunks": args.stream_chunks,
     }
-    (out / f"{args.name}.json").write_bytes(
-        orjson.dumps({"meta": meta, "rows": rows}, option=orjson.OPT_INDENT_2)
-    )
-    lines = [
-        "# Overhead: Envoy alone vs Envoy + EPP",
-        "",
-        f"Measured {meta['date']} on {meta['machine']} with "
-        f"`python -m bench.overhead {' '.join(sys.argv[1:])}` "
-        f"({args.duration:g} s per cell, {args.servers} simulators, "
-        f"non-streaming completions with a {args.prompt_bytes:,}-byte prompt, "
-        "each Envoy with `--concurrency 1`, closed-loop "
-        "keep-alive clients). Everything shares the same cores, so compare rows within "
-        "one table, not absolute numbers across machines. *machine busy* is the share of "
-        "all cores in use during the cell (everything on the machine, not only this run).",
-        "",
-    ]
-    for server_ms, c, cell in cells(rows):
-        server = "instant servers" if server_ms == 0 else f"servers taking {server_ms:g} ms"
-        base = cell[0]
-        lines += [
-            f"## Concurrency {c}, {server}",
-            "",
-            "| path | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms "
-            "| EPP CPU µs/req | EPP req/s per core | Envoy CPU µs/req "
-            "| servers + client CPU µs/req | machine busy | other work (cores) | errors |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in cell:
-            epp_cpu = r.get("epp_cpu_us_per_req")
-            lines.append(
-                f"| {r['path']} | {r['rps']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
-                f"| {r['p50_ms'] - base['p50_ms']:+.2f} | {r['p99_ms'] - base['p99_ms']:+.2f} "
-                f"| {f'{epp_cpu:.0f}' if epp_cpu else '-'} "
-                f"| {f'{1e6 / epp_cpu:.0f}' if epp_cpu else '-'} "
-                f"| {r['envoy_cpu_us_per_req']:.0f} "
-                f"| {r['sims_cpu_us_per_req'] + r['client_cpu_us_per_req']:.0f} "
-                f"| {r['machine_busy']:.0%} | {r['other_cores']:.2f} | {r['errors']} |"
-            )
-        lines.append("")
-    lines += workers.table(rows)
-    lines += reading(rows, int(meta["cores"]))
+    if args.also_from is not None:
+        meta["also_from"] = {"name": args.also_from.name, "git": checkout_commit(args.also_from)}
+        meta["also_from_notes"] = notes
+    rows = overhead_ab.median_rows(runs)
+    ab = overhead_ab.cpu_ratios(runs)
+    doc = {"meta": meta, "rows": rows, "runs": runs, "ab": ab}
+    (out / f"{args.name}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    lines = overhead_report.markdown(meta, rows, ab)
     (out / f"{args.name}.md").write_text("\n".join(lines))
+    print("\n".join(overhead_report.ab_lines(ab, rows)), flush=True)
     print(f"wrote {out / args.name}.md")
 
 
-def cells(rows: list[dict[str, Any]]) -> list[tuple[float, int, list[dict[str, Any]]]]:
-    """(server ms, concurrency, rows) per table; each table's first row is Envoy alone."""
-    keys = sorted({(r.get("server_ms", 0.0), r["concurrency"]) for r in rows})
-    return [
-        (ms, c, [r for r in rows if (r.get("server_ms", 0.0), r["concurrency"]) == (ms, c)])
-        for ms, c in keys
-    ]
-
-
-def cpu_bound_ms(row: dict[str, Any], cores: int) -> float:
-    """The latency a saturated closed loop predicts: each of ``concurrency`` requests
-    waits for everyone's CPU, on the cores other work leaves to this run."""
-    cpu_us = sum(row[f"{k}_cpu_us_per_req"] for k in ("envoy", "sims", "client"))
-    cpu_us += row.get("epp_cpu_us_per_req", 0.0)
-    free = max(cores - row["other_cores"], 0.1)
-    return float(row["concurrency"]) * cpu_us / free / 1000
-
-
-def reading(rows: list[dict[str, Any]], cores: int) -> list[str]:
-    """How to read the tables, from their own numbers. With servers that take time the
-    machine has room to spare, so *added* is the EPP path's own latency (set against
-    the target). A saturated closed loop is CPU-bound instead: latency ~ concurrency x
-    CPU per request (every process of the run) / the cores left by other work, so the
-    EPP's added latency is mostly the CPU it and Envoy add, paid by every request."""
-    lines = ["## Reading", ""]
-    for server_ms, c, cell in cells(rows):
-        base, paths = cell[0], cell[1:]
-        busy = max(r["machine_busy"] for r in cell)
-        own = max(r["machine_busy"] * cores - r["other_cores"] for r in cell)
-        head = (
-            f"- **Concurrency {c}, "
-            + ("instant servers" if server_ms == 0 else f"servers taking {server_ms:g} ms")
-            + f"** (machine {busy:.0%} busy at most; this run's processes used up to "
-            f"{own:.1f} of {cores} cores): "
-        )
-        if server_ms > 0 or c <= cores or busy < SATURATED:  # not a CPU-bound loop
-            added = [
-                (r["path"], r["p50_ms"] - base["p50_ms"], r["p99_ms"] - base["p99_ms"],
-                 max(r["other_cores"], base["other_cores"]) > BUSY_NEIGHBOURS)
-                for r in paths
-            ]  # fmt: skip
-            met = sum(a[1] <= TARGET_ADDED_MS and a[2] <= TARGET_ADDED_MS for a in added)
-            lines.append(
-                head + "the run leaves CPU to spare, so *added* is each path's own latency "
-                "(p50 / p99): "
-                + "; ".join(
-                    f"{name} {p50:+.1f} / {p99:+.1f} ms{'*' if noisy else ''}"
-                    for name, p50, p99, noisy in added
-                )
-                + f". Within the ≤ {TARGET_ADDED_MS:g} ms target at both: "
-                f"{met} of {len(added)} paths."
-                + (
-                    f" (* other work took > {BUSY_NEIGHBOURS:g} cores during this cell or "
-                    "Envoy alone's: its numbers include that queueing.)"
-                    if any(a[3] for a in added)
-                    else ""
-                )
-            )
-            continue
-        predicted_base = cpu_bound_ms(base, cores)
-        lines.append(
-            head + f"CPU-bound. Predicted p50 = {c} x CPU per request of all the run's "
-            f"processes / the {cores} cores less other work; Envoy alone "
-            f"{predicted_base:.0f} predicted vs {base['p50_ms']:.0f} ms measured. "
-            "Added p50, predicted vs measured: "
-            + "; ".join(
-                f"{r['path']} {cpu_bound_ms(r, cores) - predicted_base:+.0f} vs "
-                f"{r['p50_ms'] - base['p50_ms']:+.0f} ms"
-                for r in paths
-            )
-            + "."
-        )
-    lines.append("")
-    return lines
+def checkout_commit(checkout: Path) -> str:
+    """The commit another checkout has out (``unknown`` when it is no git checkout)."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -17,7 +17,15 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from bench import inference_perf_report, pd_report, vllm_routing_report
+from bench import (
+    inference_perf_report,
+    overhead_ab,
+    overhead_report,
+    pd_report,
+    vllm_routing_report,
+)
+from bench.overhead_report import PICKER
+from bench.workers import PREDICT_CORES, predicted_rps
 
 RESULTS = Path(__file__).resolve().parent / "results"
 INDEX = RESULTS / "README.md"
@@ -25,6 +33,15 @@ INDEX = RESULTS / "README.md"
 # Targets the benchmarks are read against: what routing has to buy (prefills saved on
 # shared prompts) and what the EPP may cost (latency and CPU a user would not notice).
 TARGET_ADDED_MS = 5.0  # added latency for 220 KB prompts at concurrency 20
+# The EPP against the request path it had at BASE_COMMIT and against the minimal Python
+# picker (bench/minimal_picker.py), both measured in `make bench-overhead`'s A/B run.
+BASE_COMMIT = "d9354b2"
+TARGET_CPU_VS_BASE = 0.5  # EPP CPU per request at concurrency 64
+TARGET_CPU_VS_PICKER = 0.5
+TARGET_ADDED_VS_PICKER = 0.6  # added p50 at concurrency 1
+TARGET_CHUNK_US = 20.0  # EPP CPU per streamed response chunk
+AB = "overhead-ab"  # the A/B run's file (1 KB prompts, concurrency 1 and 64)
+STREAMED = "overhead-streamed"  # the streamed paths' file
 TARGET_DECISION_P99_US = 1000.0  # one scheduling cycle at 1,000 endpoints
 TARGET_P90_VS_RR = 1 / 3  # p90 TTFT vs round robin at 0.7 load, Zipf groups, 1.6 copies
 TARGET_WARM_MISS = 0.10  # warm-miss rate at every load
@@ -140,7 +157,14 @@ BENCHMARKS = [
         "(`bench.loadgen --think-ms`) so they do not reach the EPP in lockstep: then the "
         "added latency is the EPP path's own. Each file's *Reading* sets the latter "
         "against the 5 ms target and checks the former against latency = concurrency x "
-        "CPU per request / free cores.",
+        "CPU per request / free cores. `make bench-overhead` runs the A/B the targets "
+        "read (about 25 minutes; docs/development.md): d9354b2's EPP, this tree's "
+        "grpclib and native transports and the minimal Python picker "
+        "(`bench/minimal_picker.py`), each cell repeated in turn, old then new, in "
+        "`overhead-ab` (1 KB), `overhead-220kb` and `overhead-streamed` (64-chunk SSE "
+        "responses against the same in one piece: EPP CPU per chunk); "
+        "`make bench-overhead-paths` runs every processing mode, transport and event "
+        "loop once (`overhead`).",
     ),
     (
         "decision",
@@ -345,18 +369,10 @@ def when(meta: dict[str, Any]) -> str:
 # -- overhead -------------------------------------------------------------------------
 
 
-def overhead_cells(rows: list[dict[str, Any]]) -> list[tuple[float, int, list[dict[str, Any]]]]:
-    """(server ms, concurrency, rows) per table; each table's first row is Envoy alone."""
-    keys = sorted({(r.get("server_ms", 0.0), r["concurrency"]) for r in rows})
-    return [
-        (ms, c, [r for r in rows if (r.get("server_ms", 0.0), r["concurrency"]) == (ms, c)])
-        for ms, c in keys
-    ]
-
-
-def cell_name(server_ms: float, concurrency: int) -> str:
+def cell_name(server_ms: float, concurrency: int, chunks: int = 0) -> str:
     servers = "instant servers" if server_ms == 0 else f"servers {server_ms:g} ms"
-    return f"concurrency {concurrency}, {servers}"
+    what = f", {overhead_report.workload(chunks)}" if chunks else ""
+    return f"concurrency {concurrency}, {servers}{what}"
 
 
 def overhead_section() -> list[str]:
@@ -371,12 +387,12 @@ def overhead_section() -> list[str]:
     ]
     for name in names("overhead"):
         data = load(name)
-        cells = overhead_cells(data["rows"])
-        header = ["path"] + [cell_name(ms, c) for ms, c, _ in cells]
+        cells = overhead_report.cells(data["rows"])
+        header = ["path"] + [cell_name(ms, c, ch) for ms, ch, c, _ in cells]
         rows = []
-        for path in [r["path"] for r in cells[0][2][1:]]:
+        for path in [r["path"] for r in cells[0][3][1:]]:
             row = [path]
-            for _, _, cell in cells:
+            for _, _, _, cell in cells:
                 base = cell[0]
                 r = next(x for x in cell if x["path"] == path)
                 row.append(
@@ -569,14 +585,166 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "**not met**"
 
 
+def ours(cell: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A cell's EPP rows on this code: not Envoy alone, the other checkout of an A/B
+    run, or the minimal picker."""
+    return [
+        r
+        for r in cell
+        if "epp_cpu_us_per_req" in r and r.get("side") != "old" and r.get("key") != PICKER
+    ]
+
+
+def ratio_verdict(ratio: float, target: float) -> str:
+    return "met" if ratio <= target else f"**missed** by {ratio - target:.2f}x"
+
+
+def no_run(target: str, name: str, make: str) -> list[str]:
+    return [target, f"{name}.json", f"No run committed yet: `make {make}` writes it", NONE]
+
+
+def cell_at(rows: list[dict[str, Any]], concurrency: int) -> list[dict[str, Any]] | None:
+    """The one-token, instant-server cell at ``concurrency`` (Envoy alone first)."""
+    for ms, chunks, c, cell in overhead_report.cells(rows):
+        if (ms, chunks, c) == (0.0, 0, concurrency):
+            return cell
+    return None
+
+
+def cpu_targets(cell: list[dict[str, Any]] | None) -> list[list[str]]:
+    """EPP CPU per request at concurrency 64 against d9354b2's and the picker's."""
+    vs_base = f"EPP CPU per request at concurrency 64 ≤ {TARGET_CPU_VS_BASE:g}x {BASE_COMMIT}'s"
+    vs_picker = f"EPP CPU per request at concurrency 64 ≤ {TARGET_CPU_VS_PICKER:g}x the picker's"
+    new = ours(cell or [])
+    old = [r for r in cell or [] if r.get("side") == "old"]
+    picker = [r for r in cell or [] if r.get("key") == PICKER]
+    rows = []
+    for target, against, limit in (
+        (vs_base, old, TARGET_CPU_VS_BASE),
+        (vs_picker, picker, TARGET_CPU_VS_PICKER),
+    ):
+        if not new or not against:
+            rows.append(no_run(target, AB, "bench-overhead"))
+            continue
+        ref = against[0]["epp_cpu_us_per_req"]
+        ratios = [(r["epp_cpu_us_per_req"] / ref, r) for r in new]
+        best, row = min(ratios, key=lambda x: x[0])
+        each = "; ".join(f"{r['path']} {x:.2f}x" for x, r in ratios)
+        rows.append(
+            [
+                target,
+                f"{AB}, best path: {row['path']} (against {against[0]['path']}, {ref:.0f} µs)",
+                each,
+                ratio_verdict(best, limit),
+            ]
+        )
+    return rows
+
+
+def latency_target(cell: list[dict[str, Any]] | None) -> list[str]:
+    """Added p50 at concurrency 1 against the picker's."""
+    target = f"added p50 at concurrency 1 ≤ {TARGET_ADDED_VS_PICKER:g}x the picker's"
+    picker = [r for r in cell or [] if r.get("key") == PICKER]
+    if not cell or not ours(cell) or not picker:
+        return no_run(target, AB, "bench-overhead")
+    base = cell[0]["p50_ms"]
+    ref = picker[0]["p50_ms"] - base
+    if ref <= 0:
+        return [target, AB, f"the picker added {ref:+.2f} ms: nothing to compare with", NONE]
+    added = [((r["p50_ms"] - base) / ref, r) for r in ours(cell)]
+    best, row = min(added, key=lambda x: x[0])
+    each = "; ".join(f"{r['path']} {r['p50_ms'] - base:+.2f} ms ({x:.2f}x)" for x, r in added)
+    return [
+        target,
+        f"{AB}, best path: {row['path']} (picker {ref:+.2f} ms)",
+        each,
+        ratio_verdict(best, TARGET_ADDED_VS_PICKER),
+    ]
+
+
+def chunk_target(rows: list[dict[str, Any]] | None) -> list[str]:
+    """EPP CPU per streamed response chunk (``rows``: the streamed run's; None: no run)
+    at the run's highest concurrency, where the EPP is busy and CPU is what limits it
+    (at concurrency 1 every chunk also pays for waking the process), judged on this
+    code's best path."""
+    target = f"EPP CPU per streamed response chunk ≤ {TARGET_CHUNK_US:g} µs"
+    if rows is None:
+        return no_run(target, STREAMED, "bench-overhead")
+    pairs = overhead_report.chunk_pairs(rows)
+    top = max((s["concurrency"] for _, s in pairs), default=0)
+    found: dict[str, float] = {}
+    mine: set[str] = set()
+    for plain, streamed in pairs:
+        per_chunk = overhead_ab.per_chunk_us(plain, streamed)
+        if per_chunk is None or streamed["concurrency"] != top:
+            continue
+        found[streamed["path"]] = per_chunk
+        if ours([streamed]):
+            mine.add(streamed["path"])
+    if not mine:
+        return [target, STREAMED, "no path of this code streamed more messages", NONE]
+    best = min(mine, key=found.__getitem__)
+    each = "; ".join(f"{n} {v:.1f} µs" for n, v in found.items())
+    missed = found[best] - TARGET_CHUNK_US
+    return [
+        target,
+        f"{STREAMED}, concurrency {top}, best path: {best}",
+        each,
+        "met" if missed <= 0 else f"**missed** by {missed:.1f} µs",
+    ]
+
+
+def throughput_report(cell: list[dict[str, Any]] | None) -> list[str]:
+    """Max req/s here (report only) and what the CPU per request predicts for more cores."""
+    target = (
+        "max req/s at concurrency 64 (report only: on 2 cores Envoy, the servers and the "
+        "load generator bound it)"
+    )
+    if not cell or not ours(cell):
+        return no_run(target, AB, "bench-overhead")
+    shown = [cell[0], *[r for r in cell[1:] if r.get("side") != "old"]]
+    parts = []
+    for r in shown:
+        if "epp_cpu_us_per_req" not in r:
+            parts.append(f"{r['path']} {r['rps']:.0f}")
+            continue
+        # a worker per core, each as busy per request as this one process was
+        predicted = ", ".join(
+            f"{cores * 1e6 / r['epp_cpu_us_per_req']:.0f} / {predicted_rps(r, cores)[1]:.0f}"
+            for cores in PREDICT_CORES
+        )
+        parts.append(f"{r['path']} {r['rps']:.0f} (predicted {predicted})")
+    cores = " and ".join(str(c) for c in PREDICT_CORES)
+    return [
+        target,
+        f"{AB}; predicted req/s on {cores} cores from the CPU per request: the EPP alone "
+        "with a worker per core / everything of this run on those cores (bench/workers.py)",
+        "; ".join(parts),
+        "report only",
+    ]
+
+
+def overhead_targets() -> list[list[str]]:
+    """The request path's targets, from the A/B and streamed runs of `make bench-overhead`."""
+    if (RESULTS / f"{AB}.json").exists():
+        rows = load(AB)["rows"]
+        c64, c1 = cell_at(rows, 64), cell_at(rows, 1)
+    else:
+        c64 = c1 = None
+    streamed = load(STREAMED)["rows"] if (RESULTS / f"{STREAMED}.json").exists() else None
+    return [*cpu_targets(c64), latency_target(c1), chunk_target(streamed), throughput_report(c64)]
+
+
 def targets_section() -> list[str]:
-    rows: list[list[str]] = []
+    rows: list[list[str]] = overhead_targets()
     over = load("overhead-220kb")["rows"]
-    for ms, c, cell in overhead_cells(over):
+    for ms, _, c, cell in overhead_report.cells(over):
         if ms == 0:
             continue  # instant servers: queueing for CPU, not the path's own latency
         base = cell[0]
-        added = [(r["p50_ms"] - base["p50_ms"], r["p99_ms"] - base["p99_ms"], r) for r in cell[1:]]
+        added = [
+            (r["p50_ms"] - base["p50_ms"], r["p99_ms"] - base["p99_ms"], r) for r in ours(cell)
+        ]
         met = [a for a in added if a[0] <= TARGET_ADDED_MS and a[1] <= TARGET_ADDED_MS]
         p50, p99, best = min(added, key=lambda a: (a[0], a[1]))
         rows.append(
@@ -584,7 +752,10 @@ def targets_section() -> list[str]:
                 f"added ≤ {TARGET_ADDED_MS:g} ms at p50 and p99, 220 KB, {cell_name(ms, c)}",
                 f"overhead-220kb, best path: {best['path']}",
                 f"{p50:+.1f} / {p99:+.1f} ms; {len(met)} of {len(added)} paths within",
-                verdict(bool(met)),
+                "met"
+                if met
+                else f"**missed** by {max(p50 - TARGET_ADDED_MS, 0):.1f} / "
+                f"{max(p99 - TARGET_ADDED_MS, 0):.1f} ms",
             ]
         )
     for name in names("decision"):

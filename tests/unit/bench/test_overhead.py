@@ -9,12 +9,19 @@ from typing import Any
 from bench.overhead import (
     EPPS,
     PATHS,
-    TARGET_ADDED_MS,
     _epp_code,
     chosen_paths,
+    sim_args,
+    workloads,
+)
+from bench.overhead_report import (
+    PICKER,
+    TARGET_ADDED_MS,
+    cells,
+    chunk_pairs,
     cpu_bound_ms,
     reading,
-    sim_args,
+    workload,
 )
 
 
@@ -61,11 +68,48 @@ def test_reading_predicts_a_saturated_instant_loop_from_cpu() -> None:
     assert "EPP a +20 vs +40 ms" in text  # 20 x 2 ms / 2 cores predicted, 40 measured
 
 
+def test_streamed_servers_pace_their_tokens() -> None:
+    flags = sim_args(0, 1000, 16, token_ms=1.0)
+    value = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert value["--time-scale"] == "1" and value["--decode-ms-per-token"] == "1"
+    assert value["--prefill-overhead-ms"] == "0" and value["--max-num-seqs"] == "16"
+
+
+def test_a_streamed_run_measures_each_path_in_one_piece_and_streamed() -> None:
+    assert workloads(0) == [0]
+    assert [workload(c) for c in workloads(64)] == [
+        "63 tokens in one piece",
+        "63 tokens streamed in 64 chunks",
+    ]
+
+
+def test_a_streamed_cell_follows_its_one_piece_reference() -> None:
+    rows = [
+        row("Envoy alone", 1, 2, concurrency=c, server_ms=0.0, stream_chunks=ch)
+        for ch in (64, -64)
+        for c in (16, 1)
+    ]
+    assert [(ch, c) for _, ch, c, _ in cells(rows)] == [(-64, 1), (64, 1), (-64, 16), (64, 16)]
+
+
+def test_each_streamed_row_is_paired_with_its_path_in_one_piece() -> None:
+    rows = [
+        row(p, 1, 2, stream_chunks=ch, epp_cpu_us_per_req=1.0)
+        for ch in (-64, 64)
+        for p in ("EPP a", "EPP b")
+    ]
+    pairs = chunk_pairs(rows)
+    assert [(a["path"], b["path"], a["stream_chunks"], b["stream_chunks"]) for a, b in pairs] == [
+        ("EPP a", "EPP a", -64, 64),
+        ("EPP b", "EPP b", -64, 64),
+    ]
+
+
 def test_every_path_by_default_after_envoy_alone() -> None:
     specs = chosen_paths(None, None)
     assert specs[0].epp is None  # the tables' base
     assert specs[1:] == PATHS
-    assert all(s.epp in EPPS for s in PATHS)
+    assert all(s.epp in EPPS or s.epp == PICKER for s in PATHS)
 
 
 def test_chosen_paths_keep_their_order_and_the_base() -> None:
@@ -73,10 +117,14 @@ def test_chosen_paths_keep_their_order_and_the_base() -> None:
     assert [s.key for s in specs] == ["alone", "grpclib-full", "grpclib-full-2-workers"]
 
 
-def test_another_checkout_runs_each_path_again_right_after_it() -> None:
-    specs = chosen_paths(["grpclib-full"], Path("/tmp/base"))
-    assert [s.name for s in specs[1:]] == ["EPP grpclib, full", "EPP grpclib, full (base)"]
-    again = specs[2]
+def test_another_checkout_runs_each_epp_path_right_before_it() -> None:
+    specs = chosen_paths(["grpclib-full", "picker"], Path("/tmp/base"))
+    assert [s.name for s in specs[1:]] == [
+        "EPP grpclib, full (base)",
+        "EPP grpclib, full",
+        "minimal Python picker (grpcio, uvloop), full",  # not an epp: runs once
+    ]
+    again = specs[1]
     assert again.workers == 1 and again.epp == "grpclib@/tmp/base"
     flags, env = _epp_code(again.epp)
     assert flags == EPPS["grpclib"] and env["PYTHONPATH"] == "/tmp/base"
