@@ -338,6 +338,9 @@ class LatencyModel:
 
     def __init__(self, priors: LatencyPriors | None = None) -> None:
         self._epoch = 0  # bumped when rows are handed out or freed
+        # bumped when an endpoint's reported slots may have changed (what room is judged
+        # against: epp.scheduling.room.RoomWatch judges the pool again)
+        self.slots_version = 0
         self.tokens = TokenRatio()  # the servers' tokenizer: kept across resets
         self.reset(priors or LatencyPriors())
 
@@ -346,6 +349,7 @@ class LatencyModel:
         ``latencyModel`` section). The object stays, so whoever reports on it keeps it."""
         self.priors = priors
         self._endpoints: dict[str, EndpointLatency] = {}
+        self.slots_version += 1
         self._row: dict[str, int] = {}
         self._free_rows: list[int] = []
         self._columns = {name: np.zeros(8) for name in self._COLUMNS}
@@ -389,6 +393,7 @@ class LatencyModel:
                     self._columns[name] = np.concatenate([column, np.zeros(size)])
         self._row[state.address] = row
         self._epoch += 1
+        self.slots_version += 1
         self._rows_memo.clear()
         self._sync(state.address, model)
         return model
@@ -504,6 +509,7 @@ class LatencyModel:
             model.running_seen, changed = running, True
         if _known(metrics.waiting) > 0 and running > model.learned_slots:
             model.learned_slots, changed = running, True
+            self.slots_version += 1
         if changed:
             self._sync(state.address, model)
 
