@@ -14,7 +14,7 @@ from epp.flowcontrol.saturation import Room
 from epp.lifecycle.picking import Picking
 from epp.lifecycle.record import Routed
 from epp.scheduling.latency import slo_missed
-from epp.scheduling.room import RoomWatch
+from epp.scheduling.roomwatch import RoomWatch
 from epp.types import InferenceRequest
 
 

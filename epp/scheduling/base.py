@@ -6,15 +6,13 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from epp.flowcontrol.holding import Hold
 from epp.scheduling.columns import CandidateView, FloatArray, candidate_view
 from epp.scheduling.latency import LatencyModel
+from epp.scheduling.roomwatch import RoomWatch
 from epp.types import EndpointMetrics, EndpointState, InferenceRequest, SchedulingResult, Snapshot
-
-if TYPE_CHECKING:  # (room.py imports this module)
-    from epp.scheduling.room import RoomWatch
 
 
 class Scheduler(Protocol):
@@ -68,7 +66,7 @@ class Scheduler(Protocol):
         """Which endpoints the request may go to can take it now: True (all of them),
         False (none: flow control holds it), or their addresses (it is scheduled among
         them). ``watch``: which endpoints may lack room, kept as their load changed
-        (epp.scheduling.room.RoomWatch): the same answer, without a pass over the pool
+        (epp.scheduling.roomwatch): the same answer, without a pass over the pool
         while none may."""
         ...
 

@@ -339,7 +339,7 @@ class LatencyModel:
     def __init__(self, priors: LatencyPriors | None = None) -> None:
         self._epoch = 0  # bumped when rows are handed out or freed
         # bumped when an endpoint's reported slots may have changed (what room is judged
-        # against: epp.scheduling.room.RoomWatch judges the pool again)
+        # against: epp.scheduling.roomwatch judges the pool again)
         self.slots_version = 0
         self.tokens = TokenRatio()  # the servers' tokenizer: kept across resets
         self.reset(priors or LatencyPriors())

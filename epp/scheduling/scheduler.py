@@ -24,7 +24,8 @@ from epp.scheduling.latency import UNCACHED_KEY, LatencyModel, slo_missed
 from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.profile import Profile
-from epp.scheduling.room import RoomWatch, room
+from epp.scheduling.room import room
+from epp.scheduling.roomwatch import RoomWatch
 from epp.types import EndpointState, InferenceRequest, Prediction, SchedulingResult, Snapshot
 
 

@@ -11,7 +11,7 @@ import pytest
 from epp.config import build_scheduler
 from epp.datastore import Datastore, InFlightTicket
 from epp.scheduling.latency import MAX_NUM_SEQS_LABEL
-from epp.scheduling.room import RoomWatch
+from epp.scheduling.roomwatch import RoomWatch
 from epp.types import Endpoint, EndpointMetrics, InferenceRequest, Role
 
 
