@@ -124,6 +124,7 @@ class Datastore:
         self._metrics_listeners: list[Callable[[str, EndpointMetrics], None]] = []
         self._on_release: Callable[[], None] | None = None
         self._on_own_change: Callable[[], None] | None = None
+        self._load_listeners: list[Callable[[str], None]] = []
         self._pending = 0
 
     # -- membership ---------------------------------------------------------------
@@ -245,6 +246,12 @@ class Datastore:
         freed); one listener, the last set."""
         self._on_release = listener
 
+    def on_load(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(address)`` after every change of the requests snapshots count
+        in flight on ``address`` (own and peers'; admission keeps which endpoints lack
+        room by it)."""
+        self._load_listeners.append(listener)
+
     def on_own_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after every change of this process's own in-flight counts
         (peer load publishes them); one listener, the last set."""
@@ -258,6 +265,8 @@ class Datastore:
         self._in_flight_tokens[address] = self._in_flight_tokens.get(address, 0) + tokens
         self._load[address] = self._load.get(address, 0) + 1  # own + peers, one more
         self._load_tokens[address] = self._load_tokens.get(address, 0) + tokens
+        for listener in self._load_listeners:
+            listener(address)
         if self._on_own_change is not None:
             self._on_own_change()
         return InFlightTicket(self, address, tokens, self._epochs.get(address, 0))
@@ -405,6 +414,8 @@ class Datastore:
                 load.pop(address, None)
             else:
                 load[address] = (mine or 0) + theirs
+        for listener in self._load_listeners:
+            listener(address)
 
     def _changed(self) -> None:
         self._version += 1

@@ -55,6 +55,10 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
 
 
 class Phase(Enum):
+    # hashed by identity (members are singletons): the transition table is looked up
+    # with every message from Envoy, and Enum's own __hash__ is a call into Python
+    __hash__ = object.__hash__
+
     REQUEST_HEADERS = auto()  # nothing seen yet
     REQUEST_BODY = auto()  # headers held, buffering the body
     ROUTING = auto()  # the request is whole; our answer is being prepared
@@ -66,6 +70,9 @@ class Phase(Enum):
 
 class Message(Enum):
     """What Envoy sent: the ProcessingRequest's kind, and whether it ends its direction."""
+
+    # (as Phase)
+    __hash__ = object.__hash__
 
     REQUEST_HEADERS = "request_headers"
     REQUEST_HEADERS_END = "request_headers (end of stream)"
@@ -82,6 +89,9 @@ class Message(Enum):
 
 class Outcome(Enum):
     """What we did: not a message, but it moves the phase too."""
+
+    # (as Phase)
+    __hash__ = object.__hash__
 
     ROUTED = auto()  # the routing answer is out
     REJECTED = auto()  # an immediate response is out

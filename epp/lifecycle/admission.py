@@ -14,15 +14,22 @@ from epp.flowcontrol.saturation import Room
 from epp.lifecycle.picking import Picking
 from epp.lifecycle.record import Routed
 from epp.scheduling.latency import slo_missed
+from epp.scheduling.roomwatch import RoomWatch
 from epp.types import InferenceRequest
 
 
 class Admission:
-    """Admits requests through ``flow`` and routes them with ``picking``."""
+    """Admits requests through ``flow`` and routes them with ``picking``. Which
+    endpoints may lack room is kept as their load changes (``watch``), so a request
+    finds the pool with room without a pass over it."""
 
     def __init__(self, picking: Picking, flow: FlowController) -> None:
         self.picking = picking
         self.flow = flow
+        self.watch = watch = RoomWatch()
+        datastore = picking.datastore
+        datastore.on_load(watch.changed)
+        datastore.on_metrics(lambda address, _: watch.changed(address))
 
     def admit(
         self, request: InferenceRequest, size: int, max_destinations: int = 1
@@ -35,20 +42,19 @@ class Admission:
         if request.model is None:
             return picking.route(request, max_destinations)
         scheduler = picking.scheduler
-        datastore = picking.datastore
         flow = self.flow
         band = scheduler.priority(request)
         flow_id = fairness_id(request.headers)
         cfg = flow.cfg
         if not cfg.enabled:  # routing as without flow control: room matters for shedding
-            if band < 0 and not scheduler.room(request, datastore.snapshot()):
+            if band < 0 and not self._room(request):
                 raise _shed(band, cfg.retry_after_s)
             routed = self._dispatch(request, max_destinations, band, 0.0, True, None)
             assert isinstance(routed, Routed)
             flow.observe(flow_id, band, DISPATCHED, 0.0)
             return routed
         if flow.idle:
-            room = scheduler.room(request, datastore.snapshot())
+            room = self._room(request)
             if room:  # late binding: only where there is room (or held for its home)
                 routed = self._dispatch(request, max_destinations, band, 0.0, room, flow_id)
                 if isinstance(routed, Routed):
@@ -56,7 +62,7 @@ class Admission:
                     return routed
             elif band < 0 and cfg.shed_sheddable:
                 raise _shed(band, cfg.retry_after_s)
-        elif band < 0 and cfg.shed_sheddable and not scheduler.room(request, datastore.snapshot()):
+        elif band < 0 and cfg.shed_sheddable and not self._room(request):
             raise _shed(band, cfg.retry_after_s)
         try:
             limit_s = queue_timeout(request.headers, cfg)
@@ -68,12 +74,17 @@ class Admission:
             band,
             flow_id,
             limit_s,
-            lambda: self.picking.scheduler.room(request, datastore.snapshot()),
+            lambda: self._room(request),
             lambda waited, room, held_for, spill: self._dispatch(
                 request, max_destinations, band, waited, room, flow_id, held_for, spill
             ),
             Routed.release,
         )
+
+    def _room(self, request: InferenceRequest) -> Room:
+        """Which endpoints the request may go to have room now (the scheduler's)."""
+        picking = self.picking
+        return picking.scheduler.room(request, picking.datastore.snapshot(), self.watch)
 
     def _dispatch(
         self,

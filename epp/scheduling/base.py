@@ -11,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 from epp.flowcontrol.holding import Hold
 from epp.scheduling.columns import CandidateView, FloatArray, candidate_view
 from epp.scheduling.latency import LatencyModel
+from epp.scheduling.roomwatch import RoomWatch
 from epp.types import EndpointMetrics, EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 
@@ -59,10 +60,14 @@ class Scheduler(Protocol):
         """The request's flow-control band (negative: sheddable)."""
         ...
 
-    def room(self, request: InferenceRequest, snapshot: Snapshot) -> bool | frozenset[str]:
+    def room(
+        self, request: InferenceRequest, snapshot: Snapshot, watch: RoomWatch | None = None
+    ) -> bool | frozenset[str]:
         """Which endpoints the request may go to can take it now: True (all of them),
         False (none: flow control holds it), or their addresses (it is scheduled among
-        them)."""
+        them). ``watch``: which endpoints may lack room, kept as their load changed
+        (epp.scheduling.roomwatch): the same answer, without a pass over the pool
+        while none may."""
         ...
 
     def on_routed(

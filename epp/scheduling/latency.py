@@ -29,8 +29,7 @@ Outliers (a request stuck behind a GC pause, a retried request) are trimmed from
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,56 +94,125 @@ class RobustLine:
 
     The prior enters as pseudo-observations, half at ``x = 0`` and half at ``x = x_ref``,
     so it fixes both the intercept and the slope until data do. The fit
-    never returns a negative intercept or slope (costs cannot be negative)."""
+    never returns a negative intercept or slope (costs cannot be negative).
 
-    __slots__ = ("_points", "a", "a0", "b", "b0", "weight", "x_ref")
+    An observation costs O(1): the window is a ring of numpy arrays beside running sums
+    of x, y, x², xy (summed afresh once per window's worth of observations, so rounding
+    cannot accumulate), and the fit is made when ``a`` or ``b`` is read after a change:
+    the least-squares line from the sums, then the outlier trims with numpy over the
+    window. The fit depends on the window's points only, so fitting on read gives what
+    fitting on every observation gave, up to float rounding."""
+
+    __slots__ = (
+        "_count",
+        "_fit",
+        "_next",
+        "_resum_in",
+        "_sums",
+        "_xs",
+        "_ys",
+        "a0",
+        "b0",
+        "weight",
+        "x_ref",
+    )
 
     def __init__(self, a0: float, b0: float, x_ref: float, weight: float, window: int) -> None:
         self.a0, self.b0, self.x_ref, self.weight = a0, b0, x_ref, weight
-        self.a, self.b = a0, b0
-        self._points: deque[tuple[float, float]] = deque(maxlen=max(window, 2))
+        size = max(window, 2)
+        self._xs = np.zeros(size)
+        self._ys = np.zeros(size)
+        self._count = 0  # points in the window
+        self._next = 0  # where the next point goes (the oldest, once the ring is full)
+        self._resum_in = size  # observations until the sums are summed afresh
+        self._sums = (0.0, 0.0, 0.0, 0.0)  # x, y, x², xy over the window
+        self._fit: tuple[float, float] | None = (a0, b0)  # None: to be fitted on read
+
+    @property
+    def a(self) -> float:
+        return (self._fit or self._refit())[0]
+
+    @a.setter
+    def a(self, value: float) -> None:
+        """Set by hand (a test's model): holds until the next observation."""
+        self._fit = (value, self.b)
+
+    @property
+    def b(self) -> float:
+        return (self._fit or self._refit())[1]
+
+    @property
+    def points(self) -> int:
+        """Observations in the window."""
+        return self._count
 
     def __call__(self, x: float) -> float:
-        return self.a + self.b * x
+        a, b = self._fit or self._refit()
+        return a + b * x
 
     def add(self, x: float, y: float) -> None:
         if not (math.isfinite(x) and math.isfinite(y)):
             return
-        self._points.append((x, y))
-        points = list(self._points)
-        a, b = self._fit(points)
-        for _ in range(2):  # trim what lies far beyond the typical residual, refit
-            if len(points) < 8:  # too few to tell an outlier from the rest
-                break
-            residuals = [abs(py - a - b * px) for px, py in points]
-            spread = sorted(residuals)[len(residuals) // 2] * 1.4826  # MAD -> sigma
-            limit = 3.0 * max(spread, 1e-3 * max(abs(a), 1e-3))
-            kept = [p for p, r in zip(points, residuals, strict=True) if r <= limit]
-            if len(kept) == len(points):
-                break
-            points = kept
-            a, b = self._fit(points)
-        self.a, self.b = a, b
+        x, y = float(x), float(y)
+        xs, ys, at = self._xs, self._ys, self._next
+        sx, sy, sxx, sxy = self._sums
+        if self._count == len(xs):  # the oldest point leaves the window
+            ox, oy = float(xs[at]), float(ys[at])
+            sx, sy, sxx, sxy = sx - ox, sy - oy, sxx - ox * ox, sxy - ox * oy
+        else:
+            self._count += 1
+        xs[at], ys[at] = x, y
+        self._next = (at + 1) % len(xs)
+        self._resum_in -= 1
+        if self._resum_in <= 0:
+            self._resum_in = len(xs)
+            px, py = xs[: self._count], ys[: self._count]
+            self._sums = (
+                float(px.sum()),
+                float(py.sum()),
+                float(px @ px),
+                float(px @ py),
+            )
+        else:
+            self._sums = (sx + x, sy + y, sxx + x * x, sxy + x * y)
+        self._fit = None
 
-    def _fit(self, points: Iterable[tuple[float, float]]) -> tuple[float, float]:
-        """Weighted least squares over the points plus the prior's pseudo-points, whose
-        weight fades as points accumulate (``weight`` while there are fewer, then
-        ``weight^2 / points``): a wrong prior must not bias a well-fed fit."""
-        points = list(points)
-        weight = self.weight * min(1.0, self.weight / max(len(points), 1))
+    def _refit(self) -> tuple[float, float]:
+        count = self._count
+        a, b = self._solve(count, *self._sums)
+        if count >= 8:  # fewer: too few to tell an outlier from the rest
+            px, py = self._xs[:count], self._ys[:count]
+            for _ in range(2):  # trim what lies far beyond the typical residual, refit
+                residuals = np.abs(py - a - b * px)
+                middle = len(residuals) // 2
+                spread = float(np.partition(residuals, middle)[middle]) * 1.4826  # MAD
+                limit = 3.0 * max(spread, 1e-3 * max(abs(a), 1e-3))
+                kept = residuals <= limit
+                if kept.all():
+                    break
+                px, py = px[kept], py[kept]
+                sums = (float(px.sum()), float(py.sum()), float(px @ px), float(px @ py))
+                a, b = self._solve(len(px), *sums)
+                if len(px) < 8:
+                    break
+        self._fit = (a, b)
+        return a, b
+
+    def _solve(
+        self, count: int, sx: float, sy: float, sxx: float, sxy: float
+    ) -> tuple[float, float]:
+        """Weighted least squares over ``count`` points (their sums) plus the prior's
+        pseudo-points, whose weight fades as points accumulate (``weight`` while there
+        are fewer, then ``weight^2 / points``): a wrong prior must not bias a well-fed
+        fit."""
+        weight = self.weight * min(1.0, self.weight / max(count, 1))
         half = weight / 2
         x_ref, y_ref = self.x_ref, self.a0 + self.b0 * self.x_ref
-        n = 2 * half
-        sx = half * x_ref
-        sy = half * self.a0 + half * y_ref
-        sxx = half * x_ref * x_ref
-        sxy = half * x_ref * y_ref
-        for x, y in points:
-            n += 1
-            sx += x
-            sy += y
-            sxx += x * x
-            sxy += x * y
+        n = 2 * half + count
+        sx += half * x_ref
+        sy += half * self.a0 + half * y_ref
+        sxx += half * x_ref * x_ref
+        sxy += half * x_ref * y_ref
         det = n * sxx - sx * sx
         if n <= 0 or det <= 1e-12 * max(n * sxx, 1e-300):
             mean = sy / n if n > 0 else self.a0
@@ -270,6 +338,9 @@ class LatencyModel:
 
     def __init__(self, priors: LatencyPriors | None = None) -> None:
         self._epoch = 0  # bumped when rows are handed out or freed
+        # bumped when an endpoint's reported slots may have changed (what room is judged
+        # against: epp.scheduling.roomwatch judges the pool again)
+        self.slots_version = 0
         self.tokens = TokenRatio()  # the servers' tokenizer: kept across resets
         self.reset(priors or LatencyPriors())
 
@@ -278,6 +349,7 @@ class LatencyModel:
         ``latencyModel`` section). The object stays, so whoever reports on it keeps it."""
         self.priors = priors
         self._endpoints: dict[str, EndpointLatency] = {}
+        self.slots_version += 1
         self._row: dict[str, int] = {}
         self._free_rows: list[int] = []
         self._columns = {name: np.zeros(8) for name in self._COLUMNS}
@@ -321,6 +393,7 @@ class LatencyModel:
                     self._columns[name] = np.concatenate([column, np.zeros(size)])
         self._row[state.address] = row
         self._epoch += 1
+        self.slots_version += 1
         self._rows_memo.clear()
         self._sync(state.address, model)
         return model
@@ -436,6 +509,7 @@ class LatencyModel:
             model.running_seen, changed = running, True
         if _known(metrics.waiting) > 0 and running > model.learned_slots:
             model.learned_slots, changed = running, True
+            self.slots_version += 1
         if changed:
             self._sync(state.address, model)
 
@@ -468,10 +542,10 @@ class LatencyModel:
         uncached = pred.uncached_tokens
         if prompt_tokens is not None and cached_tokens is not None:
             uncached = max(prompt_tokens - cached_tokens, 0)
-        prefill_s = model.prefill(uncached)
         error = None
         first = dispatch.first_byte_at if dispatch.streaming else None
         if first is not None:
+            prefill_s = model.prefill(uncached)  # (before this TTFT joins the fit)
             ttft = first - dispatch.sent_at
             error = ttft - pred.ttft_s
             model.ttft_samples += 1

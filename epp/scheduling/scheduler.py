@@ -25,6 +25,7 @@ from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.profile import Profile
 from epp.scheduling.room import room
+from epp.scheduling.roomwatch import RoomWatch
 from epp.types import EndpointState, InferenceRequest, Prediction, SchedulingResult, Snapshot
 
 
@@ -176,18 +177,31 @@ class ProfileScheduler:
         """The request's band (negative: sheddable)."""
         return request_priority(request.headers, self.admission, self.objectives)
 
-    def room(self, request: InferenceRequest, snapshot: Snapshot) -> Room:
-        """Which endpoints the request may go to can take it now (room.py)."""
+    def room(
+        self, request: InferenceRequest, snapshot: Snapshot, watch: RoomWatch | None = None
+    ) -> Room:
+        """Which endpoints the request may go to can take it now (room.py); with a
+        ``watch`` kept on the datastore, True at once while none of them may lack it."""
         try:
             candidates = _candidates(request, snapshot)
         except NoEndpointError:
             return True  # scheduling answers the precise error at once
+        now = self.clock()
+        if watch is not None and watch.quiet(
+            self,
+            snapshot,
+            request.subset,
+            self.saturation,
+            self.latency,
+            now - self.stale_after_s,
+        ):
+            return True
         return room(
             snapshot,
             candidates,
             self.saturation,
             self.latency,
-            self.clock(),
+            now,
             self.stale_after_s,
             self.vectorize_from,
         )
