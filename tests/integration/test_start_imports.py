@@ -39,6 +39,7 @@ SERVE_NEVER = {
     "epp_harness": "the dev harness, never",
     "epp.workers.group": "the parent of --workers",
     "epp.datalayer.orca_oob": "ORCA out-of-band streams",
+    "yaml": "a config file; the effective config shown at --log-level info",
 }
 SIM_NEVER = {
     "zmq": "--kv-events-port",
@@ -53,7 +54,9 @@ SIM_NEVER = {
     "cryptography": "nothing",
 }
 
-SERVE = ["serve", "--grpc-port", "0", "--http-port", "0", "--grpc-health-port", "0"]
+# as the tests' stacks run it (tests/e2e/conftest.py)
+SERVE = ["serve", "--grpc-port", "0", "--http-port", "0", "--grpc-health-port", "0",
+         "--log-level", "warning"]  # fmt: skip
 
 
 def modules_at_exit(tmp_path: Path, *args: str) -> set[str]:
