@@ -18,11 +18,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from epp.common.addresses import parse_address
+from epp.common.lazymodule import lazy_module
 from epp.common.params import ConfigError, Params
 from epp.common.sections import (
     declared,
@@ -47,6 +46,11 @@ from epp.scheduling.profile import Profile, WeightedScorer
 from epp.scheduling.registry import INSTALLED_PLUGINS, Registry, register_builtin_plugins
 from epp.scheduling.scheduler import ProfileScheduler, SingleProfileHandler
 from epp.types import Endpoint, Role
+
+if TYPE_CHECKING:
+    import yaml
+else:  # only for a config file: the built-in default has no text to parse
+    yaml = lazy_module("yaml")
 
 API_VERSION = "epp.dev/v1alpha1"
 KIND = "EndpointPickerConfig"
@@ -115,6 +119,8 @@ def top_level_keys() -> set[str]:
 
 # -- phase 1: parse ---------------------------------------------------------------------
 def parse(text: str, source: str) -> dict[str, Any]:
+    if not text.strip():  # no file: the defaults, with no YAML parser imported
+        return {}
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -64,6 +64,7 @@ class ManagedProcess:
         self._log: IO[bytes] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict[str, Any] = {}
+        self._terminated = False  # SIGTERM sent to this run of the child
 
     def start(self) -> ManagedProcess:
         if self.ready_file is not None and self.ready_file.exists():
@@ -75,6 +76,7 @@ class ManagedProcess:
         else:
             out = subprocess.DEVNULL
         env = dict(os.environ if self._env is None else self._env)
+        self._terminated = False
         self.proc = subprocess.Popen(
             self.argv,
             stdout=out,
@@ -136,12 +138,20 @@ class ManagedProcess:
             delay = min(delay * 2, 0.1)
         raise ProcessFailed(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
 
+    def terminate(self) -> None:
+        """Send SIGTERM once and return at once; :meth:`stop` then waits. Children told
+        first and waited for after wind down side by side, not one after another."""
+        if self.proc is not None and not self._terminated and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
     def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+        """SIGTERM (unless :meth:`terminate` sent it), then SIGKILL after ``timeout``;
+        returns the exit code."""
         code: int | None = None
         if self.proc is not None:
             if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
+                self.terminate()
                 try:
                     self.proc.wait(timeout)
                 except subprocess.TimeoutExpired:

@@ -325,11 +325,18 @@ class LocalStack:
         """Stop in reverse order: Envoy first so no new traffic arrives."""
         if self.envoy is not None:
             self.envoy.stop()
-        for epp in [*self.more_epps, *([self.epp] if self.epp is not None else [])]:
+        # each tier told at once, then waited for: they wind down side by side
+        epps = [*self.more_epps, *([self.epp] if self.epp is not None else [])]
+        for epp in epps:
+            epp.terminate()
+        for epp in epps:
             epp.stop()
         if self._peer_dir is not None:
             shutil.rmtree(self._peer_dir, ignore_errors=True)
-        for proc in [*self.sidecars, *self.sims]:
+        servers = [*self.sidecars, *self.sims]
+        for proc in servers:
+            proc.terminate()
+        for proc in servers:
             proc.stop()
 
     def __enter__(self) -> Self:

@@ -15,11 +15,15 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
-
+from epp.common.lazymodule import lazy_module
 from epp.common.params import ConfigError, Params
+
+if TYPE_CHECKING:
+    import yaml
+else:  # only to render a config as text
+    yaml = lazy_module("yaml")
 
 T = TypeVar("T")
 _META = "epp.setting"

@@ -33,18 +33,14 @@ from array import array
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
-
-import jinja2
-import jinja2.ext
-import jinja2.nodes
-import jinja2.parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer
+from typing import TYPE_CHECKING, Any, Protocol
 
 from epp.common.apis.anthropic import MESSAGES, chat_body
 from epp.common.apis.generate import SGLANG_GENERATE, VLLM_GENERATE
 from epp.errors import InternalError
+
+if TYPE_CHECKING:
+    import jinja2
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -116,6 +112,11 @@ class HfTokenizer:
     directory. Raises :class:`TokenizerError` when the directory cannot be used."""
 
     def __init__(self, directory: Path) -> None:
+        # imported here: only a config with a precise prefix scorer loads a tokenizer, and
+        # every `epp serve` would pay for these imports otherwise (docs/testing.md)
+        import jinja2
+        from tokenizers import Tokenizer
+
         self.directory = directory
         path = directory / "tokenizer.json"
         try:
@@ -216,19 +217,9 @@ def _message(message: Any) -> dict[str, Any] | None:
     return {**message, "content": content}
 
 
-class _GenerationBlock(jinja2.ext.Extension):
-    """``{% generation %}...{% endgeneration %}`` (marks assistant text for training
-    masks in Hugging Face's renderer): here it only renders its body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.Scope(body, lineno=lineno)
-
-
 def _raise(message: str) -> None:
+    import jinja2
+
     raise jinja2.TemplateError(message)
 
 
@@ -245,6 +236,22 @@ def _tojson(
 
 
 def _environment() -> jinja2.Environment:
+    import jinja2.ext
+    import jinja2.nodes
+    import jinja2.parser
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class _GenerationBlock(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}`` (marks assistant text for training
+        masks in Hugging Face's renderer): here it only renders its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.Scope(body, lineno=lineno)
+
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True,
         lstrip_blocks=True,

@@ -28,14 +28,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import Enum
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import zmq
-import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
-from zmq.utils.monitor import parse_monitor_message
 
+from epp.common.lazymodule import lazy_module
 from epp.datalayer.tasks import EndpointTasks
 from epp.datastore import Datastore
 from epp.kvevents.index import PreciseIndex
@@ -49,6 +47,13 @@ from epp.kvevents.wire import (
     sequence_number,
 )
 from epp.types import Endpoint
+
+if TYPE_CHECKING:
+    import zmq
+    import zmq.asyncio
+    import zmq.utils.monitor
+else:  # only a config with a precise prefix scorer subscribes
+    zmq = lazy_module("zmq", "zmq.asyncio", "zmq.utils.monitor")
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +210,8 @@ class KvEventSubscribers:
                 ready = dict(await poller.poll())
                 if monitor in ready:
                     for event in await _drain(monitor):
-                        await self._on_connection(parse_monitor_message(event)["event"], stream)
+                        kind = zmq.utils.monitor.parse_monitor_message(event)["event"]
+                        await self._on_connection(kind, stream)
                 if sub in ready:
                     for frames in await _drain(sub):
                         await self._on_frames(frames, stream)

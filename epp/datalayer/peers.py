@@ -22,13 +22,13 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import zmq
-import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from epp.common import argtypes
+from epp.common.lazymodule import lazy_module
 from epp.common.looptask import LoopTask
 from epp.datalayer.peerload import (
     EXPIRE_S,
@@ -43,6 +43,12 @@ from epp.datalayer.peerload import (
     nonzero,
 )
 from epp.datastore import Datastore
+
+if TYPE_CHECKING:
+    import zmq
+    import zmq.asyncio
+else:  # only with --peer-load-* (the flags are read in every `epp serve`)
+    zmq = lazy_module("zmq", "zmq.asyncio")
 
 log = logging.getLogger(__name__)
 

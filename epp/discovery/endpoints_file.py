@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from epp.common.addresses import canonical_host, is_ip
+from epp.common.lazymodule import lazy_module
 from epp.datalayer.engines import ENGINES
 from epp.discovery.pool_endpoints import ENGINE_KEY, ROLE_LABEL
 from epp.errors import InternalError
 from epp.types import Endpoint, Role
+
+if TYPE_CHECKING:
+    import yaml
+else:  # only with --endpoints-file
+    yaml = lazy_module("yaml")
 
 MAX_BYTES = 1 << 20  # llm-d's limit too
 _FIELDS = {"name", "namespace", "address", "port", "labels"}

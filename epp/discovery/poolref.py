@@ -9,8 +9,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import yaml
+from epp.common.lazymodule import lazy_module
+
+if TYPE_CHECKING:
+    import yaml
+else:  # only to read a kubeconfig
+    yaml = lazy_module("yaml")
 
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 NAMESPACE_ENV = "NAMESPACE"

@@ -247,7 +247,8 @@ async def _serve(
     config_file: ConfigFile,
 ) -> None:
     if opts.workers.link is None:  # a worker's parent has said it
-        log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
+        if log.isEnabledFor(logging.INFO):  # rendered only to be shown (YAML: start-up cost)
+            log.info("effective config (%s):\n%s", cfg.source, config.effective_yaml(cfg).rstrip())
     else:
         tag_logs(opts.workers.index)
     await lifecycle.run(build(opts, cfg, scheduler, config_file))

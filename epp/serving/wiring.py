@@ -27,7 +27,6 @@ from epp.datalayer.ejection import Ejector
 from epp.datalayer.engines import engine_names
 from epp.datalayer.kvevents import kv_event_subscribers
 from epp.datalayer.orca import ORCA_FORMAT_HEADER
-from epp.datalayer.orca_oob import OrcaStreams
 from epp.datalayer.peers import PeerLoad, PeerOptions
 from epp.datalayer.scraper import MetricsScraper, ScrapePace
 from epp.datalayer.settings import DataLayerConfig
@@ -61,7 +60,6 @@ from epp.serving.membershipflags import MembershipOptions
 from epp.serving.reload import DEFAULT_POLL_S, ConfigFile, ConfigReloader
 from epp.serving.sources import DISCOVERY_SOURCES, DiscoveryContext, DiscoveryKind
 from epp.types import Endpoint
-from epp.workers.group import WorkerGroup
 from epp.workers.options import WorkerOptions
 from epp.workers.replica import SharedSync, WorkerLink
 from epp.xds.eds import EdsServer, EnvoySync
@@ -69,6 +67,7 @@ from epp.xds.eds import EdsServer, EnvoySync
 if TYPE_CHECKING:
     from epp.extproc.certreload import LiveCertificate
     from epp.extproc.tls import ServerTls
+    from epp.workers.group import WorkerGroup
 
 # the `epp serve` command's log lines (the banner, tracing), under its name as before
 log = logging.getLogger("epp.serving.serve")
@@ -444,6 +443,8 @@ class _Parent(_Process):
     group: WorkerGroup
 
     def _role_parts(self) -> None:
+        from epp.workers.group import WorkerGroup  # only this role's: start-up cost
+
         opts = self.opts
         self.group = WorkerGroup(
             self.datastore,
@@ -642,6 +643,9 @@ def _data_layer(
         )
         parts.append(Step("scraper", scraper.start, scraper.stop))
     if dl.orca.oob_port is not None:
+        # imported here: grpcio, which no other part of a default `epp serve` needs
+        from epp.datalayer.orca_oob import OrcaStreams
+
         port = dl.orca.oob_port
         streams = OrcaStreams(
             datastore,

@@ -24,7 +24,7 @@ import hashlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import ExitStack, aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -41,7 +41,6 @@ from epp_harness.sim.faults import (
     parse_fault_status,
 )
 from epp_harness.sim.handoff import Plan, SimHandoff
-from epp_harness.sim.kv_events import KvEventPublisher
 from epp_harness.sim.kv_routes import KvRoutes
 from epp_harness.sim.lora import LoraRoutes, adapter_cards, lora_slots
 from epp_harness.sim.metrics import METRICS_CONTENT_TYPE, SimMetrics
@@ -55,6 +54,9 @@ from epp_harness.sim.protocol import (
 )
 from epp_harness.sim.responses import error_response, json_response
 from epp_harness.sim.tokenizer import tokenize_body, tokenized
+
+if TYPE_CHECKING:
+    from epp_harness.sim.kv_events import KvEventPublisher
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +102,13 @@ class SimServer:
         self.config = config
         self.metrics = SimMetrics(config.model, config.metrics_dialect)
         # KV events: bound by `epp sim` (cli), which starts it once the loop runs
-        self.kv_events = (
-            None if config.kv_events_port is None else KvEventPublisher(config.kv_events_topic)
-        )
+        self.kv_events: KvEventPublisher | None = None
+        if config.kv_events_port is not None:
+            # imported here: ZeroMQ and msgspec, which a simulator without KV events
+            # would load for nothing at every start (docs/testing.md)
+            from epp_harness.sim.kv_events import KvEventPublisher
+
+            self.kv_events = KvEventPublisher(config.kv_events_topic)
         self.engine = Engine(
             config, on_first_token=self.metrics.observe_ttft, kv_events=self.kv_events
         )

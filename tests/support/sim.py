@@ -61,6 +61,8 @@ def sims(workdir: Path, *arg_lists: Sequence[str]) -> Iterator[list[SimProc]]:
             assert "Traceback" not in p.log_tail(1000), p.log_tail(1000)
     finally:
         for p in procs:
+            p.terminate()  # all at once, then each waited for
+        for p in procs:
             p.stop()
 
 
