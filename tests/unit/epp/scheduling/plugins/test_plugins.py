@@ -612,14 +612,17 @@ def test_a_cold_group_leaves_its_home_only_when_the_home_is_full(vectorize_from:
         scorer.on_routed(cold if i % 8 == 0 else hot, SchedulingResult((home.endpoint,)), snap)
 
     def home_score(
-        req: InferenceRequest, home_state: EndpointState, slots: int | None = None
+        req: InferenceRequest,
+        home_state: EndpointState,
+        slots: int | None = None,
+        plugin: prefix.PrefixCacheScorer = scorer,
     ) -> float:
         states = [home_state, state(2), state(3), state(4)]
         snapshot = Snapshot(tuple(states), {home_state.address: 9, states[1].address: 1})
         latency = LatencyModel(LatencyPriors(max_num_seqs=slots))
         c = CycleContext(req, snapshot, NOW, random.Random(0), latency=latency)
         c.vectorize_from = vectorize_from
-        return float(scorer.score(c, states)[0])
+        return float(plugin.score(c, states)[0])
 
     # 9 in flight > 1.25 x mean(2.5) + 1 on every line: only whether it is full differs
     assert home_score(cold, state(1, waiting=0.0, running=4.0)) == 1.0  # no queue: home
@@ -632,5 +635,5 @@ def test_a_cold_group_leaves_its_home_only_when_the_home_is_full(vectorize_from:
     off = prefix.prefix_cache_scorer(Params("t", {**params, "coldGroupKeepsFreeSlot": False}))
     for i in range(40):
         off.on_routed(cold if i % 8 == 0 else hot, SchedulingResult((home.endpoint,)), snap)
-    scorer = off  # without it the cold group is held to coldGroupLoadBound alone
-    assert home_score(cold, state(1, waiting=0.0, running=4.0)) == 0.0
+    # without it the cold group is held to coldGroupLoadBound alone
+    assert home_score(cold, state(1, waiting=0.0, running=4.0), plugin=off) == 0.0
