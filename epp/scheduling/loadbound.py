@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from epp.common.params import Params
 from epp.scheduling.base import CycleContext
 from epp.scheduling.columns import CandidateView, FloatArray
@@ -69,7 +71,10 @@ class LoadBound:
     at least its slots as configured, labelled or learned; unknown slots: the bound
     alone); ``hotGroupShare`` (0 = every request bounded by ``loadBound``; 1 tried): a group
     carrying less than this share of one endpoint's fair share of the recent traffic
-    is bounded by ``coldGroupLoadBound`` (0 = not bounded) instead; ``groupTokens``
+    is bounded by ``coldGroupLoadBound`` (0 = not bounded) instead;
+    ``coldGroupKeepsFreeSlot`` (false): a cold group's home above that bound keeps the
+    score while it has a free slot (:meth:`full`), so the group leaves it only for a
+    wait, not for a swing of in-flight requests that its slots absorb; ``groupTokens``
     (128): the leading tokens that name a prompt's group."""
 
     def __init__(
@@ -79,12 +84,14 @@ class LoadBound:
         keep_free_slot: bool = False,
         hot_share: float = HOT_SHARE,
         cold_bound: float = 0.0,
+        cold_keeps_free_slot: bool = False,
         group_tokens: int = 128,
     ) -> None:
         self.bound = bound
         self.keep_free_slot = keep_free_slot
         self.hot_share = hot_share
         self.cold_bound = cold_bound
+        self.cold_keeps_free_slot = cold_keeps_free_slot
         self.group_tokens = group_tokens
         self._group_chars = round(group_tokens * CHARS_PER_TOKEN)
         self.groups = GroupShares()
@@ -96,6 +103,7 @@ class LoadBound:
             keep_free_slot=p.boolean("loadBoundKeepsFreeSlot", False),
             hot_share=p.number("hotGroupShare", HOT_SHARE, minimum=0.0),
             cold_bound=p.number("coldGroupLoadBound", 0.0, minimum=0.0),
+            cold_keeps_free_slot=p.boolean("coldGroupKeepsFreeSlot", False),
             group_tokens=p.integer("groupTokens", 128, minimum=1),
         )
 
@@ -105,24 +113,38 @@ class LoadBound:
         characters per token would rename every group when the ratio moves)."""
         return hash((request.model, request.prompt[: self._group_chars]))
 
-    def for_request(self, request: InferenceRequest, candidates: int) -> float:
-        """The bound ``request`` is held to among ``candidates`` endpoints (0: none)."""
+    def for_request(self, request: InferenceRequest, candidates: int) -> tuple[float, bool]:
+        """The bound ``request`` is held to among ``candidates`` endpoints (0: none), and
+        whether an endpoint above it keeps the prefix score while it has a free slot
+        (a cold group with ``coldGroupKeepsFreeSlot``)."""
         if self.hot_share <= 0.0:
-            return self.bound
+            return self.bound, False
         if self.groups.share(self.group(request)) * candidates >= self.hot_share:
-            return self.bound
-        return self.cold_bound
+            return self.bound, False
+        return self.cold_bound, self.cold_keeps_free_slot
 
     def routed(self, request: InferenceRequest) -> None:
         """Count a routed request in its group's share."""
         if self.hot_share > 0.0:
             self.groups.routed(self.group(request))
 
+    @staticmethod
+    def full(ctx: CycleContext, state: EndpointState, load: float) -> bool:
+        """Whether ``state``, with ``load`` EPP in-flight requests, has no free slot:
+        in-flight at least its slots where they are known (configured, labelled, or
+        learned while requests waited), else the server reports requests waiting; an
+        endpoint with no fresh report counts as full (the bound alone decides)."""
+        slots = ctx.latency.endpoint(state).reported_slots
+        if slots:
+            return load >= slots
+        metrics = ctx.metrics(state)
+        return metrics is None or metrics.waiting is None or metrics.waiting > 0
+
     def withhold(
         self, ctx: CycleContext, candidates: Sequence[EndpointState], scores: list[float]
     ) -> list[float]:
         """``scores`` (one per candidate) with the too-busy candidates' set to 0."""
-        bound = self.for_request(ctx.request, len(candidates))
+        bound, keeps_slot = self.for_request(ctx.request, len(candidates))
         if bound <= 0 or len(candidates) < 2:
             return scores
         in_flight = ctx.snapshot.in_flight
@@ -132,16 +154,25 @@ class LoadBound:
             model = ctx.latency.endpoint
             slots = [model(s).reported_slots or 0 for s in candidates]
             loads = [ld if ld >= n else 0 for ld, n in zip(loads, slots, strict=True)]
+        if keeps_slot:
+            full = self.full
+            return [
+                0.0 if load > cap and full(ctx, s, load) else x
+                for x, load, s in zip(scores, loads, candidates, strict=True)
+            ]
         return [0.0 if load > cap else x for x, load in zip(scores, loads, strict=True)]
 
     def withhold_view(self, ctx: CycleContext, view: CandidateView, scores: FloatArray) -> None:
         """:meth:`withhold` on numpy columns, in place."""
         n = len(scores)
-        bound = self.for_request(ctx.request, n)
+        bound, keeps_slot = self.for_request(ctx.request, n)
         if bound <= 0 or n < 2:
             return
         load = view.counts(ctx.snapshot.in_flight)
         over = load > bound * float(load.sum()) / n + 1
         if self.keep_free_slot:
             over &= load >= ctx.latency.reported_slots_view(view)
+        if keeps_slot:  # few candidates are above the bound: ask only about those
+            for i in np.flatnonzero(over).tolist():
+                over[i] = self.full(ctx, view.candidates[i], float(load[i]))
         scores[over] = 0.0

@@ -32,10 +32,10 @@ class PrefixCacheScorer:
     ``shrinkWithKvUsage`` (default true) less the share its running requests use
     (``kv_usage``), since a busy server evicts cached prefixes to make room.
     The load bound (``loadBound`` 1.25, ``loadBoundKeepsFreeSlot``, ``hotGroupShare``,
-    ``coldGroupLoadBound``, ``groupTokens``: :class:`LoadBound`) withholds the score
-    from an endpoint far above the candidates' mean load, so a busy prefix spills to a
-    less loaded endpoint, which then caches it too: popular prefixes get a second home
-    before their first one queues.
+    ``coldGroupLoadBound``, ``coldGroupKeepsFreeSlot``, ``groupTokens``:
+    :class:`LoadBound`) withholds the score from an endpoint far above the candidates'
+    mean load, so a busy prefix spills to a less loaded endpoint, which then caches it
+    too: popular prefixes get a second home before their first one queues.
     """
 
     def __init__(

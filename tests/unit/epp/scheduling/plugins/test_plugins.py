@@ -594,3 +594,46 @@ def test_the_load_bound_spills_a_hot_group_and_keeps_a_cold_one_home(vectorize_f
         everyone.on_routed(cold, SchedulingResult((states[0].endpoint,)), snap)
     c = CycleContext(cold, Snapshot(tuple(states), {states[0].address: 9}), NOW, random.Random(0))
     assert float(everyone.score(c, states)[0]) == 0.0
+
+
+@pytest.mark.parametrize("vectorize_from", [64, 1])  # the loop and the numpy columns
+def test_a_cold_group_leaves_its_home_only_when_the_home_is_full(vectorize_from: int) -> None:
+    """With ``coldGroupKeepsFreeSlot``, a cold group's home above ``coldGroupLoadBound``
+    keeps its prefix score while it has a free slot: in-flight below its slots where
+    they are known, else no request waiting in the server's fresh report. A hot group
+    is bounded as before."""
+    hot = InferenceRequest("h", "m", "/", prompt="hot system prompt " * 60)
+    cold = InferenceRequest("c", "m", "/", prompt="cold system prompt " * 60)
+    params = {"hotGroupShare": 1, "coldGroupLoadBound": 1.25, "coldGroupKeepsFreeSlot": True}
+    scorer = prefix.prefix_cache_scorer(Params("t", params))
+    home = state(1)
+    snap = Snapshot((home, state(2), state(3), state(4)), {})
+    for i in range(40):  # the hot group carries 7/8 of the traffic, the cold one 1/8
+        scorer.on_routed(cold if i % 8 == 0 else hot, SchedulingResult((home.endpoint,)), snap)
+
+    def home_score(
+        req: InferenceRequest,
+        home_state: EndpointState,
+        slots: int | None = None,
+        plugin: prefix.PrefixCacheScorer = scorer,
+    ) -> float:
+        states = [home_state, state(2), state(3), state(4)]
+        snapshot = Snapshot(tuple(states), {home_state.address: 9, states[1].address: 1})
+        latency = LatencyModel(LatencyPriors(max_num_seqs=slots))
+        c = CycleContext(req, snapshot, NOW, random.Random(0), latency=latency)
+        c.vectorize_from = vectorize_from
+        return float(plugin.score(c, states)[0])
+
+    # 9 in flight > 1.25 x mean(2.5) + 1 on every line: only whether it is full differs
+    assert home_score(cold, state(1, waiting=0.0, running=4.0)) == 1.0  # no queue: home
+    assert home_score(cold, state(1, waiting=2.0, running=4.0)) == 0.0  # a queue: spill
+    assert home_score(cold, state(1, age=60.0, waiting=0.0)) == 0.0  # stale: the bound
+    assert home_score(cold, state(1)) == 0.0  # never reported: the bound alone
+    assert home_score(cold, state(1, waiting=2.0), slots=16) == 1.0  # 9 of 16 slots
+    assert home_score(cold, state(1, waiting=0.0), slots=8) == 0.0  # 9 >= 8 slots
+    assert home_score(hot, state(1, waiting=0.0, running=4.0)) == 0.0  # hot: the bound
+    off = prefix.prefix_cache_scorer(Params("t", {**params, "coldGroupKeepsFreeSlot": False}))
+    for i in range(40):
+        off.on_routed(cold if i % 8 == 0 else hot, SchedulingResult((home.endpoint,)), snap)
+    # without it the cold group is held to coldGroupLoadBound alone
+    assert home_score(cold, state(1, waiting=0.0, running=4.0), plugin=off) == 0.0
