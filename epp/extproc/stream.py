@@ -40,7 +40,7 @@ from epp.flowcontrol.queues import fairness_id
 from epp.modelnames import REWRITE_HEADERS
 from epp.observability.logsetup import REQUEST_ID
 from epp.observability.tracing import RequestTrace
-from epp.router import Routed, Router
+from epp.router import Received, Routed, Router
 from epp.scheduling.plugins.selection import SELECTION_HEADER
 from epp.types import InferenceRequest
 from epp.xds.eds import EDS_SYNC_WAIT_S
@@ -189,6 +189,8 @@ class ExtProcStream:
         self._routing: _Routing | None = None  # while the routing answer is prepared
         self._subset_hint: frozenset[str] | None = None
         self._trace: RequestTrace | None = None  # with --tracing only
+        # the request's exchange, only when an observer follows exchanges (hooks.py)
+        self._received: Received | None = None
         router.metrics.open_streams.inc()  # until close()
 
     @property
@@ -283,6 +285,9 @@ class ExtProcStream:
         self._finish()
         self._router.metrics.streams.labels(end).inc()
         self._router.metrics.open_streams.dec()
+        received, self._received = self._received, None
+        if received is not None:
+            self._router.closed(received, self._req.status, end)
         trace, self._trace = self._trace, None
         if trace is not None:
             trace.end(self._req.status, end)
@@ -338,6 +343,8 @@ class ExtProcStream:
         if not req.request_id:
             req.request_id, req.generated_id = uuid.uuid4().hex, True
         REQUEST_ID.set(req.request_id)  # this stream's task: its log lines name it
+        if self._router.hooks.exchanges:
+            self._received = self._router.start(req.headers, req.request_id)
         tracer = self._router.tracer
         if tracer is not None:
             self._trace = tracer.start(req.headers, req.request_id)
@@ -432,7 +439,7 @@ class ExtProcStream:
         if trace is not None:
             trace.admitting()
         size = len(routing.body or b"")
-        admitted = self._router.admit(request, size, self._max_destinations)
+        admitted = self._router.admit(request, size, self._max_destinations, self._received)
         if isinstance(admitted, Waiting):  # held: Envoy is asked to wait that long
             if trace is not None:
                 trace.held()
@@ -447,6 +454,8 @@ class ExtProcStream:
         req.stream = request.stream
         trace = self._trace
         doc = routing.doc
+        if self._received is not None:
+            self._router.admitted(self._received, routed)
         if trace is not None:
             request = self._traced(trace, routed, request, doc)
         leg = None
@@ -513,6 +522,8 @@ class ExtProcStream:
             extra.append((messages.RETRY_404_HEADER, "true"))
         if self._trace is not None:  # the model server continues the request's trace
             extra.extend(self._trace.propagation())
+        if self._router.hooks.add_headers:  # what observers add
+            extra.extend(self._router.hooks.headers_for(routed).items())
         setting = {k for k, _ in extra}
         remove = [
             k
@@ -530,7 +541,7 @@ class ExtProcStream:
 
     def _reject(self, error: ClientVisibleError) -> ProcessingResponse:
         log.info("request %s rejected: %d %s", self._req.request_id, error.status, error.message)
-        self._router.rejected(error)
+        self._router.rejected(error, received=self._received)
         if self._trace is not None:
             self._trace.rejected(error.status, error.code or error.error_type)
         self._advance(Outcome.REJECTED)
