@@ -5,8 +5,8 @@ The work is done by parts with one job each (:mod:`epp.lifecycle`): the model re
 admission (flow control), picking (scheduling and the claim on the pick), the prefill
 hand-off. What anything else learns from a request (metrics, the latency model, the
 token ratio, failure ejection, LoRA placement, flow control's in-flight counts, ORCA
-load) it learns as an observer on the lifecycle's hooks (``epp.lifecycle.hooks``),
-registered where the process is wired (``epp.serving.serve``)."""
+load, traces) it learns as an observer on the lifecycle's hooks (``epp.lifecycle.hooks``),
+registered where the process is wired (``epp.serving.wiring``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from epp.lifecycle.record import DeferredDecode, Received, Routed
 from epp.lifecycle.resolving import ModelResolver
 from epp.modelnames import ModelsConfig, Resolved
 from epp.observability.metrics import EppMetrics
-from epp.observability.tracing import Tracer
 from epp.scheduling.base import Scheduler
 from epp.types import Endpoint, InferenceRequest, SchedulingResult
 from epp.xds.eds import EnvoySync
@@ -50,8 +49,6 @@ class StreamOptions:
     echo_served_endpoint: bool = False
     # EDS: whether Envoy has this process's endpoints yet (None: never wait)
     envoy_sync: EnvoySync | None = None
-    # request traces (epp serve --tracing); None: none, and no trace objects at all
-    tracer: Tracer | None = None
 
 
 class Router:
@@ -83,7 +80,6 @@ class Router:
         self.stream_chunk_timeout_s = stream.stream_chunk_timeout_s
         self.echo_served_endpoint = stream.echo_served_endpoint
         self.envoy_sync = stream.envoy_sync
-        self.tracer = stream.tracer
 
     @property
     def datastore(self) -> Datastore:
