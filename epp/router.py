@@ -120,7 +120,7 @@ class Router:
         none holds it and placement is on: then awaitable); any other as it came."""
         return self.resolver.place(request)
 
-    def start(self, headers: Mapping[str, str], request_id: str) -> Received:
+    def receive(self, headers: Mapping[str, str], request_id: str) -> Received:
         """A request's exchange, opened at its headers: only when some observer
         follows exchanges (``hooks.exchanges``; the stream asks that first)."""
         received = Received(headers, request_id, self.hooks.new_notes())

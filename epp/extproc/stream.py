@@ -334,7 +334,7 @@ class ExtProcStream:
             req.request_id, req.generated_id = uuid.uuid4().hex, True
         REQUEST_ID.set(req.request_id)  # this stream's task: its log lines name it
         if self._router.hooks.exchanges:
-            self._received = self._router.start(req.headers, req.request_id)
+            self._received = self._router.receive(req.headers, req.request_id)
         if msg.end_of_stream:  # nothing to wait for
             # GET /v1/models has no body by design; a POST without one is a client error.
             method = req.headers.get(":method", "GET")

@@ -25,7 +25,7 @@ stream, routed or not, and are given its :class:`Exchange`: ``started`` (headers
 ``admitting`` (parsed; admission begins), ``held`` (flow control holds it),
 ``admitted`` (it is routed: after ``picked``), then ``closed`` (the stream ended,
 after every other hook of the request). A request refused before admission gets only
-``started`` and ``closed``. The stream opens an exchange only when an observer
+``started`` and ``closed`` of them. The stream opens an exchange only when an observer
 implements one of these hooks: otherwise a request costs nothing of them.
 """
 
@@ -37,7 +37,8 @@ from typing import Any, Protocol
 from epp.common.usage import Usage
 from epp.types import Endpoint, InferenceRequest, SchedulingResult
 
-# The hooks, in the order a routed request meets them (the bus builds one tuple each).
+# The hooks (the bus builds one tuple each): a routed request's, in the order it meets
+# them, then the prefill leg's and the exchange hooks (ordered in the docstring above).
 HOOKS = (
     "before_scheduling",
     "picked",
