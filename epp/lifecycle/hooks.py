@@ -220,7 +220,8 @@ class LifecycleObserver(Protocol):
         leg's request to that endpoint (asked once, as the leg is about to start); else
         the request routed to ``routing.result`` (asked once, as the routing answer is
         built). Each replaces the client's header of that name; for a name several
-        observers set, the one registered last wins."""
+        observers set, the one registered last wins. A prefill leg the EPP runs sends on
+        only the names its client forwards (``epp.disagg.legs.FORWARDED_HEADERS``)."""
         return ()
 
     def prefill_done(self, routing: Routing, error: str | None, decode: Endpoint | None) -> None:
