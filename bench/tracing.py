@@ -27,6 +27,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from epp.config import build_scheduler
 from epp.datastore import Datastore
 from epp.extproc.stream import ExtProcStream
+from epp.lifecycle.observers.tracing import Tracing
 from epp.observability.metrics import EppMetrics
 from epp.observability.tracing import Tracer
 from epp.router import Router, StreamOptions
@@ -62,8 +63,9 @@ def router(tracer: Tracer | None) -> Router:
         ds,
         build_scheduler(""),
         EppMetrics(ds),
-        stream=StreamOptions(1 << 20, tracer=tracer),
+        stream=StreamOptions(1 << 20),
         rng=random.Random(0),
+        observers=[] if tracer is None else [Tracing(tracer, "")],
     )
 
 

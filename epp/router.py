@@ -5,8 +5,8 @@ The work is done by parts with one job each (:mod:`epp.lifecycle`): the model re
 admission (flow control), picking (scheduling and the claim on the pick), the prefill
 hand-off. What anything else learns from a request (metrics, the latency model, the
 token ratio, failure ejection, LoRA placement, flow control's in-flight counts, ORCA
-load) it learns as an observer on the lifecycle's hooks (``epp.lifecycle.hooks``),
-registered where the process is wired (``epp.serving.serve``)."""
+load, traces) it learns as an observer on the lifecycle's hooks (``epp.lifecycle.hooks``),
+registered where the process is wired (``epp.serving.wiring``)."""
 
 from __future__ import annotations
 
@@ -24,16 +24,15 @@ from epp.lifecycle.bus import Hooks
 from epp.lifecycle.handoff import PrefillHandoff
 from epp.lifecycle.observers import EndpointOutcomes
 from epp.lifecycle.picking import Picking
-from epp.lifecycle.record import DeferredDecode, Routed
+from epp.lifecycle.record import DeferredDecode, Received, Routed
 from epp.lifecycle.resolving import ModelResolver
 from epp.modelnames import ModelsConfig, Resolved
 from epp.observability.metrics import EppMetrics
-from epp.observability.tracing import Tracer
 from epp.scheduling.base import Scheduler
 from epp.types import Endpoint, InferenceRequest, SchedulingResult
 from epp.xds.eds import EnvoySync
 
-__all__ = ["DeferredDecode", "EndpointOutcomes", "Routed", "Router", "StreamOptions"]
+__all__ = ["DeferredDecode", "EndpointOutcomes", "Received", "Routed", "Router", "StreamOptions"]
 
 
 @dataclass(frozen=True)
@@ -50,8 +49,6 @@ class StreamOptions:
     echo_served_endpoint: bool = False
     # EDS: whether Envoy has this process's endpoints yet (None: never wait)
     envoy_sync: EnvoySync | None = None
-    # request traces (epp serve --tracing); None: none, and no trace objects at all
-    tracer: Tracer | None = None
 
 
 class Router:
@@ -83,7 +80,6 @@ class Router:
         self.stream_chunk_timeout_s = stream.stream_chunk_timeout_s
         self.echo_served_endpoint = stream.echo_served_endpoint
         self.envoy_sync = stream.envoy_sync
-        self.tracer = stream.tracer
 
     @property
     def datastore(self) -> Datastore:
@@ -124,12 +120,42 @@ class Router:
         none holds it and placement is on: then awaitable); any other as it came."""
         return self.resolver.place(request)
 
+    def receive(self, headers: Mapping[str, str], request_id: str) -> Received:
+        """A request's exchange, opened at its headers: only when some observer
+        follows exchanges (``hooks.exchanges``; the stream asks that first)."""
+        received = Received(headers, request_id, self.hooks.new_notes())
+        for hook in self.hooks.started:
+            hook(received)
+        return received
+
     def admit(
-        self, request: InferenceRequest, size: int, max_destinations: int = 1
+        self,
+        request: InferenceRequest,
+        size: int,
+        max_destinations: int = 1,
+        received: Received | None = None,
     ) -> Routed | Waiting[Routed]:
         """Route at once, shed, or hold in flow control (``Waiting``); raises the
-        client's error (epp.lifecycle.admission)."""
-        return self.admission.admit(request, size, max_destinations)
+        client's error (epp.lifecycle.admission). ``received``: the request's exchange,
+        if it has one."""
+        if received is None:
+            return self.admission.admit(request, size, max_destinations)
+        hooks = self.hooks
+        for hook in hooks.admitting:
+            hook(received, request)
+        admitted = self.admission.admit(request, size, max_destinations, received.notes)
+        if isinstance(admitted, Waiting):
+            for held in hooks.held:
+                held(received, request)
+        return admitted
+
+    def admitted(self, received: Received, routed: Routed) -> None:
+        """The exchange's request is routed (after any wait in flow control)."""
+        hooks = self.hooks.admitted
+        if hooks:
+            priority = self.scheduler.priority(routed.request)
+            for hook in hooks:
+                hook(received, routed, priority)
 
     def route(
         self,
@@ -157,9 +183,16 @@ class Router:
         """The decode leg, or None: the body goes as sent (epp.lifecycle.handoff)."""
         return self.handoff.hand_off(routed, request, doc, rewritten)
 
-    def rejected(self, error: ClientVisibleError, request: InferenceRequest | None = None) -> None:
+    def rejected(
+        self,
+        error: ClientVisibleError,
+        request: InferenceRequest | None = None,
+        received: Received | None = None,
+    ) -> None:
         """A request answered by the EPP itself with an error (``request``: when it was
-        parsed)."""
+        parsed; ``received``: its exchange, if it has one)."""
+        if received is not None:
+            received.refused = (error.status, error.code or error.error_type)
         for hook in self.hooks.rejected:
             hook(error.status, request)
 
@@ -202,3 +235,8 @@ class Router:
         """A streamed response whose server went silent was ended by the EPP."""
         for hook in self.hooks.stalled:
             hook(address, served)
+
+    def closed(self, received: Received, status: int, outcome: str) -> None:
+        """The exchange's stream ended (``outcome``: how; ``status``: the response's)."""
+        for hook in self.hooks.closed:
+            hook(received, status, outcome)

@@ -17,8 +17,8 @@ from epp.errors import InternalError
 from epp.types import Endpoint
 
 # Client headers a prefill leg carries over (the body is JSON we re-encode); with
-# --tracing, traceparent names the EPP's prefill span (epp.observability.tracing), else
-# the client's.
+# --tracing, traceparent names the EPP's prefill span (the tracing observer adds it,
+# epp.lifecycle.observers.tracing), else the client's.
 FORWARDED_HEADERS = (
     "authorization",
     "x-request-id",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any, Literal, cast
 
@@ -36,11 +36,9 @@ from epp.extproc.conformance import SERVED_ECHO_HEADER
 from epp.extproc.phases import TABLE, Answer, Message, Outcome, Phase, message_of
 from epp.extproc.stall import ChunkWatch, Timers, stall_reply
 from epp.flowcontrol.controller import Waiting
-from epp.flowcontrol.queues import fairness_id
 from epp.modelnames import REWRITE_HEADERS
 from epp.observability.logsetup import REQUEST_ID
-from epp.observability.tracing import RequestTrace
-from epp.router import Routed, Router
+from epp.router import Received, Routed, Router
 from epp.scheduling.plugins.selection import SELECTION_HEADER
 from epp.types import InferenceRequest
 from epp.xds.eds import EDS_SYNC_WAIT_S
@@ -188,7 +186,8 @@ class ExtProcStream:
         self._req = _Request()
         self._routing: _Routing | None = None  # while the routing answer is prepared
         self._subset_hint: frozenset[str] | None = None
-        self._trace: RequestTrace | None = None  # with --tracing only
+        # the request's exchange, only when an observer follows exchanges (hooks.py)
+        self._received: Received | None = None
         router.metrics.open_streams.inc()  # until close()
 
     @property
@@ -246,8 +245,6 @@ class ExtProcStream:
                 assert routing.request is not None
                 step = self._routed(cast(Routed, value), routing.request, routing)
         except ClientVisibleError as error:
-            if awaiting is _Awaiting.PREFILL and self._trace is not None:
-                self._trace.prefill_done(error.message)
             step = Step([self._reject(error)])
         except Exception:
             log.exception("request %s: internal error %s", self._req.request_id, _DOING[awaiting])
@@ -270,8 +267,6 @@ class ExtProcStream:
                 exc_info=error,
             )
             error = ClientVisibleError(_INTERNAL)
-        elif awaiting is _Awaiting.PREFILL and self._trace is not None:
-            self._trace.prefill_done(error.message)
         return self._settled(Step([self._reject(error)]), routing)
 
     def close(self, end: StreamEnd = "complete") -> None:
@@ -283,9 +278,9 @@ class ExtProcStream:
         self._finish()
         self._router.metrics.streams.labels(end).inc()
         self._router.metrics.open_streams.dec()
-        trace, self._trace = self._trace, None
-        if trace is not None:
-            trace.end(self._req.status, end)
+        received, self._received = self._received, None
+        if received is not None:
+            self._router.closed(received, self._req.status, end)
 
     def _advance(self, event: Message | Outcome) -> Phase | Answer:
         """The one place the phase changes: as the table says for ``event`` in it."""
@@ -338,9 +333,8 @@ class ExtProcStream:
         if not req.request_id:
             req.request_id, req.generated_id = uuid.uuid4().hex, True
         REQUEST_ID.set(req.request_id)  # this stream's task: its log lines name it
-        tracer = self._router.tracer
-        if tracer is not None:
-            self._trace = tracer.start(req.headers, req.request_id)
+        if self._router.hooks.exchanges:
+            self._received = self._router.receive(req.headers, req.request_id)
         if msg.end_of_stream:  # nothing to wait for
             # GET /v1/models has no body by design; a POST without one is a client error.
             method = req.headers.get(":method", "GET")
@@ -428,14 +422,9 @@ class ExtProcStream:
 
     def _schedule(self, request: InferenceRequest, routing: _Routing) -> Step:
         """Admission (flow control), then the routed reply."""
-        trace = self._trace
-        if trace is not None:
-            trace.admitting()
         size = len(routing.body or b"")
-        admitted = self._router.admit(request, size, self._max_destinations)
+        admitted = self._router.admit(request, size, self._max_destinations, self._received)
         if isinstance(admitted, Waiting):  # held: Envoy is asked to wait that long
-            if trace is not None:
-                trace.held()
             routing.request = request
             wait_s = admitted.limit_s + self._router.flow.cfg.message_timeout_margin_s
             return self._wait(routing, _Awaiting.ADMISSION, admitted.result, wait_s)
@@ -445,44 +434,20 @@ class ExtProcStream:
         req = self._req
         req.routed = routed
         req.stream = request.stream
-        trace = self._trace
         doc = routing.doc
-        if trace is not None:
-            request = self._traced(trace, routed, request, doc)
+        if self._received is not None:
+            self._router.admitted(self._received, routed)
         leg = None
         if doc is not None:
             leg = self._router.hand_off(routed, request, doc, routing.rewritten)
         if leg is None or isinstance(leg, DecodeLeg):
-            if trace is not None:
-                trace.prefill_done()
             return Step(self._forward(routing, leg))
         # a prefill leg runs first: Envoy is asked to wait for it
         margin_s = self._router.flow.cfg.message_timeout_margin_s
         return self._wait(routing, _Awaiting.PREFILL, leg, margin_s)
 
-    def _traced(
-        self,
-        trace: RequestTrace,
-        routed: Routed,
-        request: InferenceRequest,
-        doc: dict[str, Any] | None,
-    ) -> InferenceRequest:
-        """The pick recorded in the trace; with a prefill leg to come, its span started
-        and ``request`` carrying that span's context to the prefill server."""
-        result = routed.result
-        band = self._router.scheduler.priority(request)
-        trace.routed(request, result, routed.scheduling_s, band, fairness_id(request.headers))
-        coordinator = self._router.coordinator
-        if doc is None or result.prefill is None or coordinator is None:
-            return request
-        carried = trace.prefill(result.prefill, coordinator.name)
-        return replace(request, headers={**request.headers, **carried})
-
     def _prefilled(self, leg: DecodeLeg, routing: _Routing) -> Step:
         """The decode leg is ready (a prefill leg ran first): the routing answer."""
-        if self._trace is not None:
-            routed = self._req.routed  # its result is the deferred pick's, if any
-            self._trace.prefill_done(decode=None if routed is None else routed.result.primary)
         if self._envoy.phase is Phase.DONE:  # the stream ended meanwhile
             if leg.prefill_ticket is not None:
                 leg.prefill_ticket.release()
@@ -511,8 +476,8 @@ class ExtProcStream:
             extra.append((messages.STREAM_HEADER, "true"))
         if routed.adapter is not None:  # its list holds the adapter's holders only
             extra.append((messages.RETRY_404_HEADER, "true"))
-        if self._trace is not None:  # the model server continues the request's trace
-            extra.extend(self._trace.propagation())
+        if self._router.hooks.add_headers:  # what observers add (a trace's context)
+            extra.extend(self._router.hooks.headers_for(routed).items())
         setting = {k for k, _ in extra}
         remove = [
             k
@@ -530,9 +495,7 @@ class ExtProcStream:
 
     def _reject(self, error: ClientVisibleError) -> ProcessingResponse:
         log.info("request %s rejected: %d %s", self._req.request_id, error.status, error.message)
-        self._router.rejected(error)
-        if self._trace is not None:
-            self._trace.rejected(error.status, error.code or error.error_type)
+        self._router.rejected(error, received=self._received)
         self._advance(Outcome.REJECTED)
         self._finish()
         return messages.immediate(error, self._req.api.error_body(error))
@@ -559,8 +522,6 @@ class ExtProcStream:
             self._watch.chunk()
         elif routed is not None and data and not req.tail:
             self._router.first_byte_seen(routed)
-            if self._trace is not None:
-                self._trace.first_byte()
             self._watch_chunks()
         if routed is not None and data:
             self._router.chunk_seen(routed, len(data))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from epp.errors import BadRequestError, ShedError
 from epp.flowcontrol.controller import DISPATCHED, FlowController, Waiting
@@ -32,15 +33,20 @@ class Admission:
         datastore.on_metrics(lambda address, _: watch.changed(address))
 
     def admit(
-        self, request: InferenceRequest, size: int, max_destinations: int = 1
+        self,
+        request: InferenceRequest,
+        size: int,
+        max_destinations: int = 1,
+        notes: list[Any] | None = None,
     ) -> Routed | Waiting[Routed]:
         """Admission, then routing: route at once when nothing waits and an endpoint has
         room; else shed a sheddable request (when configured), or hold the request in
         flow control until it is its turn and there is room (``Waiting``). Requests
-        without a body (GET /v1/models) are never held. Raises the client's error."""
+        without a body (GET /v1/models) are never held. Raises the client's error.
+        ``notes``: the request's exchange's, for its record (None: new ones)."""
         picking = self.picking
         if request.model is None:
-            return picking.route(request, max_destinations)
+            return picking.route(request, max_destinations, notes=notes)
         scheduler = picking.scheduler
         flow = self.flow
         band = scheduler.priority(request)
@@ -49,14 +55,14 @@ class Admission:
         if not cfg.enabled:  # routing as without flow control: room matters for shedding
             if band < 0 and not self._room(request):
                 raise _shed(band, cfg.retry_after_s)
-            routed = self._dispatch(request, max_destinations, band, 0.0, True, None)
+            routed = self._dispatch(request, max_destinations, band, 0.0, True, None, notes)
             assert isinstance(routed, Routed)
             flow.observe(flow_id, band, DISPATCHED, 0.0)
             return routed
         if flow.idle:
             room = self._room(request)
             if room:  # late binding: only where there is room (or held for its home)
-                routed = self._dispatch(request, max_destinations, band, 0.0, room, flow_id)
+                routed = self._dispatch(request, max_destinations, band, 0.0, room, flow_id, notes)
                 if isinstance(routed, Routed):
                     flow.observe(flow_id, band, DISPATCHED, 0.0)
                     return routed
@@ -76,7 +82,7 @@ class Admission:
             limit_s,
             lambda: self._room(request),
             lambda waited, room, held_for, spill: self._dispatch(
-                request, max_destinations, band, waited, room, flow_id, held_for, spill
+                request, max_destinations, band, waited, room, flow_id, notes, held_for, spill
             ),
             Routed.release,
         )
@@ -94,6 +100,7 @@ class Admission:
         waited_s: float,
         room: Room,
         flow_id: str | None,
+        notes: list[Any] | None,
         held_for: Mapping[str, int] | None = None,
         spill: bool = True,
     ) -> Routed | Hold:
@@ -122,7 +129,7 @@ class Admission:
         )
         if isinstance(decision, Hold):
             return decision
-        routed = picking.route(request, max_destinations, decision, start, flow_id)
+        routed = picking.route(request, max_destinations, decision, start, flow_id, notes)
         pred = routed.result.prediction
         if (
             band < 0

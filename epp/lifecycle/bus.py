@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from epp.common.usage import Usage
-from epp.lifecycle.hooks import HOOKS, LifecycleObserver, Routing
-from epp.types import InferenceRequest
+from epp.lifecycle.hooks import EXCHANGE_HOOKS, HOOKS, Exchange, LifecycleObserver, Routing
+from epp.types import Endpoint, InferenceRequest
 
 
 def _implements(observer: object, hook: str) -> bool:
@@ -19,7 +19,7 @@ def _implements(observer: object, hook: str) -> bool:
     return impl is not None and impl is not getattr(LifecycleObserver, hook)
 
 
-def _hooked(observers: tuple[object, ...], hook: str) -> tuple[Callable[..., None], ...]:
+def _hooked(observers: tuple[object, ...], hook: str) -> tuple[Callable[..., Any], ...]:
     return tuple(getattr(o, hook) for o in observers if _implements(o, hook))
 
 
@@ -59,6 +59,29 @@ class Hooks:
             "rejected"
         ]
         self.stalled: tuple[Callable[[str, str], None], ...] = hooked["stalled"]
+        self.add_headers: tuple[
+            Callable[[Routing, Endpoint | None], Iterable[tuple[str, str]]], ...
+        ] = hooked["add_headers"]
+        self.prefill_done: tuple[Callable[[Routing, str | None, Endpoint | None], None], ...] = (
+            hooked["prefill_done"]
+        )
+        self.started: tuple[Callable[[Exchange], None], ...] = hooked["started"]
+        self.admitting: tuple[Callable[[Exchange, InferenceRequest], None], ...] = hooked[
+            "admitting"
+        ]
+        self.held: tuple[Callable[[Exchange, InferenceRequest], None], ...] = hooked["held"]
+        self.admitted: tuple[Callable[[Exchange, Routing, int], None], ...] = hooked["admitted"]
+        self.closed: tuple[Callable[[Exchange, int, str], None], ...] = hooked["closed"]
+        # whether a request opens an Exchange (some observer implements an exchange hook)
+        self.exchanges = any(hooked[hook] for hook in EXCHANGE_HOOKS)
+
+    def headers_for(self, routing: Routing, prefill: Endpoint | None = None) -> dict[str, str]:
+        """What the ``add_headers`` observers set on the request routed by ``routing``
+        (``prefill``: on its prefill leg's request), the last registered winning."""
+        added: dict[str, str] = {}
+        for hook in self.add_headers:
+            added.update(hook(routing, prefill))
+        return added
 
     def new_notes(self) -> list[Any]:
         """A request's note slots (the shared empty list when no observer keeps one:

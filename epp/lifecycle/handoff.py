@@ -4,11 +4,14 @@ when the request is disaggregated)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from epp.disagg.bodies import without_pd_fields
 from epp.disagg.coordinators import Coordinator, DecodeLeg, Handoff
+from epp.errors import ClientVisibleError
+from epp.lifecycle.bus import Hooks
 from epp.lifecycle.picking import Picking
 from epp.lifecycle.record import Routed
 from epp.types import InferenceRequest
@@ -38,6 +41,11 @@ class PrefillHandoff:
         prefill = routed.result.prefill
         if prefill is None or self.coordinator is None:
             return None if clean is None else DecodeLeg(doc=clean)
+        hooks = self.picking.hooks
+        if hooks.add_headers:  # the prefill leg's request carries them (epp.disagg.legs)
+            added = hooks.headers_for(routed, prefill)
+            if added:
+                request = replace(request, headers={**request.headers, **added})
         deferred = routed.deferred is not None
         handoff = Handoff(
             request,
@@ -47,4 +55,25 @@ class PrefillHandoff:
             routed.result.prefill_fallbacks,
             partial(self.picking.pick_decode, routed, request) if deferred else None,
         )
-        return self.coordinator.hand_off(handoff)
+        leg = self.coordinator.hand_off(handoff)
+        if not hooks.prefill_done:
+            return leg
+        if isinstance(leg, DecodeLeg):  # no leg ran here (a sidecar runs it)
+            for hook in hooks.prefill_done:
+                hook(routed, None, None)
+            return leg
+        return _told(leg, routed, hooks)
+
+
+async def _told(leg: Awaitable[DecodeLeg], routed: Routed, hooks: Hooks) -> DecodeLeg:
+    """``leg``, whose end the ``prefill_done`` hooks are told: the decode endpoint when
+    it succeeded (after a deferred pick: the one picked), else the client's error."""
+    try:
+        decode = await leg
+    except ClientVisibleError as error:
+        for hook in hooks.prefill_done:
+            hook(routed, error.message, None)
+        raise
+    for hook in hooks.prefill_done:
+        hook(routed, None, routed.result.primary)
+    return decode

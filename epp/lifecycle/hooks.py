@@ -14,17 +14,31 @@ Order for a request the EPP routes: ``before_scheduling``, ``picked``
 ``response_status`` and ``answered`` when the server answered. A request the EPP
 refuses gets ``rejected`` (and ``ended`` too if it had been routed). A stream the EPP
 ends for silence gets ``ended`` then ``stalled``.
+
+A disaggregated request whose P/D coordinator runs a prefill leg gets
+``add_headers(routing, prefill)`` as the leg is about to start and ``prefill_done``
+when it ended (after ``decode_picked``, if any); every routed request gets
+``add_headers(routing, None)`` as its routing answer is built.
+
+The exchange hooks follow one request from its headers to the end of its ext_proc
+stream, routed or not, and are given its :class:`Exchange`: ``started`` (headers in),
+``admitting`` (parsed; admission begins), ``held`` (flow control holds it),
+``admitted`` (it is routed: after ``picked``), then ``closed`` (the stream ended,
+after every other hook of the request). A request refused before admission gets only
+``started`` and ``closed`` of them. The stream opens an exchange only when an observer
+implements one of these hooks: otherwise a request costs nothing of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from epp.common.usage import Usage
-from epp.types import InferenceRequest, SchedulingResult
+from epp.types import Endpoint, InferenceRequest, SchedulingResult
 
-# The hooks, in the order a routed request meets them (the bus builds one tuple each).
+# The hooks (the bus builds one tuple each): a routed request's, in the order it meets
+# them, then the prefill leg's and the exchange hooks (ordered in the docstring above).
 HOOKS = (
     "before_scheduling",
     "picked",
@@ -38,7 +52,18 @@ HOOKS = (
     "answered",
     "rejected",
     "stalled",
+    "add_headers",
+    "prefill_done",
+    # the exchange hooks (EXCHANGE_HOOKS)
+    "started",
+    "admitting",
+    "held",
+    "admitted",
+    "closed",
 )
+# the hooks given an Exchange: the stream opens one per request only when an observer
+# implements one of them
+EXCHANGE_HOOKS = ("started", "admitting", "held", "admitted", "closed")
 
 
 class Routing(Protocol):
@@ -93,6 +118,33 @@ class Routing(Protocol):
     def notes(self) -> list[Any]:
         """Per-request state of the observers that ask for it (``keeps_note``): one
         entry each, the index the bus gave it in ``note_index``."""
+        ...
+
+
+class Exchange(Protocol):
+    """One request through its ext_proc stream, from its headers to the stream's end,
+    as the exchange hooks see it (one object per request, passed to each of them).
+    ``notes`` is the same list as its ``Routing``'s once it is routed, so an
+    observer's per-request state is found from both."""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The request headers as the proxy sent them (pseudo-headers included)."""
+        ...
+
+    @property
+    def request_id(self) -> str:
+        """``x-request-id``, or the id the EPP generated when the client sent none."""
+        ...
+
+    @property
+    def refused(self) -> tuple[int, str] | None:
+        """The EPP's own error answer, if it gave one: its HTTP status and error code."""
+        ...
+
+    @property
+    def notes(self) -> list[Any]:
+        """Per-request state of the observers that ask for it (see ``Routing.notes``)."""
         ...
 
 
@@ -161,4 +213,42 @@ class LifecycleObserver(Protocol):
 
     def stalled(self, address: str, served: str) -> None:
         """The EPP ended a streamed response whose server went silent."""
+        return None
+
+    def add_headers(self, routing: Routing, prefill: Endpoint | None) -> Iterable[tuple[str, str]]:
+        """Headers to set on a request the EPP sends on: with ``prefill``, the prefill
+        leg's request to that endpoint (asked once, as the leg is about to start); else
+        the request routed to ``routing.result`` (asked once, as the routing answer is
+        built). Each replaces the client's header of that name; for a name several
+        observers set, the one registered last wins. A prefill leg the EPP runs sends on
+        only the names its client forwards (``epp.disagg.legs.FORWARDED_HEADERS``)."""
+        return ()
+
+    def prefill_done(self, routing: Routing, error: str | None, decode: Endpoint | None) -> None:
+        """The prefill leg ended: ``error``, what went wrong (answered to the client);
+        ``decode``, where the request decodes, when the leg ran in the EPP and succeeded
+        (None: it failed, or it only added headers for a sidecar). A leg cut short by
+        the stream's end (the client left) gets none."""
+        return None
+
+    def started(self, exchange: Exchange) -> None:
+        """A request's headers arrived (its body, if any, follows)."""
+        return None
+
+    def admitting(self, exchange: Exchange, request: InferenceRequest) -> None:
+        """The parsed request enters admission (flow control, then scheduling)."""
+        return None
+
+    def held(self, exchange: Exchange, request: InferenceRequest) -> None:
+        """Flow control holds the request: it waits from ``admitting`` on."""
+        return None
+
+    def admitted(self, exchange: Exchange, routing: Routing, priority: int) -> None:
+        """The request is routed (after any wait in flow control); ``priority``: its
+        flow-control band."""
+        return None
+
+    def closed(self, exchange: Exchange, status: int, outcome: str) -> None:
+        """The ext_proc stream ended: ``outcome``, how (as ``epp_extproc_streams_total``
+        counts it); ``status``, the response's HTTP status (0: none passed)."""
         return None

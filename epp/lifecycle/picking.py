@@ -8,6 +8,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from epp.datastore import Datastore
 from epp.errors import NoEndpointError
@@ -50,13 +51,15 @@ class Picking:
         result: SchedulingResult | None = None,
         started: float | None = None,
         flow_id: str | None = None,
+        notes: list[Any] | None = None,
     ) -> Routed:
         """Schedule ``request`` (unless ``result`` is its schedule, begun at
         ``started`` by ``time.perf_counter``); the result names at most
         ``max_destinations`` targets (primary first), as many as the Envoy config can
         use. A disaggregated request whose coordinator defers the decode pick holds a
         pending claim instead of one on its decode endpoint until :meth:`pick_decode`.
-        ``flow_id``: the flow it was admitted under in flow control."""
+        ``flow_id``: the flow it was admitted under in flow control; ``notes``: its
+        exchange's (``Received.notes``), when it has one."""
         start = time.perf_counter() if started is None else started
         hooks = self.hooks
         routed_at = self.clock()
@@ -92,7 +95,7 @@ class Picking:
             result,
             ticket,
             hooks,
-            hooks.new_notes(),
+            hooks.new_notes() if notes is None else notes,
             flow_id=flow_id,
             routed_at=routed_at,
             sent_at=self.clock(),

@@ -1,14 +1,28 @@
 """What one routed request carries through its lifecycle: its pick, its claim on the
-endpoint, its timings. It is the event object the hooks are given (``Routing``)."""
+endpoint, its timings. It is the event object the hooks are given (``Routing``). And,
+when an observer follows exchanges, what one request carries from its headers to the
+end of its stream (``Exchange``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from epp.datastore import InFlightTicket
 from epp.lifecycle.bus import Hooks
 from epp.types import InferenceRequest, SchedulingResult
+
+
+@dataclass(slots=True, eq=False)
+class Received:
+    """A received request: its exchange, opened at its headers (the ``Exchange`` of the
+    exchange hooks); its ``notes`` become its ``Routed``'s once it is routed."""
+
+    headers: Mapping[str, str]
+    request_id: str
+    notes: list[Any]  # the observers' per-request state (Hooks.new_notes)
+    refused: tuple[int, str] | None = None  # the EPP's own error answer: status, code
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
 """Request traces: what the request path tells a tracer, as Protocols (docs/tracing.md).
 
-``epp serve --tracing`` plugs in :mod:`epp.observability.otel` (OpenTelemetry); without
-it the router holds no tracer and the ext_proc stream makes no trace object at all, so
-this module is the only tracing code a request without traces touches (no SDK is
-imported).
+``epp serve --tracing`` plugs in :mod:`epp.observability.otel` (OpenTelemetry), told
+by the tracing observer on the request lifecycle's hooks
+(:mod:`epp.lifecycle.observers.tracing`); without the flag that observer is not
+registered, no trace object is made and no SDK is imported.
 
 One :class:`RequestTrace` per ext_proc stream: a span for the request, continuing the
 client's W3C ``traceparent`` when it sent one, with child spans for the wait in flow

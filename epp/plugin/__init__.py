@@ -9,7 +9,7 @@ plugin kind and the ``CycleContext`` a cycle gives them; a plugin's ``Params`` a
 registration (``PluginType``, entry point group ``epp.plugins``); the P/D coordinator
 API (``epp.coordinators``); the discovery source API (``epp.discovery``); engine metric
 dialects (``EngineMetricNames``, ``epp.engines``); the request lifecycle's hooks
-(``LifecycleObserver``, the ``Routing`` view its hooks are given).
+(``LifecycleObserver``, the ``Routing`` and ``Exchange`` views its hooks are given).
 
 This module only re-exports; the objects live where the EPP uses them."""
 
@@ -18,7 +18,7 @@ from epp.common.params import ConfigError, Params
 from epp.datalayer.engines import EngineMetricNames
 from epp.disagg.coordinators import Coordinator, CoordinatorEnv, DecodeLeg, Handoff
 from epp.errors import NoEndpointError
-from epp.lifecycle.hooks import LifecycleObserver, Routing
+from epp.lifecycle.hooks import Exchange, LifecycleObserver, Routing
 from epp.scheduling.base import (
     CycleContext,
     DecodePicker,
@@ -58,6 +58,7 @@ __all__ = [
     "EndpointMetrics",
     "EndpointState",
     "EngineMetricNames",
+    "Exchange",
     "Filter",
     "Handoff",
     "InferenceRequest",

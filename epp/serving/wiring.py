@@ -44,6 +44,7 @@ from epp.flowcontrol.saturation import WatchedObjectives
 from epp.lifecycle.bus import Hooks
 from epp.lifecycle.observers import EjectionFeedback, PlacementFeedback, builtin_observers
 from epp.lifecycle.observers.accesslog import ACCESS_LOGGER, AccessLog
+from epp.lifecycle.observers.tracing import Tracing
 from epp.lifecycle.picking import Picking
 from epp.lifecycle.resolving import ModelResolver
 from epp.lora.admin import add_lora_routes
@@ -280,6 +281,8 @@ class _Process(ABC):
         if opts.access_log:
             logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)  # whatever --log-level
             observers.append(AccessLog())
+        if tracer is not None:
+            observers.append(Tracing(tracer, coordinator.name))
         picking = Picking(
             datastore,
             self.scheduler,
@@ -299,7 +302,6 @@ class _Process(ABC):
                 stream_chunk_timeout_s=opts.stream_chunk_timeout_s,
                 echo_served_endpoint=cfg.conformance.echo_served_endpoint,
                 envoy_sync=self.envoy_sync,
-                tracer=tracer,
             ),
         )
         return router

@@ -1,5 +1,6 @@
-"""The OpenTelemetry tracer on the real ext_proc stream and router: the SDK's own
-in-memory exporter receives the spans; the replies carry the trace on."""
+"""The OpenTelemetry tracer, as the tracing observer on the lifecycle's hooks, on the
+real ext_proc stream and router: the SDK's own in-memory exporter receives the spans;
+the replies carry the trace on."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from epp.datastore import Datastore
 from epp.disagg.coordinators import DecodeLeg, Handoff
 from epp.extproc.stream import ExtProcStream
 from epp.flowcontrol.queues import FlowControlConfig
+from epp.lifecycle.observers.tracing import Tracing
 from epp.observability.metrics import EppMetrics
 from epp.observability.otel import OtelTracer
 from epp.router import Router, StreamOptions
@@ -62,10 +64,11 @@ def traced(
     for e in endpoints or (Endpoint("10.0.0.1", 8000),):
         ds.add(e)
     metrics = EppMetrics(ds)
+    tracing = Tracing(OtelTracer(provider), coordinator.name if coordinator else "")
     router = make_router(
         ds, build_scheduler(config), metrics, rng=random.Random(0), coordinator=coordinator,
-        stream=StreamOptions(1 << 22, tracer=OtelTracer(provider)),
-        flow=FlowControlConfig(enabled=True),
+        stream=StreamOptions(1 << 22), flow=FlowControlConfig(enabled=True),
+        observers=[tracing],
     )  # fmt: skip
     return router, exporter
 
@@ -200,6 +203,7 @@ def test_without_tracing_nothing_of_opentelemetry_is_imported() -> None:
     """The request path and `epp serve` load no SDK unless --tracing asks for it."""
     code = (
         "import sys, epp.cli, epp.serving.serve, epp.extproc.stream, epp.router\n"
+        "import epp.lifecycle.observers.tracing\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     )
     out = subprocess.run(
