@@ -25,7 +25,7 @@ MAX_EMPTY_FRAMES = 100
 
 # CONTINUATION frames in one header block: a block is bounded in bytes (streams.py's
 # MAX_HEADER_BLOCK), this bounds it in frames (tiny CONTINUATIONs cost a frame each).
-# Envoy cuts header blocks at 16 KB, so a 64 KB header list takes 4.
+# An ext_proc stream's header block is a few hundred bytes: one HEADERS frame.
 MAX_CONTINUATIONS = 256
 
 # Rapid reset (CVE-2023-44487): streams the peer resets before the server answered them
