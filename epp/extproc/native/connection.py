@@ -6,18 +6,24 @@ event-loop turn leaves in one ``transport.write``.
 What a stream carries is not this module's business: a new request stream's headers go
 to ``open_stream``, which answers with the :class:`Receiver` of its DATA; replies come
 back through :meth:`Connection.send_headers` / :meth:`send_data`.
+
+Flow control follows the application: a WINDOW_UPDATE returns credit for DATA once the
+receiver reports it read (:meth:`Connection.consumed`), so a slow reader holds the peer
+back instead of buffering without bound. The flood limits and the keepalive are in
+:mod:`epp.extproc.native.limits`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import cast
 
 from hpack import Decoder, Encoder, HPACKError
 
-from epp.extproc.native import frames
+from epp.extproc.native import frames, limits
 from epp.extproc.native.frames import (
     ConnectionFailure,
     ErrorCode,
@@ -45,6 +51,20 @@ log = logging.getLogger("epp.extproc.native")
 
 # (connection, stream id, request headers) -> the stream's receiver; raises StreamError
 OpenStream = Callable[["Connection", int, Headers], Receiver]
+_KEEPALIVE_PING = b"epp-kapi"  # the payload of our own PINGs, told apart by their acks
+
+
+class _HeaderBlock:
+    """A header block spread over HEADERS + CONTINUATION frames, until END_HEADERS."""
+
+    __slots__ = ("flags", "frames", "parts", "size", "stream_id")
+
+    def __init__(self, stream_id: int, flags: int, first: bytes) -> None:
+        self.stream_id = stream_id
+        self.flags = flags
+        self.parts = [first]
+        self.size = len(first)
+        self.frames = 1
 
 
 class Connection(asyncio.Protocol):
@@ -53,6 +73,9 @@ class Connection(asyncio.Protocol):
         open_stream: OpenStream,
         on_close: Callable[[Connection], None],
         max_streams: int = MAX_CONCURRENT_STREAMS,
+        keepalive_time: float = limits.KEEPALIVE_TIME,
+        keepalive_timeout: float = limits.KEEPALIVE_TIMEOUT,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._open_stream = open_stream
         self._max_streams = max_streams
@@ -74,9 +97,23 @@ class Connection(asyncio.Protocol):
         self._peer_initial_window = frames.DEFAULT_WINDOW
         self._peer_max_frame = frames.DEFAULT_MAX_FRAME
         self._send_window = frames.DEFAULT_WINDOW
-        self._recv_window = CONNECTION_WINDOW
-        # a header block spread over HEADERS + CONTINUATION: (stream id, flags, parts)
-        self._continuing: tuple[int, int, list[bytes]] | None = None
+        self._recv_window = CONNECTION_WINDOW  # what the peer may still send
+        self._credit = 0  # read since the last WINDOW_UPDATE, not yet given back
+        self._ahead = 0  # credited before being read, over all streams
+        self._continuing: _HeaderBlock | None = None
+        # flood limits (limits.py)
+        self._backlog = 0  # control frames queued since the socket last took it all
+        self._clock = clock
+        self._tokens = float(limits.CONTROL_BURST)  # PINGs / SETTINGS still allowed
+        self._refilled = clock()
+        self._empty = 0  # empty frames in a row
+        self._opened = 0  # streams opened
+        self._premature = 0  # of them, reset by the peer before any answer
+        # keepalive
+        self._keepalive_time = keepalive_time
+        self._keepalive_timeout = keepalive_timeout
+        self._heard = False  # something arrived since the last keepalive check
+        self._keepalive: asyncio.TimerHandle | None = None
         self._window_waiters: list[asyncio.Future[None]] = []
         self._writable: asyncio.Future[None] | None = None  # set while writing is paused
         self.idle = asyncio.Event()  # no open stream
@@ -100,10 +137,14 @@ class Connection(asyncio.Protocol):
             )
         )
         self._queue(frames.window_update(0, CONNECTION_WINDOW - frames.DEFAULT_WINDOW))
+        self._keepalive = asyncio.get_running_loop().call_later(
+            self._keepalive_time, self._keepalive_check
+        )
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
+        self._heard = True
         # Frames are read from ``data`` itself when nothing was left over (the common
         # case: no copy); a frame cut across reads waits in ``_buf``. What is left is
         # copied out rather than deleted in place: a view of a frame may still be alive.
@@ -120,7 +161,7 @@ class Connection(asyncio.Protocol):
                     return
             end = len(buf)
             with memoryview(buf) as view:
-                while end - at >= frames.HEADER_LEN:
+                while end - at >= frames.HEADER_LEN and not self._closed:
                     length, kind, flags, stream_id = frames.read_header(buf, at)
                     if length > MAX_FRAME:
                         raise ConnectionFailure(
@@ -163,6 +204,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._transport = None
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         for stream in list(self._streams.values()):
             self._forget(stream.id)
             if stream.receiver is not None and not (stream.local_closed and stream.remote_closed):
@@ -204,7 +247,10 @@ class Connection(asyncio.Protocol):
             if len(payload) != 8:
                 raise ConnectionFailure(ErrorCode.FRAME_SIZE_ERROR, "PING not 8 bytes")
             if not flags & Flag.ACK:
-                self._queue(frames.ping_ack(bytes(payload)))
+                self._spend("PING")
+                self._control(frames.ping_ack(bytes(payload)))
+            elif payload == _KEEPALIVE_PING:
+                self._keepalive_acked()
         elif kind == FrameType.RST_STREAM:
             self._rst_stream(stream_id, payload)
         elif kind == FrameType.PRIORITY:
@@ -225,27 +271,31 @@ class Connection(asyncio.Protocol):
     def _data(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if not stream_id:
             raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, "DATA on stream 0")
-        self._recv_window -= len(payload)
+        size = len(payload)
+        self._recv_window -= size
         if self._recv_window < 0:
             raise ConnectionFailure(ErrorCode.FLOW_CONTROL_ERROR, "connection window exceeded")
-        if self._recv_window <= CONNECTION_WINDOW // 2:
-            self._queue(frames.window_update(0, CONNECTION_WINDOW - self._recv_window))
-            self._recv_window = CONNECTION_WINDOW
         stream = self._streams.get(stream_id)
         if stream is None or stream.remote_closed:
+            self._credit_connection(size)  # nobody reads it
             if stream_id > self._last_stream:
                 raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, f"DATA on idle {stream_id}")
             raise StreamError(stream_id, ErrorCode.STREAM_CLOSED, "DATA on a closed stream")
-        stream.recv_window -= len(payload)
+        stream.recv_window -= size
         if stream.recv_window < 0:
+            self._credit_connection(size)
             raise StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "stream window exceeded")
         content = frames.strip_padding(payload, flags, stream_id)
         end = bool(flags & Flag.END_STREAM)
-        if not end and stream.recv_window <= STREAM_WINDOW // 2:
-            self._queue(frames.window_update(stream_id, STREAM_WINDOW - stream.recv_window))
-            stream.recv_window = STREAM_WINDOW
+        if content:
+            self._empty = 0
+        elif not end:
+            self._empty_frame()
+        if size > len(content):  # padding: nothing to read
+            self._credit_read(stream, size - len(content))
         assert stream.receiver is not None
         if content:
+            stream.unread += len(content)
             stream.receiver.on_data(content)
         if end:
             self._remote_end(stream)
@@ -261,20 +311,33 @@ class Connection(asyncio.Protocol):
                 raise StreamError(stream_id, ErrorCode.PROTOCOL_ERROR, "stream depends on itself")
             block = block[5:]
         if flags & Flag.END_HEADERS:
+            self._empty = 0
             self._header_block(stream_id, flags, bytes(block))
         else:
-            self._continuing = (stream_id, flags, [bytes(block)])
+            if block:
+                self._empty = 0
+            else:
+                self._empty_frame()
+            self._continuing = _HeaderBlock(stream_id, flags, bytes(block))
 
     def _continuation(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if self._continuing is None or self._continuing[0] != stream_id:
+        pending = self._continuing
+        if pending is None or pending.stream_id != stream_id:
             raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, "CONTINUATION out of place")
-        _, first_flags, parts = self._continuing
-        parts.append(bytes(payload))
-        if sum(len(p) for p in parts) > MAX_HEADER_BLOCK:
+        if payload or flags & Flag.END_HEADERS:
+            self._empty = 0
+        else:
+            self._empty_frame()
+        pending.parts.append(bytes(payload))
+        pending.size += len(payload)
+        pending.frames += 1
+        if pending.size > MAX_HEADER_BLOCK:
             raise ConnectionFailure(ErrorCode.ENHANCE_YOUR_CALM, "header block too long")
+        if pending.frames > limits.MAX_CONTINUATIONS + 1:
+            raise ConnectionFailure(ErrorCode.ENHANCE_YOUR_CALM, "header block in too many frames")
         if flags & Flag.END_HEADERS:
             self._continuing = None
-            self._header_block(stream_id, first_flags, b"".join(parts))
+            self._header_block(stream_id, pending.flags, b"".join(pending.parts))
 
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
         try:
@@ -302,6 +365,7 @@ class Connection(asyncio.Protocol):
             raise StreamError(stream_id, ErrorCode.REFUSED_STREAM, "too many concurrent streams")
         stream = Stream(stream_id, self._peer_initial_window)
         self._streams[stream_id] = stream
+        self._opened += 1
         self.idle.clear()
         if sum(len(k) + len(v) + 32 for k, v in headers) > MAX_HEADER_LIST:
             stream.receiver = Refused()
@@ -320,6 +384,8 @@ class Connection(asyncio.Protocol):
             return
         if len(payload) % 6:
             raise ConnectionFailure(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS length not 6n")
+        if self._settings_seen:  # the preface's SETTINGS is free
+            self._spend("SETTINGS")
         self._settings_seen = True
         for key, value in frames.parse_settings(bytes(payload)):
             if key == Setting.HEADER_TABLE_SIZE:
@@ -340,7 +406,7 @@ class Connection(asyncio.Protocol):
                 if not frames.DEFAULT_MAX_FRAME <= value <= frames.LARGEST_MAX_FRAME:
                     raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
                 self._peer_max_frame = value
-        self._queue(frames.SETTINGS_ACK)
+        self._control(frames.SETTINGS_ACK)
 
     def _window_update(self, stream_id: int, payload: memoryview) -> None:
         if len(payload) != 4:
@@ -373,8 +439,14 @@ class Connection(asyncio.Protocol):
         if stream_id > self._last_stream:
             raise ConnectionFailure(ErrorCode.PROTOCOL_ERROR, "RST_STREAM on idle stream")
         stream = self._forget(stream_id)
-        if stream is not None and stream.receiver is not None:
+        if stream is None:
+            return
+        if not stream.answered:
+            self._premature += 1
+        if stream.receiver is not None:
             stream.receiver.on_reset()
+        if self._premature >= limits.RAPID_RESETS and 2 * self._premature > self._opened:
+            raise ConnectionFailure(ErrorCode.ENHANCE_YOUR_CALM, "streams reset before an answer")
 
     # -- streams -----------------------------------------------------------------------
 
@@ -388,6 +460,10 @@ class Connection(asyncio.Protocol):
     def _forget(self, stream_id: int) -> Stream | None:
         stream = self._streams.pop(stream_id, None)
         if stream is not None:
+            # what its application will not read goes back to the connection's window
+            self._ahead -= stream.ahead
+            self._credit_connection(stream.unread)
+            stream.ahead = stream.unread = 0
             self._wake_windows()
             if not self._streams:
                 self.idle.set()
@@ -398,7 +474,7 @@ class Connection(asyncio.Protocol):
     def _reset(self, stream_id: int, code: ErrorCode, reason: str) -> None:
         """A stream error (ours or the peer's): RST_STREAM, and the stream is gone."""
         log.debug("HTTP/2 stream %d reset (%s): %s", stream_id, code.name, reason)
-        self._queue(frames.rst_stream(stream_id, code))
+        self._control(frames.rst_stream(stream_id, code))
         stream = self._forget(stream_id)
         if stream is not None and stream.receiver is not None:
             stream.receiver.on_reset()
@@ -409,6 +485,7 @@ class Connection(asyncio.Protocol):
         if stream is None or self._closed:
             raise StreamGone(stream_id)
         block = self._encoder.encode(headers)
+        stream.answered = True
         self._queue(frames.headers(stream_id, block, self._peer_max_frame, end_stream))
         if end_stream:
             stream.local_closed = True
@@ -439,6 +516,104 @@ class Connection(asyncio.Protocol):
         if self._writable is not None and not self._writable.done():
             await asyncio.shield(self._writable)
 
+    # -- flow control: credit as the application reads --------------------------------
+
+    def consumed(self, stream_id: int, size: int, settled: int = 0) -> None:
+        """The application read ``size`` bytes of the stream's DATA: their credit goes
+        back to the peer (a WINDOW_UPDATE once half a window has gathered). ``settled``:
+        bytes it has now read that :meth:`credit_ahead` credited before."""
+        stream = self._streams.get(stream_id)
+        if stream is None:  # gone: what it held was credited then
+            return
+        stream.ahead -= settled
+        self._ahead -= settled
+        if size:
+            stream.unread -= size
+            self._credit_read(stream, size)
+
+    def credit_ahead(self, stream_id: int, size: int) -> bool:
+        """Credit ``size`` unread bytes of a message the application waits for: a message
+        longer than the stream window completes only so. False (nothing credited) if
+        the connection's bytes credited ahead would pass MAX_CREDITED_AHEAD."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return True
+        if self._ahead + size > limits.MAX_CREDITED_AHEAD:
+            return False
+        stream.ahead += size
+        self._ahead += size
+        stream.unread -= size
+        self._credit_read(stream, size)
+        return True
+
+    def _credit_read(self, stream: Stream, size: int) -> None:
+        self._credit_connection(size)
+        if stream.remote_closed:  # the peer sends no more on it
+            return
+        stream.credit += size
+        if stream.credit >= STREAM_WINDOW // 2:
+            self._control(frames.window_update(stream.id, stream.credit))
+            stream.recv_window += stream.credit
+            stream.credit = 0
+
+    def _credit_connection(self, size: int) -> None:
+        self._credit += size
+        if self._credit >= CONNECTION_WINDOW // 2:
+            self._control(frames.window_update(0, self._credit))
+            self._recv_window += self._credit
+            self._credit = 0
+
+    # -- flood limits (limits.py) -------------------------------------------------------
+
+    def _spend(self, what: str) -> None:
+        """One PING or SETTINGS to answer, from the connection's token bucket."""
+        now = self._clock()
+        tokens = self._tokens + (now - self._refilled) * limits.CONTROL_RATE
+        self._tokens = min(float(limits.CONTROL_BURST), tokens) - 1
+        self._refilled = now
+        if self._tokens < 0:
+            raise ConnectionFailure(ErrorCode.ENHANCE_YOUR_CALM, f"{what} flood")
+
+    def _empty_frame(self) -> None:
+        self._empty += 1
+        if self._empty > limits.MAX_EMPTY_FRAMES:
+            raise ConnectionFailure(ErrorCode.ENHANCE_YOUR_CALM, "empty frames in a row")
+
+    def _control(self, frame: bytes) -> None:
+        """Queue a control frame; past MAX_CONTROL_BACKLOG of them while the peer does
+        not read what is written, the connection ends."""
+        self._backlog += 1
+        if self._backlog > limits.MAX_CONTROL_BACKLOG:
+            self._fail(ErrorCode.ENHANCE_YOUR_CALM, "control frames piling up unread", abort=True)
+            return
+        self._queue(frame)
+
+    # -- keepalive ---------------------------------------------------------------------
+
+    def _keepalive_check(self) -> None:
+        """Every KEEPALIVE_TIME: PING a peer that sent nothing meanwhile while streams
+        are open (as grpclib and grpcio do); otherwise look again later."""
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        if self._heard or not self._streams:
+            self._heard = False
+            self._keepalive = loop.call_later(self._keepalive_time, self._keepalive_check)
+            return
+        self._queue(frames.ping(_KEEPALIVE_PING))
+        self._keepalive = loop.call_later(self._keepalive_timeout, self._keepalive_expired)
+
+    def _keepalive_acked(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        self._heard = False
+        self._keepalive = asyncio.get_running_loop().call_later(
+            self._keepalive_time, self._keepalive_check
+        )
+
+    def _keepalive_expired(self) -> None:
+        self._fail(ErrorCode.NO_ERROR, "keepalive PING not answered", abort=True)
+
     def drain(self) -> None:
         """Accept no new stream (GOAWAY naming the last one opened) and close the
         connection once the open streams are done."""
@@ -463,14 +638,21 @@ class Connection(asyncio.Protocol):
         if self._transport is not None and not self._closed:
             self._transport.abort()
 
-    def _fail(self, code: ErrorCode, reason: str) -> None:
+    def _fail(self, code: ErrorCode, reason: str, abort: bool = False) -> None:
+        """GOAWAY with ``code``, then close; ``abort``: the peer is not reading, so
+        what it has not taken is dropped rather than waited on."""
+        if self._closed:
+            return
         log.info("HTTP/2 connection closed (%s): %s", code.name, reason)
         self._goaway_sent = True
-        self._queue(frames.goaway(self._last_stream, code, reason.encode()[:256]))
+        self._out.append(frames.goaway(self._last_stream, code, reason.encode()[:256]))
         self._flush()
         self._closed = True
         if self._transport is not None:
-            self._transport.close()
+            if abort and self._transport.get_write_buffer_size():
+                self._transport.abort()
+            else:
+                self._transport.close()
 
     def _close_soon(self) -> None:
         asyncio.get_running_loop().call_soon(self.close)
@@ -494,6 +676,9 @@ class Connection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_pending = False
-        if self._out and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b"".join(self._out))
+        transport = self._transport
+        if self._out and transport is not None and not transport.is_closing():
+            transport.write(b"".join(self._out))
+            if not transport.get_write_buffer_size():  # the socket took it all
+                self._backlog = 0
         self._out.clear()

@@ -116,6 +116,10 @@ def parse_settings(payload: bytes) -> list[tuple[int, int]]:
     return [_SETTING.unpack_from(payload, at) for at in range(0, len(payload), 6)]
 
 
+def ping(payload: bytes) -> bytes:
+    return header(8, FrameType.PING, 0, 0) + payload
+
+
 def ping_ack(payload: bytes) -> bytes:
     return header(8, FrameType.PING, Flag.ACK, 0) + payload
 

@@ -60,7 +60,12 @@ class GrpcError(InternalError):
 
 class Call(Generic[M]):
     """One gRPC call: its request messages in, its replies out. ``recv`` returns None
-    once the client half-closed; a reset cancels the handler's task."""
+    once the client half-closed; a reset cancels the handler's task.
+
+    Flow-control credit goes back as ``recv`` hands each message over. While the handler
+    has no message waiting, the bytes of the one being assembled are credited as they
+    come (``Connection.credit_ahead``): it cannot read it before it is whole, and one
+    longer than the stream window would otherwise never be."""
 
     def __init__(
         self, conn: Connection, stream_id: int, parse: Callable[[Any], M], headers: Headers
@@ -69,8 +74,10 @@ class Call(Generic[M]):
         self._conn = conn
         self._id = stream_id
         self._parse = parse
-        self._buf = bytearray()
-        self._messages: deque[M] = deque()
+        self._buf = bytearray()  # the start of a message still arriving
+        self._ahead = 0  # bytes of it credited ahead
+        # parsed messages, each with (bytes to credit, bytes credited ahead) for its read
+        self._messages: deque[tuple[M, int, int]] = deque()
         self._ended = False
         self._error: GrpcError | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -82,6 +89,8 @@ class Call(Generic[M]):
     # -- Receiver (called by the connection) -------------------------------------------
 
     def on_data(self, data: memoryview) -> None:
+        # Once failed, the stream is gone from its connection, which credits what
+        # arrives; otherwise each message's bytes are credited when it is read.
         if self._error is not None:
             return
         if not self._buf and len(data) >= _PREFIX:  # whole messages straight from the frame
@@ -90,7 +99,7 @@ class Call(Generic[M]):
                 size = frames.u32(data, at + 1)
                 if len(data) - at - _PREFIX < size:
                     break
-                self._message(data[at], data[at + _PREFIX : at + _PREFIX + size])
+                self._message(data[at], data[at + _PREFIX : at + _PREFIX + size], 0)
                 at += _PREFIX + size
             if at < len(data):
                 self._buf += data[at:]
@@ -102,16 +111,18 @@ class Call(Generic[M]):
                 size = frames.u32(buf, at + 1)
                 if len(buf) - at - _PREFIX < size:
                     break
-                with memoryview(buf) as view:
-                    self._message(buf[at], view[at + _PREFIX : at + _PREFIX + size])
+                with memoryview(buf) as view:  # the first one may have been credited ahead
+                    self._message(buf[at], view[at + _PREFIX : at + _PREFIX + size], self._ahead)
+                self._ahead = 0
                 at += _PREFIX + size
             if at:
                 self._buf = buf[at:]
         if self._buf and len(self._buf) >= _PREFIX and frames.u32(self._buf, 1) > self.max_message:
             self._fail(GrpcError(RESOURCE_EXHAUSTED, "message larger than the server accepts"))
+        self._credit_ahead()
         self._wake()
 
-    def _message(self, flag: int, body: memoryview) -> None:
+    def _message(self, flag: int, body: memoryview, ahead: int) -> None:
         if self._error is not None:
             return
         if flag:
@@ -121,15 +132,28 @@ class Call(Generic[M]):
             self._fail(GrpcError(RESOURCE_EXHAUSTED, "message larger than the server accepts"))
             return
         try:
-            self._messages.append(self._parse(body))
+            message = self._parse(body)
         except Exception:  # protobuf's DecodeError, whatever the backend
             self._fail(GrpcError(INTERNAL, "request message could not be parsed"))
+            return
+        self._messages.append((message, _PREFIX + len(body) - ahead, ahead))
+
+    def _credit_ahead(self) -> None:
+        """With no message waiting for the handler, credit the one being assembled."""
+        more = len(self._buf) - self._ahead
+        if more <= 0 or self._messages or self._error is not None:
+            return
+        if self._conn.credit_ahead(self._id, more):
+            self._ahead += more
+        else:
+            self._fail(GrpcError(RESOURCE_EXHAUSTED, "too many large messages in progress"))
 
     def _fail(self, error: GrpcError) -> None:
         """Answer ``error`` now; the handler (which may not have started) is cancelled."""
         self._error = error
         self._buf = bytearray()
-        self._messages.clear()
+        self._ahead = 0
+        self._messages.clear()  # what they held goes back with the stream
         self.finish(error.status, error.message)
         if self.task is not None:
             self.task.cancel()
@@ -161,7 +185,11 @@ class Call(Generic[M]):
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._messages.popleft()
+        message, credit, ahead = self._messages.popleft()
+        self._conn.consumed(self._id, credit, ahead)
+        if not self._messages:
+            self._credit_ahead()
+        return message
 
     async def send(self, message: Message) -> None:
         body = message.SerializeToString()

@@ -9,7 +9,10 @@ from typing import Protocol
 from epp.errors import InternalError
 
 # Windows sized for Envoy: a 220 KB prompt crosses without waiting for a WINDOW_UPDATE,
-# and many streams share the connection's window.
+# and many streams share the connection's window. Credit goes back to the peer as the
+# application reads (Connection.consumed), so these also bound the bytes received and
+# not yet read: per stream, and per connection (plus the messages credited ahead while
+# their readers wait for them: limits.MAX_CREDITED_AHEAD).
 STREAM_WINDOW = 4 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_CONCURRENT_STREAMS = 1024
@@ -26,7 +29,10 @@ class Receiver(Protocol):
     """The other end of one stream's request half."""
 
     def on_data(self, data: memoryview) -> None:
-        """Bytes of the request body, in order (padding removed). Raises StreamError."""
+        """Bytes of the request body, in order (padding removed). The receiver hands
+        their flow-control credit back with ``Connection.consumed`` (or
+        ``credit_ahead``) as the application reads them; what is left unread when the
+        stream ends is credited by the connection. Raises StreamError."""
         ...
 
     def on_end(self) -> None:
@@ -43,15 +49,30 @@ class StreamGone(InternalError):
 
 
 class Stream:
-    __slots__ = ("id", "local_closed", "receiver", "recv_window", "remote_closed", "send_window")
+    __slots__ = (
+        "ahead",
+        "answered",
+        "credit",
+        "id",
+        "local_closed",
+        "receiver",
+        "recv_window",
+        "remote_closed",
+        "send_window",
+        "unread",
+    )
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
         self.receiver: Receiver | None = None
         self.send_window = send_window
-        self.recv_window = STREAM_WINDOW
+        self.recv_window = STREAM_WINDOW  # what the peer may still send
+        self.credit = 0  # read since the last WINDOW_UPDATE, not yet given back
+        self.unread = 0  # given to the receiver, not yet read nor credited
+        self.ahead = 0  # credited before the application read it (a message in assembly)
         self.remote_closed = False
         self.local_closed = False
+        self.answered = False  # response headers sent
 
 
 class Refused:
