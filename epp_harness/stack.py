@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -106,6 +106,9 @@ class StackOptions:
     kv_events: bool = False
     message_timeout_s: float = EnvoyOptions.message_timeout_s  # ext_proc's (tests)
     epp_env: dict[str, str] = field(default_factory=dict)  # added to the EPP's environment
+    # rewrites each `epp serve` argv (command first) before it starts: the scenario tests
+    # run another checkout's EPP, whose CLI may lack a flag (tests/scenarios/eppfrom.py)
+    adapt_serve: Callable[[list[str]], list[str]] | None = None
     # EPP worker processes (epp serve --workers), each listed in Envoy's ext_proc cluster
     workers: int = 1
     # `epp serve` processes side by side (active-active replicas, docs/replicas.md): the
@@ -219,20 +222,19 @@ class LocalStack:
             *epp_args,
         ]
         replica_ports = [(o.grpc_port, o.http_port)] + [(0, 0)] * (o.replicas - 1)
+        argvs = [
+            ["serve", "--grpc-port", str(grpc), "--http-port", str(http), *serve_args,
+             *self._peer_load_args(i)]
+            for i, (grpc, http) in enumerate(replica_ports)
+        ]  # fmt: skip
         procs = [
             spawn_epp(
                 self.workdir,
                 "epp" if i == 0 else f"epp-{i}",
-                "serve",
-                "--grpc-port",
-                str(grpc),
-                "--http-port",
-                str(http),
-                *serve_args,
-                *self._peer_load_args(i),
+                *(o.adapt_serve(argv) if o.adapt_serve else argv),
                 env=o.epp_env,
             )
-            for i, (grpc, http) in enumerate(replica_ports)
+            for i, argv in enumerate(argvs)
         ]
         self.epp, self.more_epps = procs[0], procs[1:]
         for proc in procs:

@@ -15,8 +15,8 @@ import orjson
 
 from tests.scenarios.deploy import Deployment, Server
 from tests.scenarios.drive import Driver
-from tests.scenarios.model import FaultEvent, Scenario
-from tests.support.http import get_json, request
+from tests.scenarios.model import FaultEvent, Scenario, stream_first_byte_s
+from tests.support.http import request
 
 # waits that end on an event; these bound them only if the event never comes
 STRIKE_WAIT_S = 20.0
@@ -28,13 +28,6 @@ def _wait(condition: Callable[[], bool], driver: Driver, within: float) -> None:
     deadline = time.monotonic() + within
     while not condition() and not driver.done.is_set() and time.monotonic() < deadline:
         time.sleep(0.005)
-
-
-def _generating(server: Server) -> bool:
-    try:
-        return int(get_json(f"http://{server.address}/sim/stats")["running"]) > 0
-    except (OSError, AssertionError):
-        return False
 
 
 def _set_faults(server: Server, doc: dict[str, object]) -> None:
@@ -60,17 +53,24 @@ def apply(s: Scenario, d: Deployment, driver: Driver) -> list[FaultEvent]:
         _set_faults(victim, {"status": "", "metrics": "ok"})
         event.until = time.monotonic()
         return [event]
-    if f.kind.endswith("-mid-stream"):
-        _wait(lambda: _generating(victim), driver, STRIKE_WAIT_S)
+    if f.kind.endswith("-mid-stream"):  # a stream of its own under way: its client waits
+        _wait(lambda: driver.streams_under_way(victim.address) > 0, driver, STRIKE_WAIT_S)
     pid = d.server_pid(victim.name)
     if f.kind.startswith("sigkill"):
         os.kill(pid, signal.SIGKILL)
         return [FaultEvent(f.kind, time.monotonic(), victim=victim.address)]
     os.kill(pid, signal.SIGSTOP)
     event = FaultEvent(f.kind, time.monotonic(), victim=victim.address)
+    # frozen for a drawn number of answers, and at least for the longest per-try budget
+    # (a stream's first byte), so every timeout the freeze should trip has tripped
+    frozen_until = event.at + stream_first_byte_s(f.kind)
     try:
         thawed_at = driver.answered() + f.heal_after
-        _wait(lambda: driver.answered() >= thawed_at, driver, HEAL_WAIT_S)
+        _wait(
+            lambda: driver.answered() >= thawed_at and time.monotonic() >= frozen_until,
+            driver,
+            HEAL_WAIT_S,
+        )
     finally:
         os.kill(pid, signal.SIGCONT)
         event.until = time.monotonic()

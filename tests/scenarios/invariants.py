@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.scenarios.model import IDLE_S, Outcome, Run
+from tests.scenarios.model import IDLE_S, Outcome, Run, stream_first_byte_s
 
 # Envoy tries a request on each of the EPP's 3 picks plus one fallback host
 ATTEMPTS = 4
@@ -13,6 +13,9 @@ ATTEMPTS = 4
 GENERATION_S = 30.0
 SERVER_DEATHS = ("sigkill-mid-stream", "sigstop-mid-stream", "sigkill-at-once", "sigstop-at-once")
 RECOVERY_REQUESTS = 60  # I6: the victim serves again within this many requests
+# I4, a stream after its first byte: the EPP ends it once its server is silent for the
+# stream chunk timeout (IDLE_S); as much again for a loaded machine to deliver the end
+BETWEEN_CHUNKS_S = 2 * IDLE_S
 
 
 def _window(run: Run, o: Outcome, kinds: tuple[str, ...], victim: str | None = None) -> bool:
@@ -73,13 +76,25 @@ def i3_not_at_rest(run: Run) -> list[str]:
 
 def i4_over_budget(run: Run) -> list[str]:
     """I4: every request gets an answer or a clean cut, within the budget of its
-    phases (docs/timeouts.md: one per-try idle timeout per attempt, plus generation)."""
-    budget = ATTEMPTS * IDLE_S + GENERATION_S
-    out = [
-        f"I4: request {o.spec.index} took {o.seconds:.1f}s (budget {budget:.0f}s): {o.error}"
-        for o in run.outcomes
-        if o.seconds > budget or "timed out" in o.error
-    ]
+    phases (docs/timeouts.md): before the first byte one per-try idle timeout per
+    attempt, plus generation; a stream after its first byte, no silence longer than
+    the stream chunk timeout (the EPP ends the stream) and a margin."""
+    first_byte = stream_first_byte_s(run.scenario.fault.kind)
+    out = []
+    for o in run.outcomes:
+        budget = ATTEMPTS * (first_byte if o.spec.stream else IDLE_S) + GENERATION_S
+        if o.seconds > budget or "timed out" in o.error:
+            out.append(
+                f"I4: request {o.spec.index} took {o.seconds:.1f}s (budget {budget:.0f}s): "
+                f"{o.error}"
+            )
+        if o.spec.stream and o.longest_gap_s > BETWEEN_CHUNKS_S:
+            out.append(
+                f"I4: request {o.spec.index} (a stream, served by {o.served}) was silent "
+                f"{o.longest_gap_s:.1f}s after its first byte (between chunks at most "
+                f"{BETWEEN_CHUNKS_S:g}s: the stream chunk timeout {IDLE_S:g}s, and as much "
+                f"again to deliver the end)"
+            )
     missing = run.scenario.workload.requests - len(run.outcomes)
     return out + ([f"I4: {missing} requests got no outcome"] if missing else [])
 

@@ -29,6 +29,16 @@ ADAPTER = "ad-1"  # preloaded on the first two servers of the lora-subset shape
 # and the EPP's stream chunk timeout in every scenario: short, so a frozen server costs
 # seconds; the budgets in docs/timeouts.md are built from them
 IDLE_S = 4.0
+# where a server freezes mid-stream, streams get three times as long for their first byte
+# (production's relation: 60 s before the first byte, 15 s between chunks), so a stream
+# held for its first-byte budget is told apart from one ended at its chunk budget (I4)
+FROZEN_MID_STREAM_FIRST_BYTE_S = 3 * IDLE_S
+
+
+def stream_first_byte_s(fault: str) -> float:
+    """Envoy's per-try idle timeout for streams (their first-byte budget) under
+    ``fault``; IDLE_S elsewhere, so a server frozen before its first byte costs seconds."""
+    return FROZEN_MID_STREAM_FIRST_BYTE_S if fault == "sigstop-mid-stream" else IDLE_S
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,9 @@ class Outcome:
     served: str = ""  # x-sim-instance
     body: bytes = b""
     first_byte_s: float | None = None  # after ``started``
+    # the longest silence after the first body byte: between two chunks, or from the last
+    # chunk to the end (a cut included)
+    longest_gap_s: float = 0.0
     seconds: float = 0.0
     error: str = ""  # the client-side exception, if any
     hung_up: bool = False  # the client walked away on purpose

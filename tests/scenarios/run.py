@@ -11,10 +11,19 @@ import orjson
 
 from tests.scenarios.deploy import Deployment, Server, deployed
 from tests.scenarios.drive import Driver
+from tests.scenarios.eppfrom import OtherCheckout
 from tests.scenarios.faults import apply
 from tests.scenarios.generate import requests
 from tests.scenarios.invariants import RECOVERY_REQUESTS, SERVER_DEATHS
-from tests.scenarios.model import BASE_MODEL, FaultEvent, Outcome, RequestSpec, Run, Scenario
+from tests.scenarios.model import (
+    BASE_MODEL,
+    FaultEvent,
+    Outcome,
+    RequestSpec,
+    Run,
+    Scenario,
+    stream_first_byte_s,
+)
 from tests.support.http import get_json, metric_samples
 
 QUIESCE_S = 30.0  # a wide safety net: rest normally comes within a second
@@ -127,6 +136,9 @@ def run_scenario(s: Scenario, d: Deployment) -> Run:
     return run
 
 
-def run_seed(s: Scenario, tmp: Path) -> Run:
-    with deployed(s.shape, tmp) as d:
+def run_seed(s: Scenario, tmp: Path, epp_from: OtherCheckout | None = None) -> Run:
+    """``s`` on a fresh deployment of its shape (with ``epp_from``: another checkout's
+    EPP, eppfrom.py)."""
+    first_byte = stream_first_byte_s(s.fault.kind)
+    with deployed(s.shape, tmp, stream_first_byte_s=first_byte, epp_from=epp_from) as d:
         return run_scenario(s, d)
