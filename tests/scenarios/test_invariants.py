@@ -77,6 +77,21 @@ def test_i4_catches_a_request_past_its_budget_and_a_missing_one() -> None:
     assert len(found) == 2 and "1 requests got no outcome" in found[1]
 
 
+def test_i4_catches_a_stream_silent_past_its_chunk_budget_after_its_first_byte() -> None:
+    held = outcome(0, 200, b"data: {}\n\n")  # frozen mid-stream, cut by Envoy's 12 s
+    held.first_byte_s, held.longest_gap_s, held.seconds = 0.1, 12.0, 12.1
+    ended = outcome(1, 200, b"data: {}\n\nevent: error\n")  # the EPP's 4 s chunk timeout
+    ended.first_byte_s, ended.longest_gap_s, ended.seconds = 0.1, 4.3, 4.4
+    # the first byte may take the streams' longer first-byte budget (4 tries of 12 s)
+    slow_start = outcome(2, 200, DONE)
+    slow_start.first_byte_s, slow_start.seconds = 49.5, 50.0
+    found = i4_over_budget(run([held, ended, slow_start], fault="sigstop-mid-stream"))
+    assert len(found) == 1 and "request 0" in found[0] and "silent 12.0s" in found[0]
+    # elsewhere the first byte's budget is 4 tries of 4 s (+ 30 s of generation)
+    found = i4_over_budget(run([ended, slow_start, outcome(3, 200, DONE)]))
+    assert len(found) == 1 and "request 2 took 50.0s" in found[0]
+
+
 def test_i5_compares_routed_requests_with_the_clients() -> None:
     r = run([outcome(0, 200, DONE), outcome(1, 200, DONE)])
     key = 'epp_requests_total{outcome="routed"}'
