@@ -1,6 +1,7 @@
-"""``python -m tests.scenarios.replay SEED [SEED ...]``: run exactly these scenarios
-(docs/testing.md) and print what each did; exit 1 if an invariant broke. ``--list``:
-only say what each seed draws."""
+"""``python -m tests.scenarios.replay SEED [SEED ...] [--shape S] [--fault F]``: run
+exactly these scenarios (docs/testing.md; the shape and fault drawn, or pinned) and
+print what each did; exit 1 if an invariant broke. ``--list``: only say what each seed
+draws."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from tests.scenarios.generate import scenario
+from tests.scenarios.model import FAULTS, SHAPES
 from tests.scenarios.verdict import judge
 
 
@@ -17,15 +19,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.scenarios.replay")
     parser.add_argument("seeds", nargs="+", type=int)
     parser.add_argument("--list", action="store_true", help="describe, do not run")
+    parser.add_argument("--shape", choices=SHAPES, help="pin the shape instead of drawing it")
+    parser.add_argument("--fault", choices=FAULTS, help="pin the fault instead of drawing it")
     args = parser.parse_args()
+    scenarios = [scenario(seed, args.shape, args.fault) for seed in args.seeds]
     if args.list:
-        for seed in args.seeds:
-            print(scenario(seed).describe())
+        for s in scenarios:
+            print(s.describe())
         return 0
     failed = 0
-    for seed in args.seeds:
-        with tempfile.TemporaryDirectory(prefix=f"scenario-{seed}-") as tmp:
-            failed += bool(judge(seed, Path(tmp)))
+    for s in scenarios:
+        with tempfile.TemporaryDirectory(prefix=f"scenario-{s.seed}-") as tmp:
+            failed += bool(judge(s, Path(tmp)))
     return 1 if failed else 0
 
 

@@ -15,6 +15,7 @@ from tests.scenarios.run import run_seed
 def summary(run: Run) -> str:
     kinds = Counter(
         "ok" if o.complete else "hung up" if o.hung_up else "injected" if o.injected
+        else f"refused {o.status} {o.dropped}" if o.dropped
         else f"status {o.status}" + (" (cut)" if o.body else "")
         for o in run.outcomes
     )  # fmt: skip
@@ -35,9 +36,10 @@ def report(s: Scenario, run: Run, found: list[str]) -> str:
     return "\n".join(lines)
 
 
-def judge(seed: int, tmp: Path) -> str:
-    """Run the scenario of ``seed``; "" when every invariant holds, else the report."""
-    s = scenario(seed)
+def judge(seed: int | Scenario, tmp: Path) -> str:
+    """Run the scenario of ``seed`` (or the scenario given, e.g. one with its shape and
+    fault pinned); "" when every invariant holds, else the report."""
+    s = scenario(seed) if isinstance(seed, int) else seed
     run = run_seed(s, tmp)
     found = violations(run)
     verdict = report(s, run, found) if found else ""
