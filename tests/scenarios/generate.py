@@ -86,8 +86,16 @@ def _pick(rng: random.Random, choices: Sequence[T]) -> T:
     return choices[int(rng.random() * len(choices))]
 
 
-def scenario(seed: int, shape: str | None = None, fault: str | None = None) -> Scenario:
-    """The scenario of ``seed`` (``shape``/``fault``: pin them instead of drawing)."""
+# a short scenario (the fast tier): at most this many requests, its fault striking and
+# healing within a few answers; drawn as the long one, then cut
+SHORT_REQUESTS, SHORT_AFTER, SHORT_HEAL = 24, 6, 8
+
+
+def scenario(
+    seed: int, shape: str | None = None, fault: str | None = None, short: bool = False
+) -> Scenario:
+    """The scenario of ``seed`` (``shape``/``fault``: pin them instead of drawing;
+    ``short``: cut to SHORT_REQUESTS requests)."""
     rng = random.Random(seed)
     drawn = _pick(rng, SHAPES)
     shape = shape or drawn
@@ -97,7 +105,7 @@ def scenario(seed: int, shape: str | None = None, fault: str | None = None) -> S
         raise ValueError(f"shape {shape} cannot take fault {kind}: {', '.join(FAULTS_OF[shape])}")
     requests = rng.randrange(40, 90)
     workload = Workload(
-        requests=requests,
+        requests=min(requests, SHORT_REQUESTS) if short else requests,
         clients=rng.randrange(3, 7),
         stream_share=_pick(rng, (0.3, 0.5, 0.8)),
         hangup_share=_pick(rng, (0.0, 0.0, 0.1)),
@@ -108,6 +116,9 @@ def scenario(seed: int, shape: str | None = None, fault: str | None = None) -> S
     decoders = 2 if shape in PD else 3
     after = rng.randrange(5, max(6, requests // 3))
     target = rng.random()
+    heal_after = rng.randrange(15, 35)
+    if short:
+        after, heal_after = min(after, SHORT_AFTER), min(heal_after, SHORT_HEAL)
     return Scenario(
         seed=seed,
         shape=shape,
@@ -117,10 +128,11 @@ def scenario(seed: int, shape: str | None = None, fault: str | None = None) -> S
             after=after,
             statuses=_pick(rng, STATUS_MIXES) if kind == "fault-status" else "",
             metrics=_pick(rng, ("fail", "slow:3")) if kind == "metrics-fault" else "",
-            heal_after=rng.randrange(15, 35),
+            heal_after=heal_after,
         ),
         workload=workload,
         pinned=shape != drawn or kind != drawn_fault,
+        short=short,
     )
 
 

@@ -26,6 +26,7 @@ SERVER_DEATHS = (
 EPP_DEATHS = ("epp-replica-kill", "epp-worker-kill")
 RECOVERY_REQUESTS = 60  # I6: the victim serves again within this many requests
 FLOW_QUEUE = "llm_d_epp_flow_control_queue_size"  # I3: requests waiting in the EPP
+STARTED = b"upstream_reset_after_response_started"  # Envoy's detail in its own 502
 
 
 def _window(run: Run, o: Outcome, kinds: tuple[str, ...], victim: str | None = None) -> bool:
@@ -58,6 +59,10 @@ def _explained(run: Run, o: Outcome) -> str | None:
     # body at all: the status is out, Envoy cannot retry (docs/timeouts.md)
     if o.status == 200 and _window(run, o, SERVER_DEATHS, o.served):
         return "cut mid-stream by its server's death or freeze"
+    # the server died after its response began but before Envoy passed the headers on
+    # (they wait for the EPP's answer): Envoy answers 502 itself and cannot retry
+    if o.status == 502 and STARTED in o.body and _window(run, o, SERVER_DEATHS):
+        return "cut after its server's answer began, by the server's death"
     return None
 
 

@@ -99,6 +99,7 @@ class Scenario:
     # whether shape and fault were pinned rather than drawn (the fast tier pins them, so
     # its scenarios stay what they are when the lists above grow)
     pinned: bool = False
+    short: bool = False  # cut short (generate.SHORT_REQUESTS)
 
     def describe(self) -> str:
         f, w = self.fault, self.workload
@@ -112,7 +113,8 @@ class Scenario:
 
     def replay(self) -> str:
         pins = f" --shape {self.shape} --fault {self.fault.kind}" if self.pinned else ""
-        return f".venv/bin/python -m tests.scenarios.replay {self.seed}{pins}"
+        short = " --short" if self.short else ""
+        return f".venv/bin/python -m tests.scenarios.replay {self.seed}{pins}{short}"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""``python -m tests.scenarios.replay SEED [SEED ...] [--shape S] [--fault F]``: run
-exactly these scenarios (docs/testing.md; the shape and fault drawn, or pinned) and
+"""``python -m tests.scenarios.replay SEED [SEED ...] [--shape S] [--fault F] [--short]``:
+run exactly these scenarios (docs/testing.md; the shape and fault drawn, or pinned) and
 print what each did; exit 1 if an invariant broke. ``--list``: only say what each seed
 draws."""
 
@@ -21,8 +21,9 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="describe, do not run")
     parser.add_argument("--shape", choices=SHAPES, help="pin the shape instead of drawing it")
     parser.add_argument("--fault", choices=FAULTS, help="pin the fault instead of drawing it")
+    parser.add_argument("--short", action="store_true", help="cut short, as the fast tier")
     args = parser.parse_args()
-    scenarios = [scenario(seed, args.shape, args.fault) for seed in args.seeds]
+    scenarios = [scenario(seed, args.shape, args.fault, args.short) for seed in args.seeds]
     if args.list:
         for s in scenarios:
             print(s.describe())

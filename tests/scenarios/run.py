@@ -30,6 +30,8 @@ OPEN = ("epp_in_flight_requests", "epp_pending_decode_requests", FLOW_QUEUE)
 # pool connection per concurrent client to a server or the EPP's own peers); a socket
 # leaked per request or per failure outgrows it
 SOCKETS_WAIT_S = 20.0  # idle keep-alive connections close within this (a safety net)
+KV_BLOCKS = "epp_kv_index_blocks"  # kv-events' I6: the EPP hears the victim again
+KV_HEARD_S = 10.0  # events arrive within moments (a safety net)
 
 
 def _scrape(d: Deployment) -> list[dict[str, float]]:
@@ -154,12 +156,35 @@ def recover(s: Scenario, d: Deployment, events: list[FaultEvent]) -> tuple[list[
         if failed:
             return outcomes, f"a recovery request failed: {failed[0]}"
         if any(o.served == victim.address for o in burst.outcomes):
-            return outcomes, ""
+            return outcomes, _heard(d, victim) if s.shape == "kv-events" else ""
     return outcomes, f"{victim.name} served none of {RECOVERY_REQUESTS} requests after healing"
 
 
+def _heard(d: Deployment, server: Server) -> str:
+    """kv-events: whether every EPP's precise index holds blocks of ``server`` again,
+    from its KV events after it served ("" once it does)."""
+    where = f'endpoint="{server.in_epp}"'
+
+    def blocks() -> float:
+        return min(
+            sum(v for k, v in metric_samples(f"{url}/metrics", KV_BLOCKS).items() if where in k)
+            for url in d.epp_http_urls()
+        )
+
+    deadline = time.monotonic() + KV_HEARD_S
+    while blocks() <= 0:
+        if time.monotonic() > deadline:
+            return (
+                f"the EPP's index holds no block of {server.name} {KV_HEARD_S:g}s after it served"
+            )
+        time.sleep(0.1)
+    return ""
+
+
 def _probe(s: Scenario, i: int) -> RequestSpec:
-    body = {"model": BASE_MODEL, "prompt": f"recovery {s.seed} {i}", "max_tokens": 8}
+    # long enough for whole KV blocks (16 tokens of about a byte): kv-events' check
+    prompt = f"recovery {s.seed} {i}: " + "a probe of the pool after the fault. " * 6
+    body = {"model": BASE_MODEL, "prompt": prompt, "max_tokens": 8}
     return RequestSpec(10_000 + i, orjson.dumps(body), BASE_MODEL, False, False)
 
 

@@ -48,6 +48,9 @@ def test_i1_lets_through_a_cut_on_the_killed_server_only() -> None:
     assert len(i1_avoidable_errors(run([cut], other))) == 1
     later = FaultEvent("sigkill-mid-stream", at=12.0, victim=A)
     assert len(i1_avoidable_errors(run([cut], later))) == 1
+    started = outcome(2, 502, b'{"error":{"code":"upstream_reset_after_response_started"}}', "")
+    assert i1_avoidable_errors(run([started], kill)) == []  # Envoy's own 502, no retry
+    assert len(i1_avoidable_errors(run([started]))) == 1
     headers_only = outcome(1, 200, b"")  # frozen between its headers and first token
     freeze = FaultEvent("sigstop-mid-stream", at=10.5, victim=A)
     assert i1_avoidable_errors(run([headers_only], freeze)) == []
