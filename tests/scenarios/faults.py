@@ -62,8 +62,9 @@ def apply(s: Scenario, d: Deployment, driver: Driver) -> list[FaultEvent]:
         return []
     _wait(lambda: driver.answered() >= f.after, driver, HEAL_WAIT_S)
     if f.kind == "epp-replica-kill":
-        os.kill(d.epp_pid(f.target), signal.SIGKILL)
-        return [FaultEvent(f.kind, time.monotonic(), victim=f"epp replica {f.target}")]
+        replica = f.target % len(d.epp_http_urls())  # fail-open has one
+        os.kill(d.epp_pid(replica), signal.SIGKILL)
+        return [FaultEvent(f.kind, time.monotonic(), victim=f"epp replica {replica}")]
     if f.kind == "epp-worker-kill":
         workers = get_json(f"{d.epp_http_urls()[0]}/workers")["workers"]
         os.kill(int(workers[f.target % len(workers)]["pid"]), signal.SIGKILL)

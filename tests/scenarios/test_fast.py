@@ -21,7 +21,7 @@ FAST = (
     (54, "plain", "fault-status"),
     (181, "lora-subset", "sigstop-at-once"),
     (56, "lora-registered", "restart-new-port"),
-    (75, "lora-on-demand", "sigkill-mid-stream"),
+    (75, "lora-on-demand", "sigstop-at-once"),
     (112, "model-rewrite", "admin-remove-add"),
     (41, "workers-2", "epp-worker-kill"),
     (78, "stack-replicas", "epp-replica-kill"),
