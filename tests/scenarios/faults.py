@@ -67,8 +67,9 @@ def apply(s: Scenario, d: Deployment, driver: Driver) -> list[FaultEvent]:
         return [FaultEvent(f.kind, time.monotonic(), victim=f"epp replica {replica}")]
     if f.kind == "epp-worker-kill":
         workers = get_json(f"{d.epp_http_urls()[0]}/workers")["workers"]
-        os.kill(int(workers[f.target % len(workers)]["pid"]), signal.SIGKILL)
-        return [FaultEvent(f.kind, time.monotonic(), victim=f"epp worker {f.target}")]
+        worker = f.target % len(workers)
+        os.kill(int(workers[worker]["pid"]), signal.SIGKILL)
+        return [FaultEvent(f.kind, time.monotonic(), victim=f"epp worker {worker}")]
     if f.kind == "envoy-restart":
         assert isinstance(d, InProcess)
         event = FaultEvent(f.kind, time.monotonic(), victim="envoy")
