@@ -25,7 +25,7 @@ FAST = (
     (112, "model-rewrite", "admin-remove-add"),
     (41, "workers-2", "epp-worker-kill"),
     (78, "stack-replicas", "epp-replica-kill"),
-    (115, "replicas", "sigkill-at-once"),
+    (115, "replicas", "epp-replica-kill"),
     (152, "pd-nixl", "metrics-fault"),
     (117, "pd-sidecar", "sigstop-mid-stream"),
     (82, "pd-concurrent", "sigkill-at-once"),
