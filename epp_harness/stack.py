@@ -314,6 +314,12 @@ class LocalStack:
             "--log-level", o.log_level, *SIM_BASE_ARGS, *o.sim_args, *extra,
         )  # fmt: skip
 
+    def retire_sim(self, sim: ManagedProcess) -> None:
+        """Stop simulator ``sim`` for good (it is not started again); whoever told the
+        EPP about it tells the EPP it is gone."""
+        self._supervisor.remove(sim)
+        sim.stop()
+
     def supervise(self, now: float | None = None) -> list[str]:
         """Restart simulators, sidecars and EPP replicas (with their workers) that
         exited, each on its own ports again, with backoff; returns what happened, for
@@ -386,8 +392,15 @@ def kv_events_config(
 
 
 def _port_pins(info: Mapping[str, Any]) -> dict[str, str]:
-    """A simulator or sidecar comes back on its port (the EPP knows it by address)."""
-    return {"--port": str(info["port"])}
+    """A simulator or sidecar comes back on its port (the EPP knows it by address), a
+    simulator that publishes KV events on its publisher's ports too (the EPP subscribed
+    there)."""
+    pins = {"--port": str(info["port"])}
+    for flag, key in (("--kv-events-port", "kv_events_port"),
+                      ("--kv-events-replay-port", "kv_events_replay_port")):  # fmt: skip
+        if info.get(key):
+            pins[flag] = str(info[key])
+    return pins
 
 
 def _replica_pins(info: Mapping[str, Any]) -> dict[str, str]:

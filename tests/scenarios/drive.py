@@ -17,6 +17,9 @@ from tests.scenarios.model import Outcome, RequestSpec
 # a client gives up after this long without a byte: a safety net far above every budget
 # of docs/timeouts.md that a scenario sets (a request that hits it breaks I4)
 CLIENT_TIMEOUT_S = 60.0
+# a client whose connection is refused (Envoy restarting) waits this long before its
+# next request, as a client backs off: the workload is not spent on a closed port
+REFUSED_BACKOFF_S = 0.5
 
 
 def send(
@@ -31,12 +34,14 @@ def send(
     last: float | None = None  # when the last body byte came, after ``started``
     conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=CLIENT_TIMEOUT_S)
     try:
-        conn.request("POST", "/v1/completions", spec.body, {"content-type": "application/json"})
+        headers = {"content-type": "application/json", **dict(spec.headers)}
+        conn.request("POST", "/v1/completions", spec.body, headers)
         if spec.hangup and not spec.stream:  # walks away before any answer
             out.hung_up = True
             return out
         resp = conn.getresponse()
         out.status, out.served = resp.status, resp.getheader("x-sim-instance", "")
+        out.dropped = resp.getheader("x-llm-d-request-dropped-reason", "")
         began(out)
         while chunk := resp.read1(65536):
             last = _after_last(out, last)
@@ -108,6 +113,8 @@ class Driver:
                 self.outcomes.append(outcome)
                 if len(self.outcomes) == len(self._specs):
                     self.done.set()
+            if outcome.error.startswith("ConnectionRefusedError"):
+                time.sleep(REFUSED_BACKOFF_S)
 
     def __enter__(self) -> Self:
         for t in self._threads:

@@ -16,6 +16,7 @@ from tests.scenarios.run import run_seed
 def summary(run: Run) -> str:
     kinds = Counter(
         "ok" if o.complete else "hung up" if o.hung_up else "injected" if o.injected
+        else f"refused {o.status} {o.dropped}" if o.dropped
         else f"status {o.status}" + (" (cut)" if o.body else "")
         for o in run.outcomes
     )  # fmt: skip
@@ -37,10 +38,11 @@ def report(s: Scenario, run: Run, found: list[str], epp_from: OtherCheckout | No
     return "\n".join(lines)
 
 
-def judge(seed: int, tmp: Path, epp_from: OtherCheckout | None = None) -> str:
-    """Run the scenario of ``seed`` (``epp_from``: on another checkout's EPP); "" when
-    every invariant holds, else the report."""
-    s = scenario(seed)
+def judge(seed: int | Scenario, tmp: Path, epp_from: OtherCheckout | None = None) -> str:
+    """Run the scenario of ``seed`` (or the scenario given, e.g. one with its shape and
+    fault pinned; ``epp_from``: on another checkout's EPP); "" when every invariant
+    holds, else the report."""
+    s = scenario(seed) if isinstance(seed, int) else seed
     run = run_seed(s, tmp, epp_from)
     found = violations(run)
     verdict = report(s, run, found, epp_from) if found else ""
