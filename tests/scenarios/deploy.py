@@ -28,7 +28,6 @@ from tests.support.wait import wait_for
 # every simulator: latencies as vLLM's defaults in the sim (so streams last long enough
 # for a fault to land mid-way), prefill cheap enough that a 220 KB prompt fits in IDLE_S
 SIM_ARGS = ["--time-scale", "1", "--prefill-ms-per-token", "0.005"]
-LORA_EACH = [["--lora-modules", f"{ADAPTER}=/adapters/{ADAPTER}"]] * 2 + [["--enable-lora"]]
 CATALOGUE = {name: f"/adapters/{name}" for name in ADAPTERS}
 ADMIN_KEY = "scenario-admin-key"  # the admin API's key in every LocalStack shape
 PRECISE = Path(__file__).resolve().parents[2] / "configs" / "precise-prefix.yaml"
@@ -53,7 +52,19 @@ CONFIGS = {
 }
 COORDINATOR = {"pd-nixl": "nixl", "pd-sidecar": "sidecar", "pd-concurrent": "concurrent",
                "pd-kv-pool": "kv-pool", "pd-deferred": "nixl"}  # fmt: skip
-SUBSET = ("lora-subset", "model-rewrite")  # ADAPTER preloaded on sim-0 and sim-1 only
+SUBSET = ("lora-subset", "model-rewrite")  # ADAPTER preloaded on some of the 3 servers
+
+
+def lora_holders(fault: str) -> int:
+    """How many servers (sim-0 on) hold ADAPTER in the SUBSET shapes: two where a fault
+    may take one down, so one holder lives through it; one where there is no fault, so
+    two of three servers lack it (an EPP that does not know where it is misses often)."""
+    return 1 if fault == "none" else 2
+
+
+def _lora_each(holders: int) -> list[list[str]]:
+    preloaded = ["--lora-modules", f"{ADAPTER}=/adapters/{ADAPTER}"]
+    return [list(preloaded) for _ in range(holders)] + [["--enable-lora"]] * (3 - holders)
 
 
 @dataclass(frozen=True)
@@ -83,10 +94,10 @@ class Deployment(Protocol):
     def epp_http_urls(self) -> list[str]: ...
 
 
-def _serves(name: str, shape: str) -> frozenset[str]:
+def _serves(name: str, shape: str, holders: int) -> frozenset[str]:
     if shape in ("lora-registered", "lora-on-demand"):
         return frozenset({BASE_MODEL, *ADAPTERS})
-    lora = shape in SUBSET and name in ("sim-0", "sim-1")
+    lora = shape in SUBSET and name in {f"sim-{i}" for i in range(holders)}
     return frozenset({BASE_MODEL, ADAPTER} if lora else {BASE_MODEL})
 
 
@@ -94,12 +105,12 @@ class InProcess:
     """A ``LocalStack``, supervised as ``epp stack`` supervises it (a killed child is
     started again on its ports) by a thread of this process."""
 
-    def __init__(self, stack: LocalStack, shape: str) -> None:
+    def __init__(self, stack: LocalStack, shape: str, holders: int) -> None:
         self.stack, self.shape = stack, shape
         self.url = stack.envoy_url
         args = stack.endpoint_args
         self._servers = [
-            Server(p.name, a, _serves(p.name, shape), not p.name.startswith("prefill"),
+            Server(p.name, a, _serves(p.name, shape, holders), not p.name.startswith("prefill"),
                    endpoint if endpoint != a else "")
             for p, a, endpoint in zip(stack.sims, stack.sim_addresses, args[1::2], strict=True)
         ]  # fmt: skip
@@ -205,7 +216,7 @@ class Cli:
         return self._epp_urls
 
 
-def _options(shape: str, tmp: Path, stream_first_byte_s: float) -> StackOptions:
+def _options(shape: str, tmp: Path, stream_first_byte_s: float, holders: int) -> StackOptions:
     (tmp / "admin.key").write_text(ADMIN_KEY)
     base = StackOptions(
         envoy_port=0, envoy_admin_port=0, grpc_port=0, http_port=0, log_level="warning",
@@ -219,7 +230,7 @@ def _options(shape: str, tmp: Path, stream_first_byte_s: float) -> StackOptions:
         base.epp_args += ["--config", str(config)]
     if shape in SUBSET:
         base.sim_args += ["--max-loras", "2"]
-        base.sim_args_each = [list(a) for a in LORA_EACH]
+        base.sim_args_each = _lora_each(holders)
     elif shape == "lora-registered":
         modules = [f"{name}={path}" for name, path in CATALOGUE.items()]
         base.sim_args += ["--max-loras", "1", "--lora-modules", *modules]
@@ -242,22 +253,24 @@ def _options(shape: str, tmp: Path, stream_first_byte_s: float) -> StackOptions:
     return base
 
 
-def _lora_listed(stack: LocalStack, shape: str) -> bool:
+def _lora_listed(stack: LocalStack, shape: str, holders: int) -> bool:
     """Whether the EPP lists the adapters on exactly the servers that hold them."""
     listed = get_json(f"{stack.epp_http_url}/lora/adapters")["servers"]
     if shape == "lora-registered":
         want = {a: sorted(ADAPTERS) for a in stack.sim_addresses}
     else:
-        want = {a: ([ADAPTER] if i < 2 else []) for i, a in enumerate(stack.sim_addresses)}
+        want = {a: ([ADAPTER] if i < holders else []) for i, a in enumerate(stack.sim_addresses)}
     return all(sorted(listed.get(a, ["?"])) == held for a, held in want.items())
 
 
-def _wait_listed(stack: LocalStack, shape: str, strict: bool) -> None:
+def _wait_listed(stack: LocalStack, shape: str, holders: int, strict: bool) -> None:
     """Until the EPP lists the adapters where they are. Another checkout's EPP may never
     list them (before placement learned from every server's /v1/models, it listed only
     with loraPlacement on): the scenario then runs without, and is judged as it goes."""
     try:
-        wait_for(lambda: _lora_listed(stack, shape), 30, "the EPP lists the servers' adapters")
+        wait_for(
+            lambda: _lora_listed(stack, shape, holders), 30, "the EPP lists the servers' adapters"
+        )
     except (AssertionError, OSError) as exc:
         if strict:
             raise
@@ -271,10 +284,12 @@ def deployed(
     *,
     stream_first_byte_s: float = IDLE_S,
     epp_from: OtherCheckout | None = None,
+    holders: int = 2,
 ) -> Iterator[Deployment]:
     """The shape running and ready for traffic; everything stopped after. Streams get
     ``stream_first_byte_s`` for their first byte (Envoy's per-try idle timeout on the
-    streaming route); ``epp_from``: the EPP of another checkout (eppfrom.py)."""
+    streaming route); ``epp_from``: the EPP of another checkout (eppfrom.py);
+    ``holders``: how many servers hold ADAPTER in the SUBSET shapes."""
     with ExitStack() as cleanup:
         if shape == "stack-replicas":
             flags = ["--servers", "3", "--replicas", "2", "--time-scale", "0.5"]
@@ -293,12 +308,12 @@ def deployed(
             )  # fmt: skip
             yield Cli(running, replicas=2)
             return
-        opts = _options(shape, tmp, stream_first_byte_s)
+        opts = _options(shape, tmp, stream_first_byte_s, holders)
         if epp_from is not None:
             opts.epp_env, opts.adapt_serve = epp_from.env, epp_from.adapt
         stack = cleanup.enter_context(LocalStack(opts))
         if shape in (*SUBSET, "lora-registered"):
-            _wait_listed(stack, shape, strict=epp_from is None)
-        deployment = InProcess(stack, shape)
+            _wait_listed(stack, shape, holders, strict=epp_from is None)
+        deployment = InProcess(stack, shape, holders)
         cleanup.callback(deployment.close)
         yield deployment

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 
-from tests.scenarios.deploy import Deployment, Server, deployed
+from tests.scenarios.deploy import Deployment, Server, deployed, lora_holders
 from tests.scenarios.drive import Driver
 from tests.scenarios.eppfrom import OtherCheckout
 from tests.scenarios.faults import apply
@@ -226,5 +226,8 @@ def run_seed(s: Scenario, tmp: Path, epp_from: OtherCheckout | None = None) -> R
     """``s`` on a fresh deployment of its shape (with ``epp_from``: another checkout's
     EPP, eppfrom.py)."""
     first_byte = stream_first_byte_s(s.fault.kind)
-    with deployed(s.shape, tmp, stream_first_byte_s=first_byte, epp_from=epp_from) as d:
+    holders = lora_holders(s.fault.kind)
+    with deployed(
+        s.shape, tmp, stream_first_byte_s=first_byte, epp_from=epp_from, holders=holders
+    ) as d:
         return run_scenario(s, d)
