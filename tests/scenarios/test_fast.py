@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 # seed draws streams, a hang-up share and 220 KB prompts (and, for the metrics fault, a
 # slow /metrics)
 FAST = (
-    (54, "plain", "fault-status"),
+    (54, "plain", "sigkill-at-once"),
     (181, "lora-subset", "sigstop-at-once"),
     (56, "lora-registered", "restart-new-port"),
     (75, "lora-on-demand", "sigstop-at-once"),
@@ -28,7 +28,7 @@ FAST = (
     (115, "replicas", "epp-replica-kill"),
     (152, "pd-nixl", "metrics-fault"),
     (117, "pd-sidecar", "sigstop-mid-stream"),
-    (82, "pd-concurrent", "sigkill-at-once"),
+    (82, "pd-concurrent", "fault-status"),
     (191, "pd-kv-pool", "restart-same-port"),
     (205, "pd-deferred", "sigkill-mid-stream"),
     (103, "kv-events", "kv-publisher-restart"),
