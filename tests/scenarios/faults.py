@@ -1,8 +1,9 @@
 """A scenario's fault schedule, applied while the driver runs: once ``after`` requests
-are answered the fault strikes (for a mid-stream kill or freeze, at a moment the victim
-is generating), and where it heals on its own terms (a frozen server thawed, injected
-statuses cleared, a removed server added back) it heals ``heal_after`` answers later. A
-frozen server is always thawed before this returns."""
+are answered the fault strikes (for a mid-stream kill or freeze, while a stream the
+victim answered is under way), and where it heals on its own terms (a frozen server
+thawed, injected statuses cleared, a removed server added back) it heals ``heal_after``
+answers later (a freeze lasts at least a stream's first-byte budget). A frozen server
+is always thawed before this returns."""
 
 from __future__ import annotations
 
