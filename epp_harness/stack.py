@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -106,6 +106,9 @@ class StackOptions:
     kv_events: bool = False
     message_timeout_s: float = EnvoyOptions.message_timeout_s  # ext_proc's (tests)
     epp_env: dict[str, str] = field(default_factory=dict)  # added to the EPP's environment
+    # rewrites each `epp serve` argv (command first) before it starts: the scenario tests
+    # run another checkout's EPP, whose CLI may lack a flag (tests/scenarios/eppfrom.py)
+    adapt_serve: Callable[[list[str]], list[str]] | None = None
     # EPP worker processes (epp serve --workers), each listed in Envoy's ext_proc cluster
     workers: int = 1
     # `epp serve` processes side by side (active-active replicas, docs/replicas.md): the
@@ -219,20 +222,19 @@ class LocalStack:
             *epp_args,
         ]
         replica_ports = [(o.grpc_port, o.http_port)] + [(0, 0)] * (o.replicas - 1)
+        argvs = [
+            ["serve", "--grpc-port", str(grpc), "--http-port", str(http), *serve_args,
+             *self._peer_load_args(i)]
+            for i, (grpc, http) in enumerate(replica_ports)
+        ]  # fmt: skip
         procs = [
             spawn_epp(
                 self.workdir,
                 "epp" if i == 0 else f"epp-{i}",
-                "serve",
-                "--grpc-port",
-                str(grpc),
-                "--http-port",
-                str(http),
-                *serve_args,
-                *self._peer_load_args(i),
+                *(o.adapt_serve(argv) if o.adapt_serve else argv),
                 env=o.epp_env,
             )
-            for i, (grpc, http) in enumerate(replica_ports)
+            for i, argv in enumerate(argvs)
         ]
         self.epp, self.more_epps = procs[0], procs[1:]
         for proc in procs:
@@ -311,6 +313,12 @@ class LocalStack:
             self.workdir, name, "sim", "--port", "0", "--model", o.model,
             "--log-level", o.log_level, *SIM_BASE_ARGS, *o.sim_args, *extra,
         )  # fmt: skip
+
+    def retire_sim(self, sim: ManagedProcess) -> None:
+        """Stop simulator ``sim`` for good (it is not started again); whoever told the
+        EPP about it tells the EPP it is gone."""
+        self._supervisor.remove(sim)
+        sim.stop()
 
     def supervise(self, now: float | None = None) -> list[str]:
         """Restart simulators, sidecars and EPP replicas (with their workers) that
@@ -391,8 +399,15 @@ def kv_events_config(
 
 
 def _port_pins(info: Mapping[str, Any]) -> dict[str, str]:
-    """A simulator or sidecar comes back on its port (the EPP knows it by address)."""
-    return {"--port": str(info["port"])}
+    """A simulator or sidecar comes back on its port (the EPP knows it by address), a
+    simulator that publishes KV events on its publisher's ports too (the EPP subscribed
+    there)."""
+    pins = {"--port": str(info["port"])}
+    for flag, key in (("--kv-events-port", "kv_events_port"),
+                      ("--kv-events-replay-port", "kv_events_replay_port")):  # fmt: skip
+        if info.get(key):
+            pins[flag] = str(info[key])
+    return pins
 
 
 def _replica_pins(info: Mapping[str, Any]) -> dict[str, str]:

@@ -44,6 +44,10 @@ class Supervisor:
         """Watch ``proc`` (started at ``now`` and ready: its info is known)."""
         self._children.append(_Child(proc, pins, started=now))
 
+    def remove(self, proc: ManagedProcess) -> None:
+        """Stop watching ``proc``: it is not started again when it exits."""
+        self._children = [c for c in self._children if c.proc is not proc]
+
     def check(self, now: float) -> list[str]:
         """Restart the children that exited, each once its wait is over; returns what
         happened, for the log."""

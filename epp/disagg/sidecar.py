@@ -10,7 +10,9 @@ goes back to the client; a prefill server that cannot be reached, times out or a
 5xx passes the leg to the next one named; when none is left, or one answers 2xx
 without ``kv_transfer_params``, the decode server computes the prefill itself. Requests
 without the header, and every other path (/metrics, /health, /v1/models), pass straight
-through.
+through. A decode server that cannot be reached ends an inference request's connection
+unanswered, as the server would itself, so the gateway retries it on another endpoint;
+other paths get a 502 naming it.
 
 It calls only prefill servers it can vouch for, since anyone who reaches it can set the
 header: with ``--epp-url``, the prefill members the EPP lists in its ``/status`` (read
@@ -227,7 +229,15 @@ class Sidecar:
                 request.method, url, data=body or None, headers=headers
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return _error(502, f"decode server {self.decode.address} unreachable: {exc}")
+            message = f"decode server {self.decode.address} unreachable: {exc}"
+            if request.path in _P_D_PATHS and request.transport is not None:
+                # nothing reached the decode server: end the connection unanswered, as
+                # the server itself would be met, so the gateway tries the next endpoint
+                # (Envoy retries a reset before the response starts, not a 502)
+                log.warning("%s: closing the connection unanswered", message)
+                request.transport.close()
+                raise web.HTTPServiceUnavailable() from exc  # written nowhere: it is closed
+            return _error(502, message)
         async with upstream:
             response = web.StreamResponse(status=upstream.status)
             drop = _HOP_BY_HOP | _connection_tokens(upstream.headers)

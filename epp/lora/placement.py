@@ -218,13 +218,19 @@ class AdapterPlacement:
                 self._list_soon(address)
 
     def _list_soon(self, address: str) -> asyncio.Task[None]:
-        """``address``'s listing: the one under way, else a new one."""
+        """``address``'s listing: the one under way, else a new one. (A listing that
+        has ended may still be in the table until its done callback runs: a doubt
+        cast right then needs a new one.)"""
         task = self._listings.get(address)
-        if task is None:
+        if task is None or task.done():
             task = asyncio.get_running_loop().create_task(self._list(address))
             self._listings[address] = task
-            task.add_done_callback(lambda _: self._listings.pop(address, None))
+            task.add_done_callback(lambda t: self._forget_listing(address, t))
         return task
+
+    def _forget_listing(self, address: str, task: asyncio.Task[None]) -> None:
+        if self._listings.get(address) is task:  # not a newer one that replaced it
+            del self._listings[address]
 
     async def _list_unknown(self) -> None:
         """Wait for the listings of the servers never listed (placement needs them)."""

@@ -1,16 +1,24 @@
 """A scenario and its requests from a seed: every choice comes from
-``random.Random(seed)``, so a seed names one scenario exactly."""
+``random.Random(seed)``, so a seed names one scenario exactly. Each choice takes one
+``random()`` whatever it chooses among, so pinning the shape and the fault (the fast
+tier does) leaves the rest of a seed's draws as they were."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
+from typing import TypeVar
 
 import orjson
 
 from tests.scenarios.model import (
     ADAPTER,
+    ADAPTERS,
+    ALIAS,
     BASE_MODEL,
     FAULTS,
+    PRIORITY_HEADER,
+    REWRITE_HEADER,
     SHAPES,
     Fault,
     RequestSpec,
@@ -18,42 +26,113 @@ from tests.scenarios.model import (
     Workload,
 )
 
+T = TypeVar("T")
+
 BIG_PROMPT_BYTES = 220 * 1024
-# faults each shape can take (an EPP replica to kill needs replicas)
-FAULTS_OF = {shape: tuple(f for f in FAULTS if f != "epp-replica-kill") for shape in SHAPES}
-FAULTS_OF["stack-replicas"] = FAULTS
 STATUS_MIXES = ("503:0.3", "500:0.2,429:0.1", "404:0.2", "503:0.1,404:0.1,429:0.1")
 
+PD = ("pd-nixl", "pd-sidecar", "pd-concurrent", "pd-kv-pool", "pd-deferred")
+# shapes started by LocalStack in this process (deploy.InProcess): Envoy restart, a
+# server replaced on a new port and the admin API apply to them
+IN_PROCESS = tuple(s for s in SHAPES if s != "stack-replicas")
+SERVER_FAULTS = (
+    "sigkill-mid-stream",
+    "sigstop-mid-stream",
+    "sigkill-at-once",
+    "sigstop-at-once",
+    "fault-status",
+    "metrics-fault",
+    "restart-same-port",
+)
 
-def scenario(seed: int, shape: str | None = None, fault: str | None = None) -> Scenario:
-    """The scenario of ``seed`` (``shape``/``fault``: pin them instead of drawing)."""
+
+def _faults_of(shape: str) -> tuple[str, ...]:
+    """The faults a shape can take: an EPP replica to kill needs replicas (or, failing
+    open, the one EPP), a worker needs workers, a KV-event publisher the kv-events shape;
+    a server is replaced on a new port or removed and added back through the admin API
+    where its flags are the stack's plain ones (not a P/D leg, not a publisher)."""
+    out = ["none", *SERVER_FAULTS]
+    if shape in ("stack-replicas", "replicas", "fail-open"):
+        out.append("epp-replica-kill")
+    if shape == "workers-2":
+        out.append("epp-worker-kill")
+    if shape in IN_PROCESS:
+        out.append("envoy-restart")
+        if shape not in PD and shape != "kv-events":
+            out += ["restart-new-port", "admin-remove-add"]
+    if shape == "kv-events":
+        out.append("kv-publisher-restart")
+    return tuple(f for f in FAULTS if f in out)
+
+
+FAULTS_OF = {shape: _faults_of(shape) for shape in SHAPES}
+# what a request of each shape may ask for: (model, headers) with their weights
+ASKS: dict[str, tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = {
+    "lora-subset": ((ADAPTER, ()), (BASE_MODEL, ())),
+    "lora-registered": ((ADAPTERS[0], ()), (ADAPTERS[1], ()), (BASE_MODEL, ())),
+    "lora-on-demand": ((ADAPTERS[0], ()), (ADAPTERS[1], ()), (BASE_MODEL, ())),
+    "model-rewrite": (
+        (ALIAS, ()),
+        ("anything", ((REWRITE_HEADER, ADAPTER),)),
+        (BASE_MODEL, ()),
+    ),
+    "flow-control": tuple((BASE_MODEL, ((PRIORITY_HEADER, p),)) for p in ("1", "0", "-1")),
+}
+ASKS["flow-control-off"] = ASKS["flow-control"]
+
+
+def _pick(rng: random.Random, choices: Sequence[T]) -> T:
+    """One of ``choices`` for exactly one ``rng.random()``."""
+    return choices[int(rng.random() * len(choices))]
+
+
+# a short scenario (the fast tier): at most this many requests, its fault striking and
+# healing within a few answers; drawn as the long one, then cut
+SHORT_REQUESTS, SHORT_AFTER, SHORT_HEAL = 24, 6, 8
+
+
+def scenario(
+    seed: int, shape: str | None = None, fault: str | None = None, short: bool = False
+) -> Scenario:
+    """The scenario of ``seed`` (``shape``/``fault``: pin them instead of drawing;
+    ``short``: cut to SHORT_REQUESTS requests)."""
     rng = random.Random(seed)
-    shape = shape or rng.choice(SHAPES)
-    kind = fault or rng.choice(FAULTS_OF[shape])
+    drawn = _pick(rng, SHAPES)
+    shape = shape or drawn
+    drawn_fault = _pick(rng, FAULTS_OF[shape])
+    kind = fault or drawn_fault
+    if kind not in FAULTS_OF[shape]:
+        raise ValueError(f"shape {shape} cannot take fault {kind}: {', '.join(FAULTS_OF[shape])}")
     requests = rng.randrange(40, 90)
     workload = Workload(
-        requests=requests,
+        requests=min(requests, SHORT_REQUESTS) if short else requests,
         clients=rng.randrange(3, 7),
-        stream_share=rng.choice((0.3, 0.5, 0.8)),
-        hangup_share=rng.choice((0.0, 0.0, 0.1)),
-        big_share=rng.choice((0.0, 0.05, 0.1)),
-        adapter_share=0.5 if shape == "lora-subset" else 0.0,
-        max_tokens=(8, rng.choice((24, 48))),
+        stream_share=_pick(rng, (0.3, 0.5, 0.8)),
+        hangup_share=_pick(rng, (0.0, 0.0, 0.1)),
+        big_share=_pick(rng, (0.0, 0.05, 0.1)),
+        adapter_share=0.5 if shape in ASKS else 0.0,
+        max_tokens=(8, _pick(rng, (24, 48))),
     )
-    decoders = 2 if shape == "pd-nixl" else 3
+    decoders = 2 if shape in PD else 3
     after = rng.randrange(5, max(6, requests // 3))
+    target = rng.random()
+    heal_after = rng.randrange(15, 35)
+    if short:
+        after, heal_after = min(after, SHORT_AFTER), min(heal_after, SHORT_HEAL)
     return Scenario(
         seed=seed,
         shape=shape,
         fault=Fault(
             kind=kind,
-            target=rng.randrange(2 if kind == "epp-replica-kill" else decoders),
+            target=int(target * (2 if kind == "epp-replica-kill" else decoders)),
             after=after,
-            statuses=rng.choice(STATUS_MIXES) if kind == "fault-status" else "",
-            metrics=rng.choice(("fail", "slow:3")) if kind == "metrics-fault" else "",
-            heal_after=rng.randrange(15, 35),
+            statuses=_pick(rng, STATUS_MIXES) if kind == "fault-status" else "",
+            metrics=_pick(rng, ("fail", "slow:3")) if kind == "metrics-fault" else "",
+            heal_after=heal_after,
         ),
         workload=workload,
+        pinned=shape != drawn or kind != drawn_fault,
+        short=short,
     )
 
 
@@ -61,10 +140,11 @@ def requests(s: Scenario) -> list[RequestSpec]:
     """The scenario's requests, in the order the clients take them."""
     rng = random.Random(f"requests-{s.seed}")
     w = s.workload
+    asks = ASKS.get(s.shape, ((BASE_MODEL, ()),))
     specs = []
     for i in range(w.requests):
         stream = rng.random() < w.stream_share
-        model = ADAPTER if rng.random() < w.adapter_share else BASE_MODEL
+        model, headers = _pick(rng, asks) if rng.random() < w.adapter_share else (BASE_MODEL, ())
         if rng.random() < w.big_share:
             prompt = (f"Request {i} carries a long document. " * 8000)[:BIG_PROMPT_BYTES]
         else:
@@ -77,5 +157,5 @@ def requests(s: Scenario) -> list[RequestSpec]:
         if stream:
             doc["stream"] = True
         hangup = rng.random() < w.hangup_share
-        specs.append(RequestSpec(i, orjson.dumps(doc), model, stream, hangup))
+        specs.append(RequestSpec(i, orjson.dumps(doc), model, stream, hangup, headers))
     return specs

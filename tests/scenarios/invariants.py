@@ -5,21 +5,42 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.scenarios.model import IDLE_S, Outcome, Run
+from tests.scenarios.model import IDLE_S, Outcome, Run, stream_first_byte_s
 
 # Envoy tries a request on each of the EPP's 3 picks plus one fallback host
 ATTEMPTS = 4
 # generation itself (queueing, prefill, 48 tokens) on a loaded shared machine: generous
 GENERATION_S = 30.0
-SERVER_DEATHS = ("sigkill-mid-stream", "sigstop-mid-stream", "sigkill-at-once", "sigstop-at-once")
+# faults that stop or freeze a server: the streams under way on it are cut
+SERVER_DEATHS = (
+    "sigkill-mid-stream",
+    "sigstop-mid-stream",
+    "sigkill-at-once",
+    "sigstop-at-once",
+    "restart-same-port",
+    "restart-new-port",
+    "kv-publisher-restart",
+)
+# faults that kill an EPP process: what was open on it is lost (docs/replicas.md,
+# docs/workers.md), and its counters start again
+EPP_DEATHS = ("epp-replica-kill", "epp-worker-kill")
 RECOVERY_REQUESTS = 60  # I6: the victim serves again within this many requests
+# I4, a stream after its first byte: the EPP ends it once its server is silent for the
+# stream chunk timeout (IDLE_S); as much again for a loaded machine to deliver the end
+BETWEEN_CHUNKS_S = 2 * IDLE_S
+FLOW_QUEUE = "llm_d_epp_flow_control_queue_size"  # I3: requests waiting in the EPP
+STARTED = b"upstream_reset_after_response_started"  # Envoy's detail in its own 502
 
 
 def _window(run: Run, o: Outcome, kinds: tuple[str, ...], victim: str | None = None) -> bool:
-    """Whether a fault of ``kinds`` (on ``victim``, if given) struck while ``o`` ran."""
+    """Whether a fault of ``kinds`` (on ``victim``, if given) struck while ``o`` ran
+    (a fault that lasts, e.g. Envoy away: overlapped it)."""
     end = o.started + o.seconds
     return any(
-        e.what in kinds and o.started <= e.at <= end and (victim is None or e.victim == victim)
+        e.what in kinds
+        and o.started <= (e.until or e.at)
+        and e.at <= end
+        and (victim is None or e.victim == victim)
         for e in run.events
     )
 
@@ -30,13 +51,21 @@ def _explained(run: Run, o: Outcome) -> str | None:
         return "the client hung up"
     if o.injected:
         return "injected by the simulator"
-    if _window(run, o, ("epp-replica-kill",)):
-        return "open on an EPP replica that died (docs/replicas.md)"
+    if _window(run, o, EPP_DEATHS):
+        return "open on an EPP process that died (docs/replicas.md, docs/workers.md)"
+    if _window(run, o, ("envoy-restart",)):
+        return "open, or sent, while Envoy (the listener) restarted"
+    if o.status == 429 and o.dropped and o.spec.priority < 0:
+        return f"sheddable (priority {o.spec.priority}), refused by the EPP: {o.dropped}"
     # begun: its 200 reached the client. A server sends a stream's headers before its
     # first token (the simulator as vLLM), so one frozen between the two is cut with no
     # body at all: the status is out, Envoy cannot retry (docs/timeouts.md)
     if o.status == 200 and _window(run, o, SERVER_DEATHS, o.served):
         return "cut mid-stream by its server's death or freeze"
+    # the server died after its response began but before Envoy passed the headers on
+    # (they wait for the EPP's answer): Envoy answers 502 itself and cannot retry
+    if o.status == 502 and STARTED in o.body and _window(run, o, SERVER_DEATHS):
+        return "cut after its server's answer began, by the server's death"
     return None
 
 
@@ -50,36 +79,52 @@ def i1_avoidable_errors(run: Run) -> list[str]:
             continue
         what = o.error or f"status {o.status}, {len(o.body)} bytes, incomplete"
         out.append(f"I1: request {o.spec.index} ({o.spec.model}) failed: {what} {o.body[:160]!r}")
-    kills = [o for o in run.outcomes if not o.complete and _window(run, o, ("epp-replica-kill",))]
+    kills = [o for o in run.outcomes if not o.complete and _window(run, o, EPP_DEATHS)]
     if len(kills) > run.scenario.workload.clients:
-        out.append(f"I1: {len(kills)} failures around the replica's death, more than were open")
+        out.append(f"I1: {len(kills)} failures around the EPP's death, more than were open")
     return out
 
 
 def i2_misrouted(run: Run) -> list[str]:
-    """I2: a request for a model or adapter only reaches a server that serves it."""
+    """I2: a request for a model or adapter only reaches a server that serves it (holds
+    it, or may load it where the shape's config lets the EPP load adapters); a request
+    whose model is rewritten, by the config or a header, is judged by the model the
+    server answered as."""
     return [
-        f"I2: request {o.spec.index} for {o.spec.model} served by {o.served}, which "
+        f"I2: request {o.spec.index} for {o.answered_model} served by {o.served}, which "
         f"serves {sorted(run.serves.get(o.served, set()))}"
         for o in [*run.outcomes, *run.recovery]
-        if o.served and o.spec.model not in run.serves.get(o.served, set())
+        if o.served and o.answered_model not in run.serves.get(o.served, set())
     ]
 
 
 def i3_not_at_rest(run: Run) -> list[str]:
-    """I3: in-flight counts, pending decodes and the servers' queues return to 0."""
-    return [f"I3: {run.quiesce_error}"] if run.quiesce_error else []
+    """I3: in-flight counts, pending decodes, flow-control queues and the servers'
+    queues return to 0; the EPP processes' open sockets return to their baseline."""
+    return [f"I3: {e}" for e in (run.quiesce_error, run.sockets_error) if e]
 
 
 def i4_over_budget(run: Run) -> list[str]:
     """I4: every request gets an answer or a clean cut, within the budget of its
-    phases (docs/timeouts.md: one per-try idle timeout per attempt, plus generation)."""
-    budget = ATTEMPTS * IDLE_S + GENERATION_S
-    out = [
-        f"I4: request {o.spec.index} took {o.seconds:.1f}s (budget {budget:.0f}s): {o.error}"
-        for o in run.outcomes
-        if o.seconds > budget or "timed out" in o.error
-    ]
+    phases (docs/timeouts.md): before the first byte one per-try idle timeout per
+    attempt, plus generation; a stream after its first byte, no silence longer than
+    the stream chunk timeout (the EPP ends the stream) and a margin."""
+    first_byte = stream_first_byte_s(run.scenario.fault.kind)
+    out = []
+    for o in run.outcomes:
+        budget = ATTEMPTS * (first_byte if o.spec.stream else IDLE_S) + GENERATION_S
+        if o.seconds > budget or "timed out" in o.error:
+            out.append(
+                f"I4: request {o.spec.index} took {o.seconds:.1f}s (budget {budget:.0f}s): "
+                f"{o.error}"
+            )
+        if o.spec.stream and o.longest_gap_s > BETWEEN_CHUNKS_S:
+            out.append(
+                f"I4: request {o.spec.index} (a stream, served by {o.served}) was silent "
+                f"{o.longest_gap_s:.1f}s after its first byte (between chunks at most "
+                f"{BETWEEN_CHUNKS_S:g}s: the stream chunk timeout {IDLE_S:g}s, and as much "
+                f"again to deliver the end)"
+            )
     missing = run.scenario.workload.requests - len(run.outcomes)
     return out + ([f"I4: {missing} requests got no outcome"] if missing else [])
 
@@ -98,12 +143,18 @@ def i5_counters_disagree(run: Run) -> list[str]:
     if run.epp_restarted:
         return []
     routed = _delta(run, "epp_requests_total", lambda k: 'outcome="routed"' in k)
-    sent = len(run.outcomes)
-    # a client that walks away before any answer may leave before its request is routed
-    early = sum(o.hung_up and not o.spec.stream for o in run.outcomes)
+    # the EPP's own refusals (429 shed, queue_full, ...) are counted by their status
+    refused = sum(bool(o.dropped) for o in run.outcomes)
+    sent = len(run.outcomes) - refused
+    # a client that walks away before any answer may leave before its request is
+    # routed, and one sent while Envoy restarted may never reach it
+    early = sum(
+        (o.hung_up and not o.spec.stream) or (o.status == 0 and _window(run, o, ("envoy-restart",)))
+        for o in run.outcomes
+    )
     if not sent - early <= routed <= sent:
-        return [f"I5: the EPPs routed {routed:g} requests; the clients sent {sent}, {early} "
-                "of them abandoned before any answer"]  # fmt: skip
+        return [f"I5: the EPPs routed {routed:g} requests; the clients sent {sent} it did not "
+                f"refuse, {early} of them abandoned or cut before any answer"]  # fmt: skip
     return []
 
 

@@ -3,15 +3,38 @@ records (every client's outcome, the EPPs' and servers' counters)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-# deployment shapes this step covers (docs/testing.md)
-SHAPES = ("plain", "lora-subset", "workers-2", "stack-replicas", "pd-nixl")
+# deployment shapes (docs/testing.md has what each runs)
+SHAPES = (
+    "plain",
+    "lora-subset",  # an adapter preloaded on two of three servers
+    "lora-registered",  # adapters registered on every server, one slot each
+    "lora-on-demand",  # adapters loaded by the EPP where it routes them (placement)
+    "model-rewrite",  # client-facing names rewritten to adapters (config and header)
+    "workers-2",
+    "stack-replicas",  # `epp stack --replicas 2`
+    "replicas",  # two `epp serve` side by side, started by LocalStack
+    "pd-nixl",
+    "pd-sidecar",
+    "pd-concurrent",
+    "pd-kv-pool",
+    "pd-deferred",  # nixl, the decode pick deferred to the prefill leg's end
+    "kv-events",  # the precise prefix scorer fed by the servers' KV events
+    "flow-control",  # on, one request per server: the others wait in the EPP, by priority
+    "flow-control-off",  # the same pool saturated without it: sheddable requests shed
+    "tls",  # Envoy talks TLS to the EPP
+    "fail-open",  # Envoy routes round robin while the EPP is down
+)
 # faults: none, a server SIGKILLed or SIGSTOPped while streams run on it (or at once,
 # whatever it is doing: the requests it was sent meanwhile meet it before their first
-# byte), a server
-# answering a share of requests with an error status, a server's /metrics failing or
-# slow, an EPP replica SIGKILLed
+# byte), a server answering a share of requests with an error status, a server's
+# /metrics failing or slow, a server stopped and started again on its port or replaced
+# by one on a new port (the admin API told), a server removed through the admin API
+# under traffic and added back, an EPP replica or worker SIGKILLed, Envoy restarted on
+# its port, a KV-event publisher (a server of the kv-events shape) SIGKILLed and
+# started again
 FAULTS = (
     "none",
     "sigkill-mid-stream",
@@ -20,15 +43,37 @@ FAULTS = (
     "sigstop-at-once",
     "fault-status",
     "metrics-fault",
+    "restart-same-port",
+    "restart-new-port",
+    "admin-remove-add",
     "epp-replica-kill",
+    "epp-worker-kill",
+    "envoy-restart",
+    "kv-publisher-restart",
 )
 BASE_MODEL = "sim-model"
 ADAPTER = "ad-1"  # preloaded on the first two servers of the lora-subset shape
+ADAPTERS = (ADAPTER, "ad-2")  # the catalogue of lora-registered and lora-on-demand
+ALIAS = "alias"  # model-rewrite: rewritten by the config to ADAPTER or BASE_MODEL
+PRIORITY_HEADER = "x-gateway-inference-priority"
+REWRITE_HEADER = "x-llm-d-model-name-rewrite"
+
+_MODEL_FIELD = re.compile(rb'"model":\s*"([^"]+)"')
 
 # per-attempt silence allowed from a server (Envoy's first-byte and stream-idle timeouts)
 # and the EPP's stream chunk timeout in every scenario: short, so a frozen server costs
 # seconds; the budgets in docs/timeouts.md are built from them
 IDLE_S = 4.0
+# where a server freezes mid-stream, streams get three times as long for their first byte
+# (production's relation: 60 s before the first byte, 15 s between chunks), so a stream
+# held for its first-byte budget is told apart from one ended at its chunk budget (I4)
+FROZEN_MID_STREAM_FIRST_BYTE_S = 3 * IDLE_S
+
+
+def stream_first_byte_s(fault: str) -> float:
+    """Envoy's per-try idle timeout for streams (their first-byte budget) under
+    ``fault``; IDLE_S elsewhere, so a server frozen before its first byte costs seconds."""
+    return FROZEN_MID_STREAM_FIRST_BYTE_S if fault == "sigstop-mid-stream" else IDLE_S
 
 
 @dataclass(frozen=True)
@@ -49,7 +94,9 @@ class Workload:
     hangup_share: float  # requests the client walks away from (a stream after its first
     # chunk, a non-streaming request once sent)
     big_share: float  # 220 KB prompts
-    adapter_share: float  # requests for ADAPTER (lora-subset only)
+    # requests that ask for something else than the base model (generate.ASKS: an
+    # adapter, a name to rewrite, a priority), in the shapes that have such asks
+    adapter_share: float
     max_tokens: tuple[int, int]
 
 
@@ -59,6 +106,10 @@ class Scenario:
     shape: str
     fault: Fault
     workload: Workload
+    # whether shape and fault were pinned rather than drawn (the fast tier pins them, so
+    # its scenarios stay what they are when the lists above grow)
+    pinned: bool = False
+    short: bool = False  # cut short (generate.SHORT_REQUESTS)
 
     def describe(self) -> str:
         f, w = self.fault, self.workload
@@ -67,11 +118,13 @@ class Scenario:
             f"{f.after}{''.join(', ' + x for x in (f.statuses, f.metrics) if x)}), "
             f"{w.requests} requests by "
             f"{w.clients} clients (stream {w.stream_share:.0%}, hang-up {w.hangup_share:.0%}, "
-            f"220 KB {w.big_share:.0%}, adapter {w.adapter_share:.0%})"
+            f"220 KB {w.big_share:.0%}, other models or headers {w.adapter_share:.0%})"
         )
 
     def replay(self) -> str:
-        return f".venv/bin/python -m tests.scenarios.replay {self.seed}"
+        pins = f" --shape {self.shape} --fault {self.fault.kind}" if self.pinned else ""
+        short = " --short" if self.short else ""
+        return f".venv/bin/python -m tests.scenarios.replay {self.seed}{pins}{short}"
 
 
 @dataclass(frozen=True)
@@ -81,6 +134,11 @@ class RequestSpec:
     model: str
     stream: bool
     hangup: bool  # the client closes the connection early (drive.send)
+    headers: tuple[tuple[str, str], ...] = ()  # priority, model rewrite
+
+    @property
+    def priority(self) -> int:
+        return next((int(v) for k, v in self.headers if k == PRIORITY_HEADER), 0)
 
 
 @dataclass
@@ -91,9 +149,20 @@ class Outcome:
     served: str = ""  # x-sim-instance
     body: bytes = b""
     first_byte_s: float | None = None  # after ``started``
+    # the longest silence after the first body byte: between two chunks, or from the last
+    # chunk to the end (a cut included)
+    longest_gap_s: float = 0.0
     seconds: float = 0.0
     error: str = ""  # the client-side exception, if any
     hung_up: bool = False  # the client walked away on purpose
+    dropped: str = ""  # x-llm-d-request-dropped-reason: why the EPP refused it
+
+    @property
+    def answered_model(self) -> str:
+        """The model the server answered as (the body's first "model"; a rewritten
+        request's target), else the one asked for."""
+        found = _MODEL_FIELD.search(self.body)
+        return found.group(1).decode() if found else self.spec.model
 
     @property
     def complete(self) -> bool:
@@ -115,6 +184,9 @@ class FaultEvent:
     at: float  # time.monotonic()
     until: float | None = None  # when it was healed (SIGCONT, statuses cleared)
     victim: str = ""  # the server's address or the replica's name
+    # the server that must serve again after it heals (I6): the victim, or the server
+    # that replaced it on a new port
+    rejoin: str = ""
 
 
 @dataclass
@@ -132,6 +204,7 @@ class Run:
     epp_before: list[dict[str, float]] = field(default_factory=list)
     epp_after: list[dict[str, float]] = field(default_factory=list)
     quiesce_error: str = ""  # what did not return to rest (I3), if anything
+    sockets_error: str = ""  # EPP sockets that did not return to their baseline (I3)
     epp_restarted: bool = False  # an EPP process died: its counters restarted from 0
     # after the load: requests sent one at a time until the fault's victim served one
     # (I6); empty where the fault has no server victim

@@ -4,28 +4,86 @@ invariant checks."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import orjson
 
-from tests.scenarios.deploy import Deployment, Server, deployed
+from tests.scenarios.deploy import Deployment, Server, deployed, lora_holders
 from tests.scenarios.drive import Driver
+from tests.scenarios.eppfrom import OtherCheckout
 from tests.scenarios.faults import apply
 from tests.scenarios.generate import requests
-from tests.scenarios.invariants import RECOVERY_REQUESTS, SERVER_DEATHS
-from tests.scenarios.model import BASE_MODEL, FaultEvent, Outcome, RequestSpec, Run, Scenario
+from tests.scenarios.invariants import EPP_DEATHS, FLOW_QUEUE, RECOVERY_REQUESTS, SERVER_DEATHS
+from tests.scenarios.model import (
+    BASE_MODEL,
+    FaultEvent,
+    Outcome,
+    RequestSpec,
+    Run,
+    Scenario,
+    stream_first_byte_s,
+)
 from tests.support.http import get_json, metric_samples
 
 QUIESCE_S = 30.0  # a wide safety net: rest normally comes within a second
 REJOIN_S = 60.0  # a restarted server starts, passes the readiness check, is scraped
 BURST = 4  # I6's probe: concurrent requests, so an idle favourite cannot take them all
 STALE_AFTER_S = 2.0  # dataLayer.staleAfterSeconds, the default
-SERVER_VICTIMS = (*SERVER_DEATHS, "fault-status", "metrics-fault")
+SERVER_VICTIMS = (*SERVER_DEATHS, "fault-status", "metrics-fault", "admin-remove-add")
+# the EPP's work still open: in-flight counts, pending decodes, flow-control queues
+OPEN = ("epp_in_flight_requests", "epp_pending_decode_requests", FLOW_QUEUE)
+# I3's sockets: what the EPP may hold after the load beyond what it held before it
+# (connections opened on demand and kept alive: one from each Envoy worker thread, one
+# pool connection per concurrent client to a server or the EPP's own peers); a socket
+# leaked per request or per failure outgrows it
+SOCKETS_WAIT_S = 20.0  # idle keep-alive connections close within this (a safety net)
+KV_BLOCKS = "epp_kv_index_blocks"  # kv-events' I6: the EPP hears the victim again
+KV_HEARD_S = 10.0  # events arrive within moments (a safety net)
 
 
 def _scrape(d: Deployment) -> list[dict[str, float]]:
-    return [metric_samples(f"{url}/metrics") for url in d.epp_http_urls()]
+    return [
+        {**metric_samples(f"{url}/metrics"), **metric_samples(f"{url}/metrics", FLOW_QUEUE)}
+        for url in d.epp_http_urls()
+    ]
+
+
+def _sockets(pid: int) -> int:
+    """Open sockets of process ``pid`` (its /proc fd table); 0 once it is gone."""
+    count = 0
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            continue  # closed meanwhile
+    return count
+
+
+def epp_sockets(d: Deployment) -> dict[int, int]:
+    """Every EPP process's open sockets, by pid."""
+    return {pid: _sockets(pid) for pid in d.epp_pids()}
+
+
+def sockets_back(d: Deployment, before: dict[int, int], slack: int) -> str:
+    """Wait until every EPP process that lived through the load holds at most ``slack``
+    sockets more than before it; what it still held at the deadline, or ""."""
+    deadline = time.monotonic() + SOCKETS_WAIT_S
+    while True:
+        now = epp_sockets(d)
+        over = {pid: (before[pid], n) for pid, n in now.items()
+                if pid in before and n > before[pid] + slack}  # fmt: skip
+        if not over:
+            return ""
+        if time.monotonic() > deadline:
+            said = ", ".join(f"pid {pid}: {was} -> {n}" for pid, (was, n) in over.items())
+            return f"EPP sockets above their baseline + {slack} after {SOCKETS_WAIT_S:g}s: {said}"
+        time.sleep(0.1)
 
 
 def _busy(d: Deployment) -> str:
@@ -36,7 +94,7 @@ def _busy(d: Deployment) -> str:
         for i, samples in enumerate(_scrape(d)):
             for key, value in samples.items():
                 name = key.split("{")[0]
-                if name in ("epp_in_flight_requests", "epp_pending_decode_requests") and value:
+                if name in OPEN and value:
                     busy.append(f"EPP {i} {key} = {value:g}")
     except OSError as exc:
         return f"an EPP does not answer /metrics: {exc}"
@@ -69,7 +127,7 @@ def _rejoined(d: Deployment, server: Server) -> bool:
         samples = metric_samples(f"{d.epp_http_urls()[0]}/metrics")
     except OSError:
         return False
-    mine = {k.split("{")[0]: v for k, v in samples.items() if f'"{server.address}"' in k
+    mine = {k.split("{")[0]: v for k, v in samples.items() if f'"{server.in_epp}"' in k
             and (not k.startswith("epp_endpoint_status{") or 'status="healthy"' in k)}  # fmt: skip
     return (
         mine.get("epp_endpoint_status") == 1
@@ -79,10 +137,20 @@ def _rejoined(d: Deployment, server: Server) -> bool:
 
 def recover(s: Scenario, d: Deployment, events: list[FaultEvent]) -> tuple[list[Outcome], str]:
     """I6's probe: once the victim is healthy again in the EPP's view with a fresh load,
-    bursts of BURST concurrent short requests until it serves one."""
-    if s.fault.kind not in SERVER_VICTIMS or not events:
+    bursts of BURST concurrent short requests until it serves one. After an Envoy
+    restart: one burst, every request of it answered."""
+    if s.fault.kind == "envoy-restart" and events:  # the listener is back: one burst
+        with Driver(d.url, [_probe(s, k) for k in range(BURST)], BURST) as burst:
+            pass
+        failed = [o for o in burst.outcomes if not o.complete]
+        return (
+            burst.outcomes,
+            f"a request after Envoy's restart failed: {failed[0]}" if failed else "",
+        )
+    if not events or s.fault.kind not in SERVER_VICTIMS:
         return [], ""
-    victim = next(srv for srv in d.servers() if srv.address == events[0].victim)
+    back = events[0].rejoin or events[0].victim
+    victim = next(srv for srv in d.servers() if srv.address == back)
     deadline = time.monotonic() + REJOIN_S
     while not _rejoined(d, victim):
         if time.monotonic() > deadline:
@@ -97,21 +165,45 @@ def recover(s: Scenario, d: Deployment, events: list[FaultEvent]) -> tuple[list[
         if failed:
             return outcomes, f"a recovery request failed: {failed[0]}"
         if any(o.served == victim.address for o in burst.outcomes):
-            return outcomes, ""
+            return outcomes, _heard(d, victim) if s.shape == "kv-events" else ""
     return outcomes, f"{victim.name} served none of {RECOVERY_REQUESTS} requests after healing"
 
 
+def _heard(d: Deployment, server: Server) -> str:
+    """kv-events: whether every EPP's precise index holds blocks of ``server`` again,
+    from its KV events after it served ("" once it does)."""
+    where = f'endpoint="{server.in_epp}"'
+
+    def blocks() -> float:
+        return min(
+            sum(v for k, v in metric_samples(f"{url}/metrics", KV_BLOCKS).items() if where in k)
+            for url in d.epp_http_urls()
+        )
+
+    deadline = time.monotonic() + KV_HEARD_S
+    while blocks() <= 0:
+        if time.monotonic() > deadline:
+            return (
+                f"the EPP's index holds no block of {server.name} {KV_HEARD_S:g}s after it served"
+            )
+        time.sleep(0.1)
+    return ""
+
+
 def _probe(s: Scenario, i: int) -> RequestSpec:
-    body = {"model": BASE_MODEL, "prompt": f"recovery {s.seed} {i}", "max_tokens": 8}
+    # long enough for whole KV blocks (16 tokens of about a byte): kv-events' check
+    prompt = f"recovery {s.seed} {i}: " + "a probe of the pool after the fault. " * 6
+    body = {"model": BASE_MODEL, "prompt": prompt, "max_tokens": 8}
     return RequestSpec(10_000 + i, orjson.dumps(body), BASE_MODEL, False, False)
 
 
 def run_scenario(s: Scenario, d: Deployment) -> Run:
     """Drive ``s`` on a deployment of its shape and record everything."""
     servers = d.servers()
-    before = _scrape(d)
+    before, sockets = _scrape(d), epp_sockets(d)
     with Driver(d.url, requests(s), s.workload.clients) as driver:
         events = apply(s, d, driver)
+    servers += [srv for srv in d.servers() if srv not in servers]  # one that replaced another
     run = Run(
         scenario=s,
         outcomes=driver.outcomes,
@@ -119,14 +211,23 @@ def run_scenario(s: Scenario, d: Deployment) -> Run:
         serves={srv.address: set(srv.serves) for srv in servers},
         servers_that_decode=[srv.address for srv in servers if srv.decodes],
         epp_before=before,
-        epp_restarted=s.fault.kind == "epp-replica-kill",
+        epp_restarted=s.fault.kind in EPP_DEATHS,
     )
     run.quiesce_error = quiesce(d)
     run.epp_after = _scrape(d) if not run.quiesce_error else []
+    if not run.quiesce_error:
+        slack = (os.cpu_count() or 1) + s.workload.clients + len(servers)
+        run.sockets_error = sockets_back(d, sockets, slack)
     run.recovery, run.recovery_error = recover(s, d, events)
     return run
 
 
-def run_seed(s: Scenario, tmp: Path) -> Run:
-    with deployed(s.shape, tmp) as d:
+def run_seed(s: Scenario, tmp: Path, epp_from: OtherCheckout | None = None) -> Run:
+    """``s`` on a fresh deployment of its shape (with ``epp_from``: another checkout's
+    EPP, eppfrom.py)."""
+    first_byte = stream_first_byte_s(s.fault.kind)
+    holders = lora_holders(s.fault.kind)
+    with deployed(
+        s.shape, tmp, stream_first_byte_s=first_byte, epp_from=epp_from, holders=holders
+    ) as d:
         return run_scenario(s, d)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tests.scenarios.invariants import (
     i1_avoidable_errors,
     i2_misrouted,
+    i3_not_at_rest,
     i4_over_budget,
     i5_counters_disagree,
     i6_not_recovered,
@@ -13,6 +14,7 @@ from tests.scenarios.invariants import (
 from tests.scenarios.model import (
     ADAPTER,
     BASE_MODEL,
+    PRIORITY_HEADER,
     Fault,
     FaultEvent,
     Outcome,
@@ -46,6 +48,9 @@ def test_i1_lets_through_a_cut_on_the_killed_server_only() -> None:
     assert len(i1_avoidable_errors(run([cut], other))) == 1
     later = FaultEvent("sigkill-mid-stream", at=12.0, victim=A)
     assert len(i1_avoidable_errors(run([cut], later))) == 1
+    started = outcome(2, 502, b'{"error":{"code":"upstream_reset_after_response_started"}}', "")
+    assert i1_avoidable_errors(run([started], kill)) == []  # Envoy's own 502, no retry
+    assert len(i1_avoidable_errors(run([started]))) == 1
     headers_only = outcome(1, 200, b"")  # frozen between its headers and first token
     freeze = FaultEvent("sigstop-mid-stream", at=10.5, victim=A)
     assert i1_avoidable_errors(run([headers_only], freeze)) == []
@@ -70,11 +75,57 @@ def test_i2_catches_an_adapter_on_a_server_without_it() -> None:
     assert len(i2_misrouted(run([wrong, right]))) == 1
 
 
+def test_i1_lets_through_what_envoy_s_restart_cut_and_a_refused_sheddable_request() -> None:
+    refused = outcome(0, 0, b"")
+    refused.error = "ConnectionRefusedError: [Errno 111] Connection refused"
+    restart = FaultEvent("envoy-restart", at=10.5, until=12.0, victim="envoy")
+    assert i1_avoidable_errors(run([refused], restart)) == []
+    later = FaultEvent("envoy-restart", at=11.5, until=12.0, victim="envoy")
+    assert len(i1_avoidable_errors(run([refused], later))) == 1  # it ended before
+    shed = outcome(1, 429, b'{"error": {}}')
+    shed.dropped = "rejected-saturated"
+    assert len(i1_avoidable_errors(run([shed]))) == 1  # priority 0: not sheddable
+    sheddable = RequestSpec(2, b"{}", BASE_MODEL, False, False, ((PRIORITY_HEADER, "-1"),))
+    shed.spec = sheddable
+    assert i1_avoidable_errors(run([shed])) == []
+
+
+def test_i2_judges_a_rewritten_request_by_the_model_it_was_answered_as() -> None:
+    # asked for a name nobody serves, rewritten to the adapter only A holds
+    on_a = outcome(0, 200, b'{"model":"ad-1","choices":[]}', served=A, model="alias")
+    on_b = outcome(1, 200, b'data: {"model": "ad-1"}\n\n', served=B, model="alias")
+    base = outcome(2, 200, b'{"model":"sim-model","choices":[]}', served=B, model="alias")
+    found = i2_misrouted(run([on_a, on_b, base]))
+    assert len(found) == 1 and "request 1 for ad-1" in found[0]
+
+
+def test_i3_reports_sockets_that_stay_open() -> None:
+    r = run([])
+    assert i3_not_at_rest(r) == []
+    r.sockets_error = "EPP sockets above their baseline + 9 after 20s: pid 7: 20 -> 60"
+    assert i3_not_at_rest(r) == [f"I3: {r.sockets_error}"]
+
+
 def test_i4_catches_a_request_past_its_budget_and_a_missing_one() -> None:
     slow = outcome(0, 200, DONE)
     slow.seconds = 500.0
     found = i4_over_budget(run([slow, outcome(1, 200, DONE)]))
     assert len(found) == 2 and "1 requests got no outcome" in found[1]
+
+
+def test_i4_catches_a_stream_silent_past_its_chunk_budget_after_its_first_byte() -> None:
+    held = outcome(0, 200, b"data: {}\n\n")  # frozen mid-stream, cut by Envoy's 12 s
+    held.first_byte_s, held.longest_gap_s, held.seconds = 0.1, 12.0, 12.1
+    ended = outcome(1, 200, b"data: {}\n\nevent: error\n")  # the EPP's 4 s chunk timeout
+    ended.first_byte_s, ended.longest_gap_s, ended.seconds = 0.1, 4.3, 4.4
+    # the first byte may take the streams' longer first-byte budget (4 tries of 12 s)
+    slow_start = outcome(2, 200, DONE)
+    slow_start.first_byte_s, slow_start.seconds = 49.5, 50.0
+    found = i4_over_budget(run([held, ended, slow_start], fault="sigstop-mid-stream"))
+    assert len(found) == 1 and "request 0" in found[0] and "silent 12.0s" in found[0]
+    # elsewhere the first byte's budget is 4 tries of 4 s (+ 30 s of generation)
+    found = i4_over_budget(run([ended, slow_start, outcome(3, 200, DONE)]))
+    assert len(found) == 1 and "request 2 took 50.0s" in found[0]
 
 
 def test_i5_compares_routed_requests_with_the_clients() -> None:
@@ -84,6 +135,9 @@ def test_i5_compares_routed_requests_with_the_clients() -> None:
     assert i5_counters_disagree(r) == []
     r.epp_after = [{key: 8.0}]
     assert len(i5_counters_disagree(r)) == 1
+    r.outcomes[1].dropped = "rejected-saturated"  # refused by the EPP: not routed
+    r.epp_after = [{key: 6.0}]
+    assert i5_counters_disagree(r) == []
     r.epp_restarted = True
     assert i5_counters_disagree(r) == []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,16 +73,26 @@ def metric(http_port: int, name: str) -> float:
 
 
 @contextmanager
-def running_stack(tmp_path: Path, *flags: str) -> Iterator[RunningStack]:
+def running_stack(
+    tmp_path: Path,
+    *flags: str,
+    env: Mapping[str, str] | None = None,
+    adapt: Callable[[list[str]], list[str]] | None = None,
+) -> Iterator[RunningStack]:
     """``epp stack --time-scale 0.05 FLAGS`` on free ports, once its banner is out;
-    stopped with Ctrl-C (SIGINT) at the end."""
+    stopped with Ctrl-C (SIGINT) at the end. ``env`` is added to its environment and
+    ``adapt`` rewrites its argv (command first): another checkout's ``epp stack``
+    (tests/scenarios/eppfrom.py)."""
     out, workdir = tmp_path / "stack.out", tmp_path / "work"
-    argv = epp_argv(
+    args = [
         "stack", "--envoy-port", "0", "--envoy-admin-port", "0", "--grpc-port", "0",
         "--http-port", "0", "--time-scale", "0.05", "--workdir", str(workdir), *flags,
-    )  # fmt: skip
+    ]  # fmt: skip
+    argv = epp_argv(*(adapt(args) if adapt else args))
     with open(out, "wb") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     try:
         wait_for(lambda: b"Ctrl-C stops everything" in out.read_bytes(), 60, "the banner")
         url = out.read_text().split("Envoy (send requests here)", 1)[1].split()[0]

@@ -92,6 +92,21 @@ def test_other_paths_pass_through(pair: tuple[SimProc, SimProc, str]) -> None:
     assert models["data"][0]["id"] == "sim-model"
 
 
+def test_an_unreachable_decode_server_ends_a_request_unanswered(tmp_path: Path) -> None:
+    """A request Envoy would retry elsewhere: its connection ends before any answer (a
+    502 is not retried); /metrics gets a 502 naming the decode server."""
+    sidecar = start_epp(tmp_path, "orphan", "sidecar", "--port", "0", "--decode", "127.0.0.1:1")
+    try:
+        url = f"http://127.0.0.1:{sidecar.info['port']}"
+        with pytest.raises(ConnectionResetError):  # http.client.RemoteDisconnected is one
+            post(url, completion("nobody decodes this"), None)
+        status, _, body = request(f"{url}/metrics")
+        assert status == 502 and b"decode server 127.0.0.1:1 unreachable" in body
+    finally:
+        sidecar.stop()
+    assert "closing the connection unanswered" in sidecar.log_tail(100)
+
+
 def test_allow_list_keeps_the_sidecar_from_calling_other_hosts(
     pair: tuple[SimProc, SimProc, str], tmp_path: Path
 ) -> None:
