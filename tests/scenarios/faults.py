@@ -57,13 +57,16 @@ def apply(s: Scenario, d: Deployment, driver: Driver) -> list[FaultEvent]:
     _wait(lambda: driver.answered() >= f.after, driver, HEAL_WAIT_S)
     if f.kind == "epp-replica-kill":
         replica = f.target % len(d.epp_http_urls())  # fail-open has one
-        os.kill(d.epp_pid(replica), signal.SIGKILL)
-        return [FaultEvent(f.kind, time.monotonic(), victim=f"epp replica {replica}")]
+        pid = d.epp_pid(replica)
+        event = FaultEvent(f.kind, time.monotonic(), victim=f"epp replica {replica}")
+        os.kill(pid, signal.SIGKILL)  # dated before the signal, as a server's below
+        return [event]
     if f.kind == "epp-worker-kill":
         workers = get_json(f"{d.epp_http_urls()[0]}/workers")["workers"]
         worker = f.target % len(workers)
+        event = FaultEvent(f.kind, time.monotonic(), victim=f"epp worker {worker}")
         os.kill(int(workers[worker]["pid"]), signal.SIGKILL)
-        return [FaultEvent(f.kind, time.monotonic(), victim=f"epp worker {worker}")]
+        return [event]
     if f.kind == "envoy-restart":
         assert isinstance(d, InProcess)
         event = FaultEvent(f.kind, time.monotonic(), victim="envoy")
@@ -97,14 +100,16 @@ def apply(s: Scenario, d: Deployment, driver: Driver) -> list[FaultEvent]:
     if f.kind.endswith("-mid-stream"):  # a stream of its own under way: its client waits
         _wait(lambda: driver.streams_under_way(victim.address) > 0, driver, STRIKE_WAIT_S)
     pid = d.server_pid(victim.name)
+    # dated before the signal: a client can see its cut before os.kill returns, and the
+    # invariants explain a failure by a fault that struck while it ran
+    event = FaultEvent(f.kind, time.monotonic(), victim=victim.address)
     if f.kind == "restart-same-port":  # stopped cleanly; the stack starts it again
         os.kill(pid, signal.SIGTERM)
-        return [FaultEvent(f.kind, time.monotonic(), victim=victim.address)]
+        return [event]
     if f.kind.startswith("sigkill") or f.kind == "kv-publisher-restart":
         os.kill(pid, signal.SIGKILL)
-        return [FaultEvent(f.kind, time.monotonic(), victim=victim.address)]
+        return [event]
     os.kill(pid, signal.SIGSTOP)
-    event = FaultEvent(f.kind, time.monotonic(), victim=victim.address)
     # frozen for a drawn number of answers, and at least for the longest per-try budget
     # (a stream's first byte), so every timeout the freeze should trip has tripped
     frozen_until = event.at + stream_first_byte_s(f.kind)
