@@ -19,6 +19,7 @@ from tests.scenarios.model import (
     FAULTS,
     PRIORITY_HEADER,
     REWRITE_HEADER,
+    SERVER_FAULTS,
     SHAPES,
     Fault,
     RequestSpec,
@@ -35,15 +36,6 @@ PD = ("pd-nixl", "pd-sidecar", "pd-concurrent", "pd-kv-pool", "pd-deferred")
 # shapes started by LocalStack in this process (deploy.InProcess): Envoy restart, a
 # server replaced on a new port and the admin API apply to them
 IN_PROCESS = tuple(s for s in SHAPES if s != "stack-replicas")
-SERVER_FAULTS = (
-    "sigkill-mid-stream",
-    "sigstop-mid-stream",
-    "sigkill-at-once",
-    "sigstop-at-once",
-    "fault-status",
-    "metrics-fault",
-    "restart-same-port",
-)
 
 
 def _faults_of(shape: str) -> tuple[str, ...]:

@@ -35,8 +35,8 @@ SHAPES = (
 # under traffic and added back, an EPP replica or worker SIGKILLed, Envoy restarted on
 # its port, a KV-event publisher (a server of the kv-events shape) SIGKILLed and
 # started again
-FAULTS = (
-    "none",
+# the faults on one server that any shape can take (generate.FAULTS_OF adds the rest)
+SERVER_FAULTS = (
     "sigkill-mid-stream",
     "sigstop-mid-stream",
     "sigkill-at-once",
@@ -44,6 +44,10 @@ FAULTS = (
     "fault-status",
     "metrics-fault",
     "restart-same-port",
+)
+FAULTS = (  # the order is the generator's: a seed's draw depends on it
+    "none",
+    *SERVER_FAULTS,
     "restart-new-port",
     "admin-remove-add",
     "epp-replica-kill",
