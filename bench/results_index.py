@@ -46,8 +46,16 @@ TARGET_DECISION_P99_US = 1000.0  # one scheduling cycle at 1,000 endpoints
 TARGET_P90_VS_RR = 1 / 3  # p90 TTFT vs round robin at 0.7 load, Zipf groups, 1.6 copies
 TARGET_WARM_MISS = 0.10  # warm-miss rate at every load
 TARGET_LORA_VS_RR = 0.5  # adapter loads per 100 requests and TTFT p90 vs round robin
+# equal-popularity groups, 1.6 copies, at 0.4 and 0.7 of round robin's capacity
+TARGET_HIT_VS_ORACLE = 0.9  # the servers' prefix-cache hit rate vs the `ideal` oracle's
+TARGET_HIT = 0.80
+TARGET_P50_VS_RR = 0.35
+TARGET_SHARED_P90_VS_RR = 0.8
+TARGET_PAST_CAPACITY_VS_RR = 1.1  # throughput at 1.2 of round robin's capacity
 NONE = "\N{EN DASH}"  # an empty table cell
 MATRIX = "routing-zipf-"  # the routing matrix and its companions
+# the matrix's equal-popularity cells (inference-perf's shared_prefix shape and llm-d's guide)
+SHARED = ("routing-equal-", "routing-guide-")
 MODEL = "routing-model"  # bench.routing_model: a design tool's numbers, not the benchmark
 
 # Result files whose routing numbers rest on the simulator's KV cache as it was before it
@@ -79,14 +87,8 @@ BEFORE_VLLM_CACHE = frozenset(
         "routing-tuning",
         "routing-tuning-2",
         "routing-zipf-baseline",
-        "routing-zipf-control-kv1.6",
-        "routing-zipf-groups-kv1.6",
-        "routing-zipf-groups-kv1.6-events",
         "routing-zipf-groups-kv1.6-flow",
         "routing-zipf-groups-kv1.6-flow-control-on",
-        "routing-zipf-groups-kv1.6-replicas",
-        "routing-zipf-groups-kv2.5",
-        "routing-zipf-multi-turn-kv1.6",
     }
 )
 VLLM_CACHE_DATE = "2026-11-27 10:05"
@@ -537,7 +539,7 @@ def routing_section() -> list[str]:
         "round robin's p90 at the same load, and (where measured) the warm-miss rate; "
         "the last column is the throughput at the highest rate.",
     ]
-    for name in names(MATRIX):
+    for name in [*names(MATRIX), *(n for prefix in SHARED for n in names(prefix))]:
         data = load(name)
         meta = data["meta"]
         lines += ["", f"### {link(name)}: {title(name)}", "", f"{when(meta)}."]
@@ -561,7 +563,7 @@ def routing_section() -> list[str]:
         "they backed (the files say what each policy was).",
         "",
     ]
-    earlier = [n for n in names("routing") if not n.startswith((MATRIX, MODEL))]
+    earlier = [n for n in names("routing") if not n.startswith((MATRIX, MODEL, *SHARED))]
     rows = [[link(n), str(load(n)["meta"]["date"]), ", ".join(policies(load(n)))] for n in earlier]
     lines += table(["file", "measured", "policies"], rows, right_from=9)
     models = ", ".join(link(n) for n in names(MODEL))
@@ -735,6 +737,72 @@ def overhead_targets() -> list[list[str]]:
     return [*cpu_targets(c64), latency_target(c1), chunk_target(streamed), throughput_report(c64)]
 
 
+def shared_prefix_targets() -> list[list[str]]:
+    """The default on equal-popularity groups at 1.6 copies (inference-perf's
+    shared_prefix shape), against round robin and the `ideal` oracle at 0.4 and 0.7 of
+    round robin's capacity, and past it. Each ratio row also gives the oracle's, which
+    shows where a target is out of any router's reach."""
+    name = f"{SHARED[0]}groups-kv1.6"
+    if not (RESULTS / f"{name}.json").exists():
+        return [no_run("equal-popularity groups, 1.6 copies", name, "bench-routing")]
+    data = load(name)
+    loads = loads_by_rate(data)
+    below = [rate for rate, load_ in loads.items() if load_ in (0.4, 0.7)]
+    past = max(loads)
+    where = f"{name}: default (oracle: ideal)"
+
+    def at(policy: str, rate: float, key: str) -> float:
+        return float(row_at(data, policy, rate)[key])
+
+    def worst_ratio(policy: str, key: str) -> tuple[float, str]:
+        ratios = [at(policy, rate, key) / at("round-robin", rate, key) for rate in below]
+        each = " / ".join(f"{x:.2f}x" for x in ratios)
+        return max(ratios), each
+
+    hits = [at("default", rate, "prefix_hit_rate") for rate in below]
+    oracle_hits = [at("ideal", rate, "prefix_hit_rate") for rate in below]
+    vs_oracle = [h / o for h, o in zip(hits, oracle_hits, strict=True)]
+    hit_ok = min(hits) >= TARGET_HIT and min(vs_oracle) >= TARGET_HIT_VS_ORACLE
+    rows = [
+        [
+            f"prefix-cache hit ≥ {TARGET_HIT_VS_ORACLE:g}x the oracle's and ≥ "
+            f"{TARGET_HIT:.0%} at loads 0.4 and 0.7 (equal groups, 1.6 copies)",
+            where,
+            " / ".join(f"{h:.0%} ({x:.2f}x)" for h, x in zip(hits, vs_oracle, strict=True)),
+            verdict(hit_ok),
+        ]
+    ]
+    for key, label, target in (
+        ("ttft_p50_ms", "p50", TARGET_P50_VS_RR),
+        ("ttft_p90_ms", "p90", TARGET_SHARED_P90_VS_RR),
+    ):
+        worst, each = worst_ratio("default", key)
+        _, oracle = worst_ratio("ideal", key)
+        rows.append(
+            [
+                f"TTFT {label} ≤ {target:g}x round robin's at loads 0.4 and 0.7 "
+                "(equal groups, 1.6 copies)",
+                where,
+                f"{each} (oracle {oracle})",
+                ratio_verdict(worst, target),
+            ]
+        )
+    ratio = at("default", past, "throughput_rps") / at("round-robin", past, "throughput_rps")
+    oracle_ratio = at("ideal", past, "throughput_rps") / at("round-robin", past, "throughput_rps")
+    rows.append(
+        [
+            f"throughput past capacity ≥ {TARGET_PAST_CAPACITY_VS_RR:g}x round robin's "
+            f"(load {loads[past]:g}, equal groups, 1.6 copies)",
+            where,
+            f"{ratio:.2f}x (oracle {oracle_ratio:.2f}x)",
+            "met"
+            if ratio >= TARGET_PAST_CAPACITY_VS_RR
+            else f"**missed** by {TARGET_PAST_CAPACITY_VS_RR - ratio:.2f}x",
+        ]
+    )
+    return rows
+
+
 def targets_section() -> list[str]:
     rows: list[list[str]] = overhead_targets()
     over = load("overhead-220kb")["rows"]
@@ -798,6 +866,7 @@ def targets_section() -> list[str]:
                 verdict(worst <= TARGET_WARM_MISS),
             ]
         )
+    rows += shared_prefix_targets()
     rows += lora_targets()
     return [
         "## Targets",
