@@ -33,8 +33,11 @@ typecheck: $(STAMP)
 
 # The slow tier (tests marked `slow`, docs/testing.md) is left out: `make test` must stay
 # under 10 minutes on a fresh clone of the shared 2-core VM; `make test-slow` runs it.
+# TEST_WORKERS pytest-xdist workers share the files (a file's tests stay on one worker, so
+# module fixtures start once); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: lint typecheck
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
