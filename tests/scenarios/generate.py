@@ -30,6 +30,17 @@ from tests.scenarios.model import (
 T = TypeVar("T")
 
 BIG_PROMPT_BYTES = 220 * 1024
+# the shapes whose requests send a share of their prompts as token ids: where the
+# servers count a token per byte (KV events: the simulators' byte tokenizer), so a
+# token-id prompt's size is not what its text spelling (4 characters an id) makes of it
+# (I7). Their streams ask for usage (stream_options.include_usage), so every answer
+# tells the EPP its prompt's tokens, and their 220 KB prompts are sent as ids: as text,
+# a few would take the EPP's learned characters per token past its window (a million
+# tokens, then its sums are halved), after which I7 could not say what it should hold
+TOKEN_ID_SHAPES = ("kv-events",)
+TOKEN_ID_SHARE = 0.5
+# a 220 KB prompt as ids: its first bytes' ids, as many as make a body of about 220 KB
+BIG_PROMPT_IDS = 62_000
 STATUS_MIXES = ("503:0.3", "500:0.2,429:0.1", "404:0.2", "503:0.1,404:0.1,429:0.1")
 
 PD = ("pd-nixl", "pd-sidecar", "pd-concurrent", "pd-kv-pool", "pd-deferred")
@@ -104,6 +115,8 @@ def scenario(
         big_share=_pick(rng, (0.0, 0.05, 0.1)),
         adapter_share=0.5 if shape in ASKS else 0.0,
         max_tokens=(8, _pick(rng, (24, 48))),
+        # by the shape, not drawn: every other seed's draws stay as they were
+        token_id_share=TOKEN_ID_SHARE if shape in TOKEN_ID_SHAPES else 0.0,
     )
     decoders = 2 if shape in PD else 3
     after = rng.randrange(5, max(6, requests // 3))
@@ -129,25 +142,34 @@ def scenario(
 
 
 def requests(s: Scenario) -> list[RequestSpec]:
-    """The scenario's requests, in the order the clients take them."""
+    """The scenario's requests, in the order the clients take them. Which prompts are
+    token ids comes from a generator of its own, so the other draws stay as they were
+    (a token-id prompt is the byte ids of the text prompt drawn for it)."""
     rng = random.Random(f"requests-{s.seed}")
+    as_ids = random.Random(f"token-ids-{s.seed}")
     w = s.workload
     asks = ASKS.get(s.shape, ((BASE_MODEL, ()),))
     specs = []
     for i in range(w.requests):
         stream = rng.random() < w.stream_share
         model, headers = _pick(rng, asks) if rng.random() < w.adapter_share else (BASE_MODEL, ())
+        ids = as_ids.random() < w.token_id_share
         if rng.random() < w.big_share:
             prompt = (f"Request {i} carries a long document. " * 8000)[:BIG_PROMPT_BYTES]
+            ids, prompt = (True, prompt[:BIG_PROMPT_IDS]) if w.token_id_share else (ids, prompt)
         else:
             prompt = f"Scenario {s.seed} request {i}: " + "tell me more. " * rng.randrange(1, 40)
+        token_ids = list(prompt.encode()) if ids else []
         doc: dict[str, object] = {
             "model": model,
-            "prompt": prompt,
+            "prompt": token_ids or prompt,
             "max_tokens": rng.randrange(*w.max_tokens),
         }
         if stream:
             doc["stream"] = True
+            if w.token_id_share:  # every answer tells its prompt's tokens (I7)
+                doc["stream_options"] = {"include_usage": True}
         hangup = rng.random() < w.hangup_share
-        specs.append(RequestSpec(i, orjson.dumps(doc), model, stream, hangup, headers))
+        spec = RequestSpec(i, orjson.dumps(doc), model, stream, hangup, headers, len(token_ids))
+        specs.append(spec)
     return specs

@@ -1,11 +1,15 @@
 """The invariants, as pure functions of a recorded run: each returns its violations
-(empty: it holds). I1-I6 as docs/testing.md states them."""
+(empty: it holds). I1-I7 as docs/testing.md states them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.scenarios.model import IDLE_S, Outcome, Run, stream_first_byte_s
+import orjson
+
+from epp.scheduling.latency import TokenRatio
+from epp.types import CHARS_PER_TOKEN
+from tests.scenarios.model import IDLE_S, Outcome, RequestSpec, Run, stream_first_byte_s
 
 # Envoy tries a request on each of the EPP's 3 picks plus one fallback host
 ATTEMPTS = 4
@@ -30,6 +34,8 @@ RECOVERY_REQUESTS = 60  # I6: the victim serves again within this many requests
 BETWEEN_CHUNKS_S = 2 * IDLE_S
 FLOW_QUEUE = "llm_d_epp_flow_control_queue_size"  # I3: requests waiting in the EPP
 STARTED = b"upstream_reset_after_response_started"  # Envoy's detail in its own 502
+# I7: the EPP's characters per token, learned from its answers' usage
+RATIO = "epp_prompt_chars_per_token"
 
 
 def _window(run: Run, o: Outcome, kinds: tuple[str, ...], victim: str | None = None) -> bool:
@@ -166,6 +172,118 @@ def i6_not_recovered(run: Run) -> list[str]:
     return []
 
 
+def reported_prompt_tokens(o: Outcome) -> int | None:
+    """The prompt tokens its server reported in a complete answer's ``usage`` (a
+    stream's: the chunk that carries it, with ``stream_options.include_usage``); None
+    for an answer that is not complete or has none."""
+    if not o.complete:
+        return None
+    docs = (
+        [orjson.loads(line[6:]) for line in o.body.split(b"\n") if line.startswith(b"data: {")]
+        if o.spec.stream
+        else [orjson.loads(o.body)]
+    )
+    usage = next((d["usage"] for d in reversed(docs) if d.get("usage")), None)
+    return None if usage is None else int(usage["prompt_tokens"])
+
+
+def _text(spec: RequestSpec) -> str:
+    prompt = orjson.loads(spec.body)["prompt"]
+    return prompt if isinstance(prompt, str) else ""
+
+
+def _taught(answers: list[tuple[int, int]]) -> float:
+    """The characters per token an EPP holds that learned (TokenRatio, from its prior)
+    from exactly these answers: (prompt characters, the server's prompt tokens)."""
+    ratio = TokenRatio()
+    for chars, tokens in answers:
+        ratio.observe(chars, tokens)
+    return ratio.chars_per_token
+
+
+def _answered(run: Run) -> tuple[list[int], list[tuple[int, int]], list[int], str]:
+    """What may have taught the EPP its characters per token: the token ids of each
+    token-id prompt answered with its usage; (characters, the server's tokens) of each
+    text prompt answered with its usage; the characters of each text prompt whose client
+    saw no complete answer, which the EPP may have seen or not (an error's body has no
+    usage); and a text answer not counted a token per character, if any."""
+    ids: list[int] = []
+    answers: list[tuple[int, int]] = []
+    maybe: list[int] = []
+    for o in run.outcomes:
+        tokens = reported_prompt_tokens(o)
+        if o.spec.token_ids:
+            ids += [] if tokens is None else [tokens]
+            continue
+        chars = len(_text(o.spec))
+        if tokens is not None and tokens != chars:
+            premise = (
+                f"judges servers that count a token per character (a byte of ASCII): request "
+                f"{o.spec.index}'s {chars} characters were counted as {tokens} tokens"
+            )
+            return ids, answers, maybe, premise
+        if tokens is not None:
+            answers.append((chars, tokens))
+        elif o.status < 400:
+            maybe.append(chars)
+    return ids, answers, maybe, ""
+
+
+def i7_prompt_sizes_misjudged(run: Run) -> list[str]:
+    """I7: what the EPP believes about prompt sizes is right: in a scenario that sends
+    token-id prompts, the characters per token it learned (``epp_prompt_chars_per_token``,
+    what every text prompt's token estimate divides by) is what its text answers alone
+    teach: the EPP's own TokenRatio, from its prior, fed each answered text prompt's
+    characters and its server's ``usage.prompt_tokens``. A token-id prompt's tokens are
+    counted, not estimated, so it teaches nothing; an EPP that spells ids as 4 characters
+    and learns from them drifts towards 4 where the servers count otherwise.
+
+    Exact (to 12 digits) where every answer is known; a request whose client saw no
+    complete answer (a hang-up, a cut) may have taught the EPP or not: the ratio must
+    then lie between the two. Holds where the servers count a token per character (the
+    byte tokenizer, ASCII prompts; checked on every answer), so that each text answer
+    adds as much to both of the EPP's sums and any of them lowers the ratio. Fails,
+    rather than passing unchecked, where no token-id or no text prompt was answered with
+    its usage, or the EPP's ratio was not scraped."""
+    sent = sum(bool(o.spec.token_ids) for o in run.outcomes)
+    if not sent:
+        return []
+    ids, answers, maybe, premise = _answered(run)
+    before = run.epp_before[0].get(RATIO) if len(run.epp_before) == 1 else None
+    after = run.epp_after[0].get(RATIO) if len(run.epp_after) == 1 else None
+    text_tokens = sum(t for _, t in answers) + sum(maybe)
+    if premise:
+        return [f"I7: {premise}"]
+    if not ids or not answers:
+        return [
+            f"I7: nothing checked: of {sent} token-id and {len(run.outcomes) - sent} text "
+            f"prompts, {len(ids)} and {len(answers)} were answered with their usage (it "
+            "takes both)"
+        ]
+    if before != CHARS_PER_TOKEN or after is None:
+        return [
+            f"I7: one EPP's {RATIO} is needed, at its prior ({CHARS_PER_TOKEN:g}) before the "
+            f"load and after it: {len(run.epp_before)} scrapes before ({before}), "
+            f"{len(run.epp_after)} after ({after}; none: see I3)"
+        ]
+    if TokenRatio.PRIOR_TOKENS + text_tokens > TokenRatio.WINDOW_TOKENS:
+        return [
+            f"I7: cannot judge: the text answers ({text_tokens} tokens) may have taken the "
+            f"EPP's learned sums past their window ({TokenRatio.WINDOW_TOKENS:g} tokens)"
+        ]
+    high, low = _taught(answers), _taught(answers + [(c, c) for c in maybe])
+    if low * (1 - 1e-12) <= after <= high * (1 + 1e-12):
+        return []
+    spelled = _taught(answers + [(round(CHARS_PER_TOKEN * n), n) for n in ids])
+    may = f" ({low:.6f} if it saw the {len(maybe)} answers its clients did not)" if maybe else ""
+    return [
+        f"I7: the EPP learned {after:.6f} characters per token; its {len(answers)} text "
+        f"answers teach {high:.6f}{may}. The {len(ids)} token-id prompts answered "
+        f"({sum(ids)} ids) must teach nothing: with each id taken for "
+        f"{CHARS_PER_TOKEN:g} characters it would be {spelled:.6f}"
+    ]
+
+
 CHECKS = (
     i1_avoidable_errors,
     i2_misrouted,
@@ -173,6 +291,7 @@ CHECKS = (
     i4_over_budget,
     i5_counters_disagree,
     i6_not_recovered,
+    i7_prompt_sizes_misjudged,
 )
 
 

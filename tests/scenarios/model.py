@@ -102,6 +102,9 @@ class Workload:
     # adapter, a name to rewrite, a priority), in the shapes that have such asks
     adapter_share: float
     max_tokens: tuple[int, int]
+    # requests whose prompt is token ids (the servers' own ids: a client that tokenizes
+    # for itself), in the shapes that send them (generate.TOKEN_ID_SHAPES)
+    token_id_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,10 @@ class Scenario:
             f"{f.after}{''.join(', ' + x for x in (f.statuses, f.metrics) if x)}), "
             f"{w.requests} requests by "
             f"{w.clients} clients (stream {w.stream_share:.0%}, hang-up {w.hangup_share:.0%}, "
-            f"220 KB {w.big_share:.0%}, other models or headers {w.adapter_share:.0%})"
+            f"220 KB {w.big_share:.0%}, other models or headers {w.adapter_share:.0%}"
+            # said only where there are some, so other shapes' descriptions stay as checked
+            + (f", token ids {w.token_id_share:.0%}" if w.token_id_share else "")
+            + ")"
         )
 
     def replay(self) -> str:
@@ -139,6 +145,7 @@ class RequestSpec:
     stream: bool
     hangup: bool  # the client closes the connection early (drive.send)
     headers: tuple[tuple[str, str], ...] = ()  # priority, model rewrite
+    token_ids: int = 0  # a prompt of this many token ids (0: a text prompt)
 
     @property
     def priority(self) -> int:

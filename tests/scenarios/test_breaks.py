@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.scenarios.eppfrom import OtherCheckout
-from tests.scenarios.generate import scenario
+from tests.scenarios.generate import requests, scenario
 from tests.scenarios.verdict import judge
 
 # break -> (scenarios: seed, shape, fault; the invariant the old EPP breaks). Shape and
@@ -29,6 +29,9 @@ BREAKS = {
     ),
     "stack-replica-death-stops-the-stack": (((11, "stack-replicas", "epp-replica-kill"),), "I1"),
     "server-frozen-mid-stream": (((123, "plain", "sigstop-mid-stream"),), "I4"),
+    # servers that count a token per byte (kv-events), half the prompts token ids; no
+    # hang-up, no fault: every answer is known, so I7 is exact
+    "token-id-prompts-mispriced": (((44, "kv-events", "none"),), "I7"),
 }  # fmt: skip
 # what each of those scenarios is, as it was checked against the old EPP
 DRAWN = {
@@ -40,7 +43,12 @@ DRAWN = {
     "by 6 clients (stream 50%, hang-up 10%, 220 KB 0%, other models or headers 0%)",
     123: "seed 123: shape plain, fault sigstop-mid-stream (target 1, after 15), 66 requests by 5 "
     "clients (stream 30%, hang-up 10%, 220 KB 0%, other models or headers 0%)",
+    44: "seed 44: shape kv-events, fault none (target 0, after 6), 47 requests by 4 clients "
+    "(stream 50%, hang-up 0%, 220 KB 0%, other models or headers 0%, token ids 50%)",
 }
+# which prompts are token ids comes from a generator of its own, which the description
+# does not show: (token-id prompts, ids) of the scenarios that send them
+TOKEN_IDS = {44: (20, 5698)}
 OLD = os.environ.get("EPP_SCENARIO_EPP_FROM", "")
 
 
@@ -51,6 +59,9 @@ def test_each_seed_still_draws_the_scenario_that_was_checked(name: str) -> None:
     --fault F --epp-from CHECKOUT`` (docs/testing.md)."""
     for seed, shape, fault in BREAKS[name][0]:
         assert scenario(seed, shape, fault).describe() == DRAWN[seed]
+        specs = requests(scenario(seed, shape, fault))
+        ids = sum(bool(r.token_ids) for r in specs), sum(r.token_ids for r in specs)
+        assert ids == TOKEN_IDS.get(seed, (0, 0))
 
 
 @pytest.mark.e2e

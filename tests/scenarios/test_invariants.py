@@ -3,6 +3,8 @@ through what a fault explains."""
 
 from __future__ import annotations
 
+import orjson
+
 from tests.scenarios.invariants import (
     i1_avoidable_errors,
     i2_misrouted,
@@ -10,6 +12,7 @@ from tests.scenarios.invariants import (
     i4_over_budget,
     i5_counters_disagree,
     i6_not_recovered,
+    i7_prompt_sizes_misjudged,
 )
 from tests.scenarios.model import (
     ADAPTER,
@@ -147,3 +150,65 @@ def test_i6_reports_a_victim_that_never_came_back() -> None:
     assert i6_not_recovered(r) == []
     r.recovery_error = "sim-1 served none of 60 requests after healing"
     assert i6_not_recovered(r) == ["I6: sim-1 served none of 60 requests after healing"]
+
+
+def prompt_answered(i: int, prompt: str | list[int], stream: bool, tokens: int | None) -> Outcome:
+    """A completed request for ``prompt`` (text or token ids) whose server counted
+    ``tokens`` (None: no usage in the answer)."""
+    body = orjson.dumps({"model": BASE_MODEL, "prompt": prompt})
+    ids = len(prompt) if isinstance(prompt, list) else 0
+    spec = RequestSpec(i, body, BASE_MODEL, stream, False, (), ids)
+    usage = None if tokens is None else {"prompt_tokens": tokens, "completion_tokens": 8}
+    if stream:
+        last = orjson.dumps({"choices": [], "usage": usage})
+        answer = b'data: {"choices":[{"text":"a"}],"usage":null}\n\ndata: ' + last + DONE[8:]
+    else:
+        answer = orjson.dumps({"choices": [{"text": "a"}], "usage": usage})
+    return Outcome(spec, started=10.0, status=200, served=A, body=answer, seconds=1.0)
+
+
+def ratio_run(outcomes: list[Outcome], learned: float) -> Run:
+    r = run(outcomes)
+    r.epp_before = [{"epp_prompt_chars_per_token": 4.0}]  # the prior
+    r.epp_after = [{"epp_prompt_chars_per_token": learned}]
+    return r
+
+
+def test_i7_holds_the_learned_ratio_to_what_the_text_prompts_alone_teach() -> None:
+    # a byte tokenizer: 100 and 60 characters are 100 and 60 tokens; the EPP starts
+    # from 1000 tokens at 4 characters; 50 token ids teach nothing
+    text = [prompt_answered(0, "x" * 100, False, 100), prompt_answered(1, "y" * 60, True, 60)]
+    ids = prompt_answered(2, [7] * 50, True, 50)
+    assert i7_prompt_sizes_misjudged(ratio_run([*text, ids], 4160 / 1160)) == []
+    # the ids spelled as 4 characters each and learned: 200 characters, 50 tokens
+    found = i7_prompt_sizes_misjudged(ratio_run([*text, ids], 4360 / 1210))
+    assert len(found) == 1 and "learned 3.603306" in found[0] and "teach 3.586207" in found[0]
+    assert "would be 3.603306" in found[0]
+    # no token-id prompt sent: not I7's to judge
+    assert i7_prompt_sizes_misjudged(ratio_run(text, 4.0)) == []
+
+
+def test_i7_lets_an_answer_the_client_did_not_see_count_either_way() -> None:
+    text = prompt_answered(0, "x" * 100, False, 100)
+    cut = prompt_answered(1, "y" * 60, True, None)
+    cut.body, cut.hung_up = b'data: {"choices":[]}\n\n', True  # it walked away
+    ids = prompt_answered(2, [7] * 50, False, 50)
+    for learned in (4100 / 1100, 4160 / 1160):  # without the cut one, with it
+        assert i7_prompt_sizes_misjudged(ratio_run([text, cut, ids], learned)) == []
+    assert len(i7_prompt_sizes_misjudged(ratio_run([text, cut, ids], 4300 / 1150))) == 1
+
+
+def test_i7_fails_where_it_checked_nothing_or_the_servers_count_otherwise() -> None:
+    text = prompt_answered(0, "x" * 100, False, 100)
+    unanswered = prompt_answered(1, [7] * 50, False, None)
+    found = i7_prompt_sizes_misjudged(ratio_run([text, unanswered], 4100 / 1100))
+    assert len(found) == 1 and "nothing checked" in found[0]
+    ids = prompt_answered(2, [7] * 50, False, 50)
+    found = i7_prompt_sizes_misjudged(ratio_run([ids], 4.0))
+    assert len(found) == 1 and "nothing checked" in found[0]
+    four = prompt_answered(0, "x" * 100, False, 25)  # 4 characters a token
+    found = i7_prompt_sizes_misjudged(ratio_run([four, ids], 4100 / 1025))
+    assert len(found) == 1 and "a token per character" in found[0]
+    unscraped = ratio_run([text, ids], 4100 / 1100)
+    unscraped.epp_after = []
+    assert "scrapes" in i7_prompt_sizes_misjudged(unscraped)[0]
