@@ -308,8 +308,8 @@ class ExtProcStream:
         """What a message carries besides its kind: Envoy's body modes (on the first),
         the endpoint that answered (envoy.lb metadata or a response attribute), the
         proxy's subset hint (read with the request headers, the one message that uses
-        it). Every message passes here, each response chunk too: Envoy sends them an
-        empty metadata context, which costs one look."""
+        it). Every message passes here, each response chunk too, so a metadata context
+        without filter metadata costs one look."""
         if msg.HasField("protocol_config"):
             self._envoy.request_body_mode = msg.protocol_config.request_body_mode
             self._envoy.response_body_mode = msg.protocol_config.response_body_mode
