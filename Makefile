@@ -120,9 +120,12 @@ bench: bench-overhead bench-overhead-paths bench-decision bench-scrape bench-kv-
 # each cell measured OVERHEAD_REPEATS times in turn (old, new, ...; the tables hold the
 # medians, the A/B ratio is the median of the pairs'). Workloads: 1 KB at concurrency 1
 # and 64 (overhead-ab), 220 KB at concurrency 20 against instant and 200 ms servers
-# (overhead-220kb), 64-chunk SSE streams (overhead-streamed: EPP CPU per chunk). The
-# baseline runs from a checkout made once with `git worktree add` in .cache/; its
-# `epp serve` gets only the flags its --help lists. Run it on a quiet machine.
+# (overhead-220kb: servers that take time run per-request timing, so each completion
+# takes 200 ms however many run at once; the simulator's default steps queue long
+# prefills behind each other), 64-chunk SSE streams (overhead-streamed: EPP CPU per
+# chunk). The baseline runs from a checkout made once with `git worktree add` in
+# .cache/; its `epp serve` gets only the flags its --help lists. Run it on a quiet
+# machine.
 OVERHEAD_BASE := d9354b2
 OVERHEAD_BASE_DIR := .cache/base-$(OVERHEAD_BASE)
 OVERHEAD_REPEATS ?= 4

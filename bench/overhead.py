@@ -288,14 +288,23 @@ def sim_args(
     """Simulator flags: answer instantly (0), or take ``server_ms`` per completion
     (and ``token_ms`` between tokens) however many requests run at once and wherever
     the EPP sends them (no queueing, KV for ``concurrency`` prompts on one server), so
-    the servers add no latency of their own that differs between paths."""
+    the servers add no latency of their own that differs between paths.
+
+    Servers that take ``server_ms`` run per-request timing (``--max-num-batched-tokens
+    0``): in the simulator's default steps each prefill that starts in a step adds
+    ``--prefill-overhead-ms`` to that step, and a server runs one step at a time, so
+    prefills queue behind each other: at most 1000 / ``server_ms`` of them a second per
+    server (20 a second for 4 servers at 200 ms, which held Envoy alone's p50 at 800 ms
+    with 220 KB prompts). Streams paced by ``token_ms`` alone keep the steps, whose
+    tokens come out together as a batch's do."""
     if server_ms == 0 and token_ms == 0:
         return ["--time-scale", "0"]
     blocks_per_request = math.ceil(prompt_bytes / CHARS_PER_TOKEN / SIM_BLOCK_TOKENS) + 2
+    per_request = ["--max-num-batched-tokens", "0"] if server_ms else []
     return [
         "--time-scale", "1", "--prefill-overhead-ms", f"{server_ms:g}",
         "--prefill-ms-per-token", "0", "--decode-ms-per-token", f"{token_ms:g}",
-        "--itl-ms-per-running-seq", "0", "--block-size", str(SIM_BLOCK_TOKENS),
+        "--itl-ms-per-running-seq", "0", *per_request, "--block-size", str(SIM_BLOCK_TOKENS),
         "--max-num-seqs", str(concurrency),
         "--kv-blocks", str(max(8192, 2 * blocks_per_request * concurrency)),
     ]  # fmt: skip

@@ -15,19 +15,29 @@ Per round it times ``--requests`` exchanges of each kind and reports µs per req
 response's last chunk (its completion: usage read, the observers run). The median over
 ``--rounds`` rounds is reported.
 
+The ``native_*`` figures carry the same two exchanges through the native transport
+(epp.extproc.native) as well, with no socket: each message's HTTP/2 DATA frame is fed to
+its ``Connection`` as a socket read would hand it over, the real driver and stream run
+behind it on a uvloop event loop, and a stand-in transport takes the replies' writes. So
+they add the transport's framing, flow control, gRPC messages, protobuf parsing and
+serializing and the event loop's hops to the figures above; the socket and Envoy are
+still left out.
+
 ``--against DIR`` compares another checkout of the project (e.g. a ``git worktree`` of
 main): the two run in two child processes that take turns round by round, so a slow
 spell of a loaded machine hits both alike, and the ratio new / old is the median of the
-per-round ratios. ``--profile plain|streamed`` prints a cProfile of one kind instead.
+per-round ratios. ``--profile KIND`` prints a cProfile of one kind instead (``native-plain``,
+``native-streamed``: through the native transport).
 ``--write`` writes ``bench/results/request-path.{md,json}`` (for a quiet machine).
 
     python -m bench.request_path [--endpoints 8] [--requests 300] [--rounds 11]
-        [--chunks 64] [--against DIR] [--profile plain|streamed] [--write]
+        [--chunks 64] [--against DIR] [--profile KIND] [--write]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import json
 import os
@@ -53,8 +63,18 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("plain", "streamed")
-# what each round reports, µs: per request of each kind, per streamed chunk, per last chunk
-FIGURES = ("plain_us", "streamed_us", "chunk_us", "last_chunk_us")
+# what each round reports, µs: per request of each kind, per streamed chunk, per last
+# chunk; then the same through the native transport
+FIGURES = (
+    "plain_us",
+    "streamed_us",
+    "chunk_us",
+    "last_chunk_us",
+    "native_plain_us",
+    "native_streamed_us",
+    "native_chunk_us",
+)
+PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 _FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
 
 
@@ -153,6 +173,159 @@ def router(endpoints: int) -> Any:
     return make_router(ds, build_scheduler(""), EppMetrics(ds), rng=random.Random(0))
 
 
+class _Socket:
+    """What the native transport's connection writes to, in place of a socket: it counts
+    the writes and their bytes (a reply is one write per event-loop turn)."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.sent = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        self.sent += len(data)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+class NativeBench:
+    """The exchanges carried by the native transport with no socket (see the module's
+    docstring): one connection, a new stream per exchange, as Envoy sends them."""
+
+    def __init__(self, router_: Any, exchanges: dict[str, Exchange]) -> None:
+        import uvloop
+        from hpack import Encoder
+
+        from epp.extproc.native import frames
+
+        self._frames = frames
+        self.loop = uvloop.new_event_loop()
+        self.router = router_
+        self._encoder = Encoder()
+        self._socket = _Socket()
+        self._credited = 0  # of what the server sent, given back as window
+        self._stream_id = -1
+        self._exchanges = {kind: self._data(ex) for kind, ex in exchanges.items()}
+        self.conn: Any = None
+        self.loop.run_until_complete(self._connect())
+
+    def _data(self, ex: Exchange) -> tuple[list[bytes], list[bytes]]:
+        """Each message as a gRPC message in a DATA frame (its stream id patched in
+        later); the last one ends the stream, as Envoy half-closes after it."""
+
+        def frame(msg: ProcessingRequest, end: bool) -> bytes:
+            body = msg.SerializeToString()
+            payload = b"\0" + len(body).to_bytes(4, "big") + body
+            return self._frames.header(len(payload), 0, 1 if end else 0, 0) + payload
+
+        *chunks, last = ex.chunks
+        return [frame(m, False) for m in ex.head], [
+            *(frame(m, False) for m in chunks),
+            frame(last, True),
+        ]
+
+    async def _connect(self) -> None:
+        from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
+
+        from epp.extproc.driver import drive
+        from epp.extproc.native.connection import Connection
+        from epp.extproc.native.grpc import GrpcServer, Method
+
+        router_ = self.router
+
+        async def process(call: Any) -> None:
+            await drive(call, router_)
+
+        server = GrpcServer({PROCESS: Method(ProcessingRequest.FromString, process)}, 64 << 20)
+        self.conn = Connection(server.open_stream, lambda _: None)
+        self.conn.connection_made(self._socket)
+        window = self._frames.MAX_WINDOW
+        settings = (4).to_bytes(2, "big") + window.to_bytes(4, "big")  # INITIAL_WINDOW_SIZE
+        self.conn.data_received(
+            self._frames.PREFACE + self._frames.header(len(settings), 4, 0, 0) + settings
+        )
+        await self._settle()
+
+    async def _settle(self) -> None:
+        """Let the handler and the connection run what the last frames started."""
+        for _ in range(8):
+            await asyncio.sleep(0)
+
+    async def _answered(self, frame: bytes) -> None:
+        """Feed one message's frame and let the loop run until its reply is written (the
+        handler's turn, then the connection's flush)."""
+        sock = self._socket
+        writes = sock.writes
+        self.conn.data_received(frame)
+        while sock.writes == writes:  # noqa: ASYNC110 - the loop's own turns are measured
+            await asyncio.sleep(0)
+
+    def _with_id(self, frame: bytes) -> bytes:
+        return frame[:5] + self._stream_id.to_bytes(4, "big") + frame[9:]
+
+    async def _one(self, kind: str) -> tuple[float, float]:
+        """One exchange: (seconds for the chunks but the last, for the last)."""
+        head, chunks = self._exchanges[kind]
+        self._stream_id += 2
+        headers = self._encoder.encode(
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", PROCESS),
+                (":authority", "epp"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ]
+        )
+        frames = self._frames
+        opening = frames.header(len(headers), 1, 4, self._stream_id) + headers
+        self.conn.data_received(opening + b"".join(self._with_id(f) for f in head))
+        await self._settle()
+        sock = self._socket
+        clock = time.perf_counter
+        *middle, last = [self._with_id(f) for f in chunks]
+        start = clock()
+        for frame in middle:
+            await self._answered(frame)
+        between = clock()
+        await self._answered(last)
+        end = clock()
+        await self._settle()  # the trailers
+        owed = sock.sent - self._credited  # keep the server's send window open
+        if owed:
+            self.conn.data_received(frames.header(4, 8, 0, 0) + owed.to_bytes(4, "big"))
+            self._credited = sock.sent
+        return between - start, end - between
+
+    def round(self, requests: int) -> dict[str, float]:
+        return self.loop.run_until_complete(self._round(requests))
+
+    async def _round(self, requests: int) -> dict[str, float]:
+        clock = time.perf_counter
+        out: dict[str, float] = {}
+        for kind in KINDS:
+            middle = 0.0
+            start = clock()
+            for _ in range(requests):
+                m, _last = await self._one(kind)
+                middle += m
+            out[f"native_{kind}_us"] = (clock() - start) / requests * 1e6
+            if kind == "streamed":
+                chunks = len(self._exchanges[kind][1]) - 1
+                out["native_chunk_us"] = middle / (requests * max(chunks, 1)) * 1e6
+        return out
+
+
 class Bench:
     """Rounds of exchanges against one router."""
 
@@ -162,6 +335,7 @@ class Bench:
         self.stream_class = ExtProcStream
         self.router = router(endpoints)
         self.exchanges = {"plain": exchange(False, chunks), "streamed": exchange(True, chunks)}
+        self.native = NativeBench(self.router, self.exchanges)
 
     def one(self, kind: str) -> tuple[float, float]:
         """One exchange; (seconds in the chunks before the last, seconds in the last)."""
@@ -195,6 +369,7 @@ class Bench:
                 chunks = len(self.exchanges[kind].chunks) - 1
                 out["chunk_us"] = middle / (requests * max(chunks, 1)) * 1e6
                 out["last_chunk_us"] = last / requests * 1e6
+        out.update(self.native.round(requests))
         return out
 
 
@@ -293,6 +468,9 @@ LABELS = {
     "streamed_us": "streamed request, µs",
     "chunk_us": "streamed response chunk (not the last), µs",
     "last_chunk_us": "streamed response's last chunk (completion), µs",
+    "native_plain_us": "non-streamed request through the native transport, µs",
+    "native_streamed_us": "streamed request through the native transport, µs",
+    "native_chunk_us": "streamed response chunk through the native transport, µs",
 }
 
 
@@ -312,15 +490,35 @@ def report(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def profile(args: argparse.Namespace) -> None:
-    bench = Bench(args.endpoints, args.chunks)
+PROFILES = (*KINDS, *(f"native-{kind}" for kind in KINDS))
+
+
+def profile_stats(kind: str, endpoints: int, chunks: int, requests: int) -> pstats.Stats:
+    """A cProfile of ``requests`` exchanges of ``kind`` (:data:`PROFILES`: ``native-``
+    carries them through the native transport)."""
+    bench = Bench(endpoints, chunks)
     bench.round(20)
+    native, _, plain_kind = kind.rpartition("-")
     profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(args.requests):
-        bench.one(args.profile)
+    if native:
+
+        async def run() -> None:
+            for _ in range(requests):
+                await bench.native._one(plain_kind)
+
+        profiler.enable()
+        bench.native.loop.run_until_complete(run())
+    else:
+        profiler.enable()
+        for _ in range(requests):
+            bench.one(kind)
     profiler.disable()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    return pstats.Stats(profiler)
+
+
+def profile(args: argparse.Namespace) -> None:
+    stats = profile_stats(args.profile, args.endpoints, args.chunks, args.requests)
+    stats.sort_stats("tottime").print_stats(30)
 
 
 def write(doc: dict[str, Any], table: str, args: argparse.Namespace) -> None:
@@ -346,7 +544,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--chunks", type=int, default=64, help="a streamed response's chunks")
     parser.add_argument("--against", metavar="DIR", help="another checkout to compare with")
-    parser.add_argument("--profile", choices=KINDS, help="print a cProfile of one kind")
+    parser.add_argument("--profile", choices=PROFILES, help="print a cProfile of one kind")
     parser.add_argument("--write", action="store_true", help="write bench/results/request-path.*")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

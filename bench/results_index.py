@@ -270,6 +270,17 @@ BENCHMARKS = [
 # Figures measured once, outside the benchmarks' result files; kept here so that every
 # figure the project quotes is on one page.
 OTHER_MEASUREMENTS = [
+    "Where the EPP's CPU goes, in shares (docs/architecture.md's *Where the time goes*; "
+    "`python -m bench.profile_path`, [`profile-request-path.md`](profile-request-path.md), "
+    "2026-11-27 on the loaded VM: shares only). `epp serve` under Envoy at concurrency 32, "
+    "py-spy with C frames: native, a non-streamed 1 KB request: transport 18 %, protobuf "
+    "11 %, event loop and sockets 9 %, the lifecycle 41 % (scheduling 17 %, state machine "
+    "9 %, metrics 6 %, parsing 5 %, latency model 2 %, observers 2 %), background work "
+    "(scrapes) 18 %; a streamed chunk (64-chunk responses): transport 27 %, protobuf 25 %, "
+    "state machine 19 %, the rest of the lifecycle 17 %, event loop 6 %. grpclib: its "
+    "HTTP/2 in Python 59 % of a request, 68 % of a chunk. In process (cProfile): "
+    "scheduling 43 % of a non-streamed request, the state machine 40 % of a streamed one; "
+    "through the native transport with no socket, the transport 29 % and 48 %.",
     "Overhead, a morning run of 2026-11-23 on the VM's faster spell (the git history of "
     "`overhead.md` and `overhead-220kb.md`): 1 KB at concurrency 1, +1.4 / +2.5 ms "
     "(p50 / p99) for `lean` and about 0.7-0.9k req/s per EPP core; 220 KB at "

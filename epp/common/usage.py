@@ -32,6 +32,31 @@ def keep_tail(tail: bytes, chunk: bytes) -> bytes:
     return joined[-TAIL_BYTES:]
 
 
+class Tail:
+    """The last TAIL_BYTES of a body that passes chunk by chunk (:func:`keep_tail`'s
+    result, kept for the price of appending each chunk): the buffer is cut back only
+    once it holds twice that, so a stream of small chunks copies 4 KB once per 4 KB of
+    body rather than once per chunk."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        buf = self._buf
+        if len(chunk) >= TAIL_BYTES:  # a long chunk replaces it all (not copied whole)
+            buf[:] = memoryview(chunk)[-TAIL_BYTES:]
+            return
+        buf += chunk
+        if len(buf) > 2 * TAIL_BYTES:
+            del buf[:-TAIL_BYTES]
+
+    def bytes(self) -> bytes:
+        """The last TAIL_BYTES seen (all of it, if less)."""
+        return bytes(self._buf[-TAIL_BYTES:])
+
+
 def find_usage(tail: bytes) -> Usage | None:
     """The last ``"usage": {...}`` object in ``tail`` (OpenAI's names), or None if
     absent or malformed."""

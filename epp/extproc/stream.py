@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any, Literal, cast
@@ -25,10 +25,11 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     ProcessingRequest,
     ProcessingResponse,
 )
+from google.protobuf.struct_pb2 import Struct
 
 from epp.common.apis import DEFAULT, Api, api_for
 from epp.common.requestparse import parse_request
-from epp.common.usage import TAIL_BYTES, keep_tail
+from epp.common.usage import TAIL_BYTES, Tail
 from epp.disagg.coordinators import DecodeLeg
 from epp.errors import BodyTooLargeError, ClientVisibleError
 from epp.extproc import messages
@@ -69,6 +70,7 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 # on the response path, from proxies that send it)
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_HEADERS_IN = (Message.REQUEST_HEADERS, Message.REQUEST_HEADERS_END)
 
 # How an ext_proc stream ended: Envoy half-closed it (complete), reset it (cancelled),
 # one of the two (ended: grpc.aio ends the request iterator alike for both), or our
@@ -125,7 +127,8 @@ class _Request:
     # the endpoint that answered, when the proxy says (envoy.lb metadata, else Envoy's
     # upstream.address attribute)
     served: str = ""
-    tail: bytes = b""
+    tail: Tail = field(default_factory=Tail)  # the response's last bytes
+    body_seen: bool = False  # a response body byte passed
     head: bytes = b""  # the response's first bytes, for an API whose usage starts there
     api: Api = DEFAULT  # the request API of its path (epp.common.apis)
     stream: bool = False  # the client asked for a streamed answer ("stream": true)
@@ -203,7 +206,7 @@ class ExtProcStream:
         step = self._advance(message)
         if isinstance(step, Answer):
             return self._answer(step, message)
-        self._note(msg)
+        self._note(msg, message)
         try:
             if message in (Message.REQUEST_HEADERS, Message.REQUEST_HEADERS_END):
                 return self._on_request_headers(msg.request_headers)
@@ -301,18 +304,23 @@ class ExtProcStream:
         self._finish()
         return Step(end_stream=reason)
 
-    def _note(self, msg: ProcessingRequest) -> None:
+    def _note(self, msg: ProcessingRequest, message: Message) -> None:
         """What a message carries besides its kind: Envoy's body modes (on the first),
         the endpoint that answered (envoy.lb metadata or a response attribute), the
-        proxy's subset hint."""
+        proxy's subset hint (read with the request headers, the one message that uses
+        it). Every message passes here, each response chunk too, so a metadata context
+        without filter metadata costs one look."""
         if msg.HasField("protocol_config"):
             self._envoy.request_body_mode = msg.protocol_config.request_body_mode
             self._envoy.response_body_mode = msg.protocol_config.response_body_mode
         if msg.attributes:
             self._req.served = _upstream_address(msg) or self._req.served
         if msg.HasField("metadata_context"):
-            self._subset_hint = _subset_hint(msg)
-            self._req.served = _served_metadata(msg) or self._req.served
+            filters = msg.metadata_context.filter_metadata
+            if message in _HEADERS_IN:
+                self._subset_hint = _subset_hint(filters)
+            if filters:
+                self._req.served = _served_metadata(filters) or self._req.served
 
     def _response_unfinished(self) -> bool:
         """Would this stream have seen the response end? Not when Envoy does not send
@@ -520,17 +528,19 @@ class ExtProcStream:
         routed = req.routed
         if self._watch is not None:
             self._watch.chunk()
-        elif routed is not None and data and not req.tail:
+        elif routed is not None and data and not req.body_seen:
             self._router.first_byte_seen(routed)
             self._watch_chunks()
-        if routed is not None and data:
-            self._router.chunk_seen(routed, len(data))
-        req.tail = keep_tail(req.tail, data)
+        if data:
+            req.body_seen = True
+            if routed is not None:
+                self._router.chunk_seen(routed, len(data))
+            req.tail.add(data)
         if req.api.needs_head and len(req.head) < TAIL_BYTES:
             req.head += data[: TAIL_BYTES - len(req.head)]
         if end:
             if routed is not None and not routed.ticket.released:
-                usage = req.api.usage(req.head, req.tail)
+                usage = req.api.usage(req.head, req.tail.bytes())
                 self._router.completed(routed, req.status, req.served, usage)
             self._finish()
         if self._envoy.response_body_mode == _FULL_DUPLEX:
@@ -566,7 +576,7 @@ class ExtProcStream:
             self._router.stalled(routed.ticket.address, req.served)
         path = req.headers.get(":path", "")
         timeout_s = self._router.stream_chunk_timeout_s
-        push(stall_reply(timeout_s, req.tail, path, req.request_id))
+        push(stall_reply(timeout_s, req.tail.bytes(), path, req.request_id))
 
     def _finish(self) -> None:
         watch = self._watch
@@ -583,9 +593,10 @@ class ExtProcStream:
                 self._router.answered(routed, self._req.status, self._req.served)
 
 
-def _subset_hint(msg: ProcessingRequest) -> frozenset[str] | None:
-    """The proxy's ``envoy.lb.subset_hint`` list of ``ip:port``, if it sent one."""
-    hint = msg.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+def _subset_hint(filters: Mapping[str, Struct]) -> frozenset[str] | None:
+    """The proxy's ``envoy.lb.subset_hint`` list of ``ip:port``, if it sent one
+    (``filters``: a message's ``metadata_context.filter_metadata``)."""
+    hint = filters.get(SUBSET_NAMESPACE)
     if hint is None or SUBSET_KEY not in hint.fields:
         return None
     value = hint.fields[SUBSET_KEY]
@@ -595,10 +606,10 @@ def _subset_hint(msg: ProcessingRequest) -> frozenset[str] | None:
     return frozenset(a.strip() for a in value.string_value.split(",") if a.strip())
 
 
-def _served_metadata(msg: ProcessingRequest) -> str:
+def _served_metadata(filters: Mapping[str, Struct]) -> str:
     """``envoy.lb`` metadata ``x-gateway-destination-endpoint-served``: the ``ip:port``
     that served, when the proxy reports it (the first, should it send a list)."""
-    lb = msg.metadata_context.filter_metadata.get(messages.LB_NAMESPACE)
+    lb = filters.get(messages.LB_NAMESPACE)
     if lb is None or SERVED_KEY not in lb.fields:
         return ""
     value = lb.fields[SERVED_KEY]

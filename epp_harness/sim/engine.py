@@ -19,10 +19,9 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
 
-from epp_harness.sim.chunk_tokenizer import token_keys
 from epp_harness.sim.config import SimConfig
 from epp_harness.sim.kv_cache import KvCache, SeqBlocks, blocks_for
-from epp_harness.sim.prefix_cache import BlockHash, TokenKey, block_hashes
+from epp_harness.sim.prefix_cache import BlockHash, TextKeys, TokenKey, block_hashes
 from epp_harness.sim.protocol import GenerationRequest
 from epp_harness.sim.responses import token_id, token_text
 from epp_harness.sim.steps import StepLoop
@@ -108,12 +107,12 @@ class KvEventSink(Protocol):
     def cleared(self) -> None: ...
 
 
-def prompt_keys(req: GenerationRequest) -> list[TokenKey]:
+def prompt_keys(req: GenerationRequest) -> list[TokenKey] | TextKeys:
     """The per-token keys the prefix cache sees: token ids, or 4-character pieces of a
     text the simulator does not tokenize."""
     if req.prompt_token_ids is not None:
         return list(req.prompt_token_ids)
-    return list(token_keys(req.prompt_text))
+    return TextKeys(req.prompt_text)
 
 
 def output_key(req: GenerationRequest, index: int) -> TokenKey:

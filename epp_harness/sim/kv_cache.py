@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from epp_harness.sim.block_pool import BlockPool
-from epp_harness.sim.prefix_cache import BlockHash, TokenKey, block_hashes
+from epp_harness.sim.prefix_cache import BlockHash, TextKeys, TokenKey, block_hashes
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -41,7 +41,7 @@ class SeqBlocks:
     ``hashes``: the chained hashes of its full blocks; ``cached``: how many leading
     blocks are registered in the pool."""
 
-    keys: list[TokenKey]
+    keys: list[TokenKey] | TextKeys
     prompt_tokens: int
     hashes: list[BlockHash] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)
@@ -88,7 +88,8 @@ class KvCache:
     def admit(self, prompt: Sequence[TokenKey], *, lookup: bool = True) -> SeqBlocks:
         """Schedule a prompt: find its hit, reference and allocate its blocks, cache its
         full blocks. ``hit_tokens`` is the prompt tokens found cached here."""
-        seq = SeqBlocks(list(prompt), len(prompt))
+        keys = prompt.copy() if isinstance(prompt, TextKeys) else list(prompt)
+        seq = SeqBlocks(keys, len(prompt))
         seq.hashes = block_hashes(seq.keys, self.block_size)
         if lookup and seq.prompt_tokens:
             most = (seq.prompt_tokens - 1) // self.block_size
@@ -124,7 +125,8 @@ class KvCache:
         full = min(computed // self.block_size, len(seq.blocks))
         if full <= seq.cached:
             return
-        seq.hashes = block_hashes(seq.keys[: full * self.block_size], self.block_size, seq.hashes)
+        if full > len(seq.hashes):  # generated tokens filled a block (admit hashed the prompt)
+            seq.hashes = block_hashes(seq.keys, self.block_size, seq.hashes, full)
         first = seq.cached
         for i in range(first, full):
             self.pool.cache(seq.blocks[i], seq.hashes[i])

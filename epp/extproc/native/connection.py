@@ -116,6 +116,7 @@ class Connection(asyncio.Protocol):
         self._keepalive: asyncio.TimerHandle | None = None
         self._window_waiters: list[asyncio.Future[None]] = []
         self._writable: asyncio.Future[None] | None = None  # set while writing is paused
+        self._sent: asyncio.Future[None] | None = None  # done: what send_message returns
         self.idle = asyncio.Event()  # no open stream
         self.idle.set()
         self.closed = asyncio.Event()
@@ -125,6 +126,8 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, only alike
         self._transport = cast(asyncio.Transport, transport)
+        self._sent = asyncio.get_running_loop().create_future()
+        self._sent.set_result(None)
         self._queue(
             frames.settings(
                 {
@@ -175,7 +178,10 @@ class Connection(asyncio.Protocol):
                         self._frame(kind, flags, stream_id, view[start:at])
                     except StreamError as exc:
                         self._reset(exc.stream_id, exc.code, str(exc))
-            self._buf = bytearray(buf[at:]) if at < end else bytearray()
+            if at < end:
+                self._buf = bytearray(buf[at:])
+            elif self._buf:
+                self._buf = bytearray()
         except ConnectionFailure as exc:
             self._fail(exc.code, str(exc))
 
@@ -285,7 +291,9 @@ class Connection(asyncio.Protocol):
         if stream.recv_window < 0:
             self._credit_connection(size)
             raise StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "stream window exceeded")
-        content = frames.strip_padding(payload, flags, stream_id)
+        content = payload
+        if flags & Flag.PADDED:
+            content = frames.strip_padding(payload, flags, stream_id)
         end = bool(flags & Flag.END_STREAM)
         if content:
             self._empty = 0
@@ -493,6 +501,33 @@ class Connection(asyncio.Protocol):
                 self._forget(stream_id)
             else:  # the response is complete: the rest of the request is not needed (§8.1)
                 self._reset(stream_id, ErrorCode.NO_ERROR, "response complete")
+
+    def send_message(
+        self, stream_id: int, prefix: bytes, body: bytes
+    ) -> asyncio.Future[None] | None:
+        """``prefix + body`` as one DATA frame, queued now if the peer's windows and
+        largest frame take it and the socket takes writes: then a done future comes
+        back. None: nothing was queued (:meth:`send_data` sends it). Raises
+        StreamGone."""
+        stream = self._streams.get(stream_id)
+        if stream is None or self._closed:
+            raise StreamGone(stream_id)
+        size = len(prefix) + len(body)
+        writable = self._writable is None or self._writable.done()
+        if (
+            size > stream.send_window
+            or size > self._send_window
+            or size > self._peer_max_frame
+            or not writable
+            or self._sent is None
+            or self._window_waiters  # a message waits for room: it goes first
+        ):
+            return None
+        stream.send_window -= size
+        self._send_window -= size
+        self._out += (frames.header(size, FrameType.DATA, 0, stream_id), prefix, body)
+        self._flush_soon()
+        return self._sent
 
     async def send_data(self, stream_id: int, payload: bytes) -> None:
         """``payload`` as DATA, as fast as the peer's windows allow; raises StreamGone."""

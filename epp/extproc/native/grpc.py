@@ -117,9 +117,10 @@ class Call(Generic[M]):
                 at += _PREFIX + size
             if at:
                 self._buf = buf[at:]
-        if self._buf and len(self._buf) >= _PREFIX and frames.u32(self._buf, 1) > self.max_message:
-            self._fail(GrpcError(RESOURCE_EXHAUSTED, "message larger than the server accepts"))
-        self._credit_ahead()
+        if self._buf:
+            if len(self._buf) >= _PREFIX and frames.u32(self._buf, 1) > self.max_message:
+                self._fail(GrpcError(RESOURCE_EXHAUSTED, "message larger than the server accepts"))
+            self._credit_ahead()
         self._wake()
 
     def _message(self, flag: int, body: memoryview, ahead: int) -> None:
@@ -187,16 +188,22 @@ class Call(Generic[M]):
                 self._waiter = None
         message, credit, ahead = self._messages.popleft()
         self._conn.consumed(self._id, credit, ahead)
-        if not self._messages:
+        if self._buf and not self._messages:
             self._credit_ahead()
         return message
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        """Send one message; await what this returns. A message that fits the peer's
+        windows and frame size is queued at once (a done future comes back: no
+        coroutine); a longer one, or one the windows hold back, is sent by a coroutine
+        that waits for room."""
         body = message.SerializeToString()
         if not self._headers_sent:
             self._headers_sent = True
             self._conn.send_headers(self._id, _RESPONSE_HEADERS, end_stream=False)
-        await self._conn.send_data(self._id, len(body).to_bytes(_PREFIX, "big") + body)
+        prefix = len(body).to_bytes(_PREFIX, "big")
+        sent = self._conn.send_message(self._id, prefix, body)
+        return sent if sent is not None else self._conn.send_data(self._id, prefix + body)
 
     def finish(self, status: int, message: str = "") -> None:
         """Trailers (or a trailers-only response) with ``status``, once; nothing if the

@@ -3,8 +3,11 @@ reading."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from bench.overhead import (
     EPPS,
@@ -23,6 +26,9 @@ from bench.overhead_report import (
     reading,
     workload,
 )
+from epp_harness.sim.config import SimConfig
+from epp_harness.sim.engine import first_token_seconds
+from epp_harness.sim.flags import add_arguments, config_from_args
 
 
 def row(path: str, p50: float, p99: float, **extra: Any) -> dict[str, Any]:
@@ -43,6 +49,25 @@ def test_instant_servers_answer_at_once_and_slow_ones_never_queue() -> None:
     assert value["--max-num-seqs"] == "20"  # every client's request runs at once
     blocks = 225_280 / 4 / int(value["--block-size"])
     assert int(value["--kv-blocks"]) >= 20 * blocks  # all prompts fit on one server
+
+
+def sim_config(flags: list[str]) -> SimConfig:
+    """The simulator's config for ``flags``, as `epp sim` parses them."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return config_from_args(parser.parse_args(flags), 8000)
+
+
+def test_slow_servers_take_their_time_per_completion_whatever_runs_beside() -> None:
+    # per-request timing: a 220 KB prompt's first (and only) token comes server_ms after
+    # admission, and all 20 clients' requests are admitted at once. In the simulator's
+    # steps, each prefill starting in a step adds the overhead to that one step, so a
+    # server's prefills would take turns: 200 ms each, one after the other.
+    config = sim_config(sim_args(200, 225_280, 20))
+    assert config.max_num_batched_tokens == 0 and config.max_num_seqs == 20
+    tokens = 225_280 // 4
+    assert first_token_seconds(config, tokens, cached=0, received=0) == pytest.approx(0.2)
+    assert first_token_seconds(config, tokens, cached=tokens - 1, received=0) == pytest.approx(0.2)
 
 
 def test_cpu_bound_latency_is_concurrency_times_cpu_over_the_cores_left() -> None:
@@ -73,6 +98,8 @@ def test_streamed_servers_pace_their_tokens() -> None:
     value = dict(zip(flags[::2], flags[1::2], strict=True))
     assert value["--time-scale"] == "1" and value["--decode-ms-per-token"] == "1"
     assert value["--prefill-overhead-ms"] == "0" and value["--max-num-seqs"] == "16"
+    # the steps stay: a batch's tokens come out together
+    assert sim_config(flags).max_num_batched_tokens == SimConfig().max_num_batched_tokens
 
 
 def test_a_streamed_run_measures_each_path_in_one_piece_and_streamed() -> None:

@@ -1,6 +1,8 @@
+import random
+
 import orjson
 
-from epp.common.usage import TAIL_BYTES, Usage, find_usage, keep_tail
+from epp.common.usage import TAIL_BYTES, Tail, Usage, find_usage, keep_tail
 
 
 def test_non_streaming_body() -> None:
@@ -37,3 +39,16 @@ def test_tail_is_bounded_and_keeps_the_end() -> None:
     assert len(tail) == TAIL_BYTES
     assert tail.endswith(bytes([65 + 99 % 26]) * 100)
     assert keep_tail(b"abc", b"x" * (TAIL_BYTES + 5)) == b"x" * TAIL_BYTES
+
+
+def test_kept_tail_is_keep_tails_result_at_every_step() -> None:
+    rng = random.Random(7)
+    for _ in range(50):
+        kept, tail = Tail(), b""
+        assert kept.bytes() == b""
+        for i in range(rng.randrange(1, 60)):
+            size = rng.choice([0, 1, 7, 100, 900, TAIL_BYTES - 1, TAIL_BYTES, 3 * TAIL_BYTES])
+            chunk = bytes([i % 256]) * size + rng.randbytes(rng.randrange(0, 3))
+            kept.add(chunk)
+            tail = keep_tail(tail, chunk)
+            assert kept.bytes() == tail

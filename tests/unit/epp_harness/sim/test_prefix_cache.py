@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 from epp_harness.sim.chunk_tokenizer import token_keys
 from epp_harness.sim.prefix_cache import (
+    TextKeys,
     block_hashes,
     text_block_hashes,
     token_block_hashes,
@@ -55,3 +58,21 @@ def test_known_hashes_are_extended_not_recomputed() -> None:
     ids = list(range(64))
     head = token_block_hashes(ids[:32], 16)
     assert block_hashes(ids, 16, head) == token_block_hashes(ids, 16)
+
+
+def test_text_keys_hash_and_read_as_their_pieces() -> None:
+    rng = random.Random(5)
+    for _ in range(40):
+        text = "".join(rng.choice("ab\u00e9\U0001f600\n") for _ in range(rng.randrange(1, 300)))
+        generated = ["".join(rng.choice("xyz") for _ in range(4)) for _ in range(rng.randrange(9))]
+        lazy, pieces = TextKeys(text), token_keys(text)
+        for key in generated:
+            lazy.append(key)
+            pieces.append(key)
+        assert len(lazy) == len(pieces) and list(lazy) == pieces and lazy[-1] == pieces[-1]
+        assert lazy[2:7] == pieces[2:7]
+        for size in (1, 2, 3, 16):
+            assert block_hashes(lazy, size) == block_hashes(pieces, size)
+            blocks = len(pieces) // size
+            known = block_hashes(pieces, size)[: blocks // 2]
+            assert block_hashes(lazy, size, known, blocks) == block_hashes(pieces, size)
