@@ -45,6 +45,7 @@ class WireMetrics(msgspec.Struct, frozen=True):
     prefix_cache_queries: float | None
     prefix_cache_hits: float | None
     orca: dict[str, float]
+    started_at: float | None = None
 
 
 # parent -> worker
@@ -164,6 +165,7 @@ def wire_metrics(m: EndpointMetrics) -> WireMetrics:
         prefix_cache_queries=m.prefix_cache_queries,
         prefix_cache_hits=m.prefix_cache_hits,
         orca=dict(m.orca),
+        started_at=m.started_at,
     )
 
 
@@ -181,4 +183,5 @@ def metrics(wire: WireMetrics) -> EndpointMetrics:
         prefix_cache_queries=wire.prefix_cache_queries,
         prefix_cache_hits=wire.prefix_cache_hits,
         orca=dict(wire.orca),
+        started_at=wire.started_at,
     )
