@@ -44,8 +44,8 @@ class WireMetrics(msgspec.Struct, frozen=True):
     num_blocks: int | None
     prefix_cache_queries: float | None
     prefix_cache_hits: float | None
+    started_at: float | None
     orca: dict[str, float]
-    started_at: float | None = None
 
 
 # parent -> worker
@@ -164,8 +164,8 @@ def wire_metrics(m: EndpointMetrics) -> WireMetrics:
         num_blocks=m.num_blocks,
         prefix_cache_queries=m.prefix_cache_queries,
         prefix_cache_hits=m.prefix_cache_hits,
-        orca=dict(m.orca),
         started_at=m.started_at,
+        orca=dict(m.orca),
     )
 
 
@@ -182,6 +182,6 @@ def metrics(wire: WireMetrics) -> EndpointMetrics:
         num_blocks=wire.num_blocks,
         prefix_cache_queries=wire.prefix_cache_queries,
         prefix_cache_hits=wire.prefix_cache_hits,
-        orca=dict(wire.orca),
         started_at=wire.started_at,
+        orca=dict(wire.orca),
     )
