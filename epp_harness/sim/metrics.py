@@ -6,8 +6,8 @@ live state and cost nothing per request; only the TTFT histogram is observed as
 requests run. Every series carries ``model_name``, as vLLM's do. The P/D handoff
 counters and ``sim:instance_info`` (role, KV connector) are the simulator's own
 (``sim:`` prefix): real servers have no such series, tests and benchmarks read them.
-``process_start_time_seconds`` is the one series of prometheus_client's process
-collector that vLLM's page has and the EPP reads (a new value: the server restarted).
+Of prometheus_client's process collector (on vLLM's page) it has only
+``process_start_time_seconds``, which the EPP reads (a new value: the server restarted).
 """
 
 from __future__ import annotations
