@@ -78,6 +78,9 @@ class EndpointMetrics:
     # prefix-cache counters since the engine started, in prompt tokens: looked up, found
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
+    # when the server process started (unix seconds): a new value means it restarted,
+    # and lost what it held in memory (its runtime-loaded LoRA adapters)
+    started_at: float | None = None
     # ORCA values by their report key: "cpu_utilization", "named_metrics.<n>",
     # "utilization.<n>", "request_cost.<n>", ...
     orca: Mapping[str, float] = field(default_factory=dict)

@@ -27,6 +27,9 @@ class EngineMetricNames:
     # counters: prompt tokens looked up in the prefix cache, and those found there
     prefix_queries: str | None = None
     prefix_hits: str | None = None
+    # gauge: when the server process started (unix seconds; prometheus_client's process
+    # collector, on every page of a Python engine): a new value means it restarted
+    start_time: str | None = "process_start_time_seconds"
 
     def __post_init__(self) -> None:
         if not self.kv_usage:
@@ -34,7 +37,8 @@ class EngineMetricNames:
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        """Every metric name this engine's parser reads."""
+        """The engine's own metric names (a page with none of them is not this
+        engine's; ``start_time``, common to every Python server, is read besides)."""
         names = [self.waiting, self.running, *self.kv_usage]
         optional = (self.lora_info, self.cache_config, self.prefix_queries, self.prefix_hits)
         names += [n for n in optional if n is not None]

@@ -15,7 +15,8 @@ Aggregation over label sets (several ``model_name`` or ``engine`` series):
 * LoRA state comes from the ``lora_info`` series with the newest value (a timestamp);
 * cache geometry from the first ``cache_config`` series, its labels read as integers
   (a missing or non-integer label, e.g. ``"None"``, leaves the field None);
-* the prefix-cache counters (``prefix_queries``, ``prefix_hits``) are summed.
+* the prefix-cache counters (``prefix_queries``, ``prefix_hits``) are summed;
+* the process start time (``start_time``) is the newest sample's.
 
 A metric absent from the page stays None (never 0).
 """
@@ -50,7 +51,8 @@ def parse_metrics(text: str, engine: EngineMetricNames, now: float) -> EndpointM
     a non-finite value, or if there are none at all.
     """
     lines = _select_lines(text, engine)
-    if not lines:
+    started = _line_prefixes_of(engine.start_time)
+    if all(line.startswith(started) for line in lines):  # none of the engine's own
         raise MetricsParseError(
             f"no {engine.engine} metrics in the text (looked for "
             f"{', '.join(engine.metric_names)}): not Prometheus text, or not a "
@@ -84,13 +86,20 @@ def parse_metrics(text: str, engine: EngineMetricNames, now: float) -> EndpointM
         num_blocks=num_blocks,
         prefix_cache_queries=_optional_sum(samples, engine.prefix_queries),
         prefix_cache_hits=_optional_sum(samples, engine.prefix_hits),
+        started_at=_newest(samples, engine.start_time),
     )
 
 
 @lru_cache(maxsize=32)
 def _line_prefixes(engine: EngineMetricNames) -> tuple[str, ...]:
+    """The lines to parse: the engine's metrics and its start time."""
+    names = (*engine.metric_names, engine.start_time)
+    return tuple(p for name in names for p in _line_prefixes_of(name))
+
+
+def _line_prefixes_of(name: str | None) -> tuple[str, ...]:
     """A sample line starts with its name, then labels or whitespace before the value."""
-    return tuple(name + sep for name in engine.metric_names for sep in ("{", " ", "\t"))
+    return () if name is None else tuple(name + sep for sep in ("{", " ", "\t"))
 
 
 def _select_lines(text: str, engine: EngineMetricNames) -> list[str]:
@@ -135,6 +144,11 @@ def _sum(samples: Sequence[Sample] | None) -> float | None:
 
 def _optional_sum(samples: Mapping[str, Sequence[Sample]], name: str | None) -> float | None:
     return None if name is None else _sum(samples.get(name))
+
+
+def _newest(samples: Mapping[str, Sequence[Sample]], name: str | None) -> float | None:
+    series = None if name is None else samples.get(name)
+    return max(s.value for s in series) if series else None
 
 
 def _kv_usage(samples: Mapping[str, Sequence[Sample]], names: Sequence[str]) -> float | None:

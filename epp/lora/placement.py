@@ -15,7 +15,9 @@ least load; with ``unloadLeastRecentlyUsed`` a server already holding
 ``maxAdaptersPerServer`` first unloads the adapter the EPP routed to least recently, a
 server with room ranking first). Concurrent requests for the same adapter wait for the
 same load. A response that says a server lacks the adapter (a 404, or Envoy answering
-from the next server of the list) drops it there and lists that server again at once.
+from the next server of the list) drops it there and lists that server again at once;
+so does a server that restarted (a new process start time in its ``/metrics``), which
+lost every adapter loaded at runtime, for all of its adapters.
 
 The admin API lists, loads and unloads by hand (epp.lora.admin). Metrics:
 ``epp_lora_adapter_loads_total``, ``epp_lora_adapter_unloads_total``,
@@ -39,7 +41,7 @@ from epp.datastore import Datastore
 from epp.errors import ClientVisibleError, NoEndpointError
 from epp.lora.holdings import Holdings, doubted, listed_adapters
 from epp.observability.metrics import EppMetrics
-from epp.types import EndpointState, Role
+from epp.types import EndpointMetrics, EndpointState, Role
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +118,12 @@ class AdapterPlacement:
         self._loading: dict[str, asyncio.Future[str]] = {}
         self._listings: dict[str, asyncio.Task[None]] = {}  # address -> its listing
         self._active: frozenset[str] = frozenset()  # the pool as last seen
+        self._started_at: dict[str, float] = {}  # address -> its process's start time
         self._loop = LoopTask("lora-listing", self._list_periodically)
         self._started = False
         self._session: aiohttp.ClientSession | None = None
         datastore.on_change(self._pool_changed)
+        datastore.on_metrics(self._reported)
 
     # -- the request path ---------------------------------------------------------------
 
@@ -146,6 +150,25 @@ class AdapterPlacement:
                          adapter, status)  # fmt: skip
                 if self._started:
                     self._list_soon(address)
+
+    def _reported(self, address: str, metrics: EndpointMetrics) -> None:
+        """A load report (every scrape): a server whose process started again since
+        the last one lost the adapters loaded at runtime (its ``--lora-modules`` come
+        back with it). What it held is forgotten, so until its listing, which is asked
+        for at once, it holds what it reports running or waiting, as a new server."""
+        started = metrics.started_at
+        if started is None:
+            return
+        before = self._started_at.get(address)
+        self._started_at[address] = started
+        if before is None or before == started:
+            return
+        if self.holdings.knows(address):
+            log.info("%s restarted: its LoRA adapters are in doubt until it is listed again",
+                     address)  # fmt: skip
+            self.holdings.forget(address)
+        if self._started:
+            self._list_soon(address)
 
     async def ensure(self, adapter: str) -> frozenset[str]:
         """Servers holding ``adapter``, loading it first where none does (the request
@@ -213,6 +236,8 @@ class AdapterPlacement:
         joined, self._active = active - self._active, active
         for address in [a for a in self.holdings.listing() if self._datastore.member(a) is None]:
             self.holdings.forget(address)
+        for address in [a for a in self._started_at if self._datastore.member(a) is None]:
+            del self._started_at[address]
         if self._started:
             for address in joined:
                 self._list_soon(address)

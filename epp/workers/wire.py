@@ -44,6 +44,7 @@ class WireMetrics(msgspec.Struct, frozen=True):
     num_blocks: int | None
     prefix_cache_queries: float | None
     prefix_cache_hits: float | None
+    started_at: float | None
     orca: dict[str, float]
 
 
@@ -163,6 +164,7 @@ def wire_metrics(m: EndpointMetrics) -> WireMetrics:
         num_blocks=m.num_blocks,
         prefix_cache_queries=m.prefix_cache_queries,
         prefix_cache_hits=m.prefix_cache_hits,
+        started_at=m.started_at,
         orca=dict(m.orca),
     )
 
@@ -180,5 +182,6 @@ def metrics(wire: WireMetrics) -> EndpointMetrics:
         num_blocks=wire.num_blocks,
         prefix_cache_queries=wire.prefix_cache_queries,
         prefix_cache_hits=wire.prefix_cache_hits,
+        started_at=wire.started_at,
         orca=dict(wire.orca),
     )

@@ -6,13 +6,16 @@ live state and cost nothing per request; only the TTFT histogram is observed as
 requests run. Every series carries ``model_name``, as vLLM's do. The P/D handoff
 counters and ``sim:instance_info`` (role, KV connector) are the simulator's own
 (``sim:`` prefix): real servers have no such series, tests and benchmarks read them.
+Of prometheus_client's process collector (on vLLM's page) it has only
+``process_start_time_seconds``, which the EPP reads (a new value: the server restarted).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -157,6 +160,12 @@ class SimMetrics:
             registry=self.registry,
         )
         self._ttft = histogram.labels(model_name=model)
+        started = Gauge(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            registry=self.registry,
+        )
+        started.set(time.time())
 
     def observe_ttft(self, seconds: float) -> None:
         self._ttft.observe(seconds)

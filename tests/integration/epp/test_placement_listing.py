@@ -2,18 +2,23 @@
 processes (``GET /v1/models`` as vLLM answers it): a server is listed as it joins,
 listed again every ``listIntervalSeconds`` (an adapter loaded or unloaded behind the
 EPP's back is seen), forgotten as it leaves; an answer that casts doubt takes the adapter
-off at once and lists the server again, which puts it back only if it is still there.
+off at once and lists the server again, which puts it back only if it is still there; so
+does a restart, seen in the first scrape of the new process.
 
 AdapterPlacement runs in the test's event loop; the tests wait with :func:`until`."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import orjson
 import pytest
 
+from epp.datalayer.engines import engine_names
+from epp.datalayer.prometheus import parse_metrics
 from epp.datastore import Datastore
 from epp.lora.placement import AdapterPlacement, PlacementConfig
 from epp.observability.metrics import EppMetrics
@@ -120,3 +125,52 @@ async def test_a_doubt_takes_the_adapter_off_and_a_listing_puts_it_back_if_still
             await post(sim0, "/v1/load_lora_adapter", "a1")
     finally:
         await placement.stop()
+
+
+def restart(sim: SimProc) -> None:
+    """SIGKILL ``sim`` and start it again on its port: a new process, without the
+    adapters loaded into the old one."""
+    proc, port = sim.proc, sim.port
+    assert proc.proc is not None and proc.ready_file is not None
+    proc.proc.kill()
+    proc.proc.wait()
+    proc.ready_file.unlink()
+    argv = list(proc.argv)
+    argv[argv.index("--port") + 1] = str(port)
+    proc.restart(argv).wait_ready()
+
+
+async def test_a_restarted_server_loses_its_adapters_at_its_first_scrape(tmp_path: Path) -> None:
+    """A server killed and started again on its port has unloaded every adapter loaded at
+    runtime. The first scrape of the new process (a new ``process_start_time_seconds``)
+    takes them off it at once and lists it again: no periodic listing, ejection or 404
+    needed (a server restarted faster than it is ejected would otherwise keep them in
+    the EPP's view until one of those, and answer 404 for them meanwhile)."""
+    ds = Datastore()
+    catalogue = {"a2": "/adapters/a2"}
+    placement = AdapterPlacement(
+        PlacementConfig(list_interval_s=0), lambda: catalogue, ds, EppMetrics(ds)
+    )
+    vllm = engine_names("vllm")
+    with sims(tmp_path, ["--enable-lora", "--max-loras", "2"]) as (sim,):
+        address = endpoint(sim).address
+
+        async def scrape() -> None:  # what the scraper does, once
+            _, _, body = await asyncio.to_thread(request, f"{sim.url}/metrics")
+            ds.update_metrics(address, parse_metrics(body.decode(), vllm, time.monotonic()))
+
+        placement.start()
+        try:
+            ds.add(endpoint(sim))
+            await until(lambda: address in placement.listing(), "the server listed")
+            await scrape()
+            await placement.load("a2", address)
+            await scrape()  # the same process again: nothing changes
+            assert placement.holders("a2") == {address}
+            await asyncio.to_thread(restart, sim)
+            await scrape()
+            assert placement.holders("a2") == frozenset()  # off at once ...
+            # ... and listed again: it holds nothing
+            await until(lambda: placement.listing().get(address) == [], "listed again")
+        finally:
+            await placement.stop()

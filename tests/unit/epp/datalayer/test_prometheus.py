@@ -26,6 +26,9 @@ VLLM_PAGE = """\
 # HELP python_gc_objects_collected_total Objects collected during gc
 # TYPE python_gc_objects_collected_total counter
 python_gc_objects_collected_total{generation="0"} 12010.0
+# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.75315470266e+09
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0
@@ -126,6 +129,7 @@ def test_vllm_page() -> None:
     assert m.num_blocks == 27840
     # prefix-cache counters, summed over model_name (`epp top` takes their rates)
     assert (m.prefix_cache_queries, m.prefix_cache_hits) == (10000.0, 3000.0)
+    assert m.started_at == 1.75315470266e09  # the process's start: a new one, a restart
     assert m.orca == {}
 
 
@@ -226,6 +230,7 @@ def test_absent_metrics_stay_none() -> None:
     assert m.running is None and m.kv_usage is None
     assert m.block_size is None and m.num_blocks is None and m.max_lora is None
     assert m.prefix_cache_queries is None and m.prefix_cache_hits is None
+    assert m.started_at is None
 
 
 def test_sample_timestamps_and_crlf_line_ends() -> None:
@@ -257,6 +262,8 @@ def test_label_values_with_commas_braces_and_quotes() -> None:
         '{"num_requests_waiting": 3}',
         # valid Prometheus text, but none of vLLM's metrics: the wrong engine
         SGLANG_PAGE,
+        # every Python server has a start time: alone it does not make a vLLM page
+        "process_start_time_seconds 1.7e+09\n",
     ],
 )
 def test_page_without_the_engines_metrics_is_an_error(text: str) -> None:

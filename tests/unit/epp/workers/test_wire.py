@@ -24,6 +24,7 @@ metrics_st = st.builds(
     num_blocks=st.none() | st.integers(0, 10**6),
     prefix_cache_queries=st.none() | st.floats(0, 1e9),
     prefix_cache_hits=st.none() | st.floats(0, 1e9),
+    started_at=st.none() | st.floats(0, 2e9),
     orca=st.dictionaries(st.text(max_size=8), st.floats(0, 1), max_size=3),
 )
 endpoint_st = st.builds(
