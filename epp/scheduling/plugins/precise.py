@@ -11,7 +11,8 @@ instead. docs/kv-events.md describes the whole.
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ from epp.scheduling.plugins.prefix import PrefixCacheScorer, prefix_cache_scorer
 from epp.types import EndpointState, InferenceRequest, SchedulingResult, Snapshot
 
 DEFAULT_FALLBACK = "prefix-cache-scorer"
+# Prompts kept tokenized across cycles: flow control may schedule one request several
+# times (its preferred endpoint, then the best with room; again after each hold), and
+# tokenizing a long prompt costs milliseconds of the event loop each time.
+PROMPT_MEMO = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,7 @@ class PrecisePrefixCacheScorer:
         self.fallback: PrefixCacheScorer | None = None
         self._own_fallback = False
         self._key = f"precise/{id(self)}"
+        self._prompts = PromptMemo(PROMPT_MEMO)
 
     def bind(self, plugins: Mapping[str, Any], profiles: Sequence[str]) -> None:
         name = self.fallback_plugin or DEFAULT_FALLBACK
@@ -104,11 +110,14 @@ class PrecisePrefixCacheScorer:
         key = self._key + "/prompt"
         if key not in ctx.cache:
             r = ctx.request
-            ids = prompt_token_ids(r.path, r.body, self.tokenizer)
             lora = r.model if r.model in self.index.lora_names else ""
-            ctx.cache[key] = None if ids is None else _Prompt(token_bytes(ids), len(ids), lora)
+            ctx.cache[key] = self._prompts.get(r.body, r.path, lora, self._tokenize)
         found: _Prompt | None = ctx.cache[key]
         return found
+
+    def _tokenize(self, path: str, body: Mapping[str, Any] | None, lora: str) -> _Prompt | None:
+        ids = prompt_token_ids(path, body, self.tokenizer)
+        return None if ids is None else _Prompt(token_bytes(ids), len(ids), lora)
 
     def trusted(self, ctx: CycleContext) -> frozenset[str]:
         """The endpoints scored precisely this cycle: those whose events are trusted,
@@ -219,6 +228,39 @@ class PrecisePrefixCacheScorer:
             for i, a in enumerate(addresses)
         ]
         return self.load_bound.withhold(ctx, candidates, values)
+
+
+class PromptMemo:
+    """The last ``size`` requests' prompts, by the identity of their decoded body (one
+    object for every copy flow control makes of a request), so a request rescheduled
+    is not tokenized again. Holds the bodies it keys so an identity is never reused
+    while remembered (pure: no I/O, ``tokenize`` does the work)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(size, 1)
+        self.misses = 0  # prompts tokenized
+        self._found: OrderedDict[int, tuple[object, str, str, _Prompt | None]] = OrderedDict()
+
+    def get(
+        self,
+        body: Mapping[str, Any] | None,
+        path: str,
+        lora: str,
+        tokenize: Callable[[str, Mapping[str, Any] | None, str], _Prompt | None],
+    ) -> _Prompt | None:
+        if body is None:  # nothing to key by (and nothing to tokenize)
+            return tokenize(path, body, lora)
+        found = self._found.get(id(body))
+        if found is not None and found[0] is body and found[1] == path and found[2] == lora:
+            self._found.move_to_end(id(body))
+            return found[3]
+        self.misses += 1
+        prompt = tokenize(path, body, lora)
+        self._found[id(body)] = (body, path, lora, prompt)
+        self._found.move_to_end(id(body))
+        while len(self._found) > self.size:
+            self._found.popitem(last=False)
+        return prompt
 
 
 def precise_prefix_cache_scorer(p: Params) -> PrecisePrefixCacheScorer:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from array import array
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from epp.config import build_scheduler
 from epp.kvevents.wire import BlockStored
 from epp.scheduling.base import CycleContext
 from epp.scheduling.latency import UNCACHED_KEY
-from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer
+from epp.scheduling.plugins.precise import PrecisePrefixCacheScorer, PromptMemo, _Prompt
 from epp.scheduling.plugins.prefix import PrefixCacheScorer
 from epp.scheduling.scheduler import ProfileScheduler
 from epp.types import Endpoint, EndpointState, InferenceRequest, SchedulingResult, Snapshot
@@ -286,3 +287,40 @@ def test_numpy_and_list_paths_give_the_same_scores(
     arrays = precise.score(cycle(snap, request(PROMPT), vectorize_from=1), candidates)
     assert isinstance(lists, list)
     assert list(arrays) == pytest.approx(lists)
+
+
+def test_the_prompt_memo_tokenizes_a_body_once_and_forgets_the_oldest() -> None:
+    made: list[str] = []
+
+    def tokenize(path: str, body: object, lora: str) -> _Prompt | None:
+        made.append(f"{path}:{lora}")
+        return _Prompt(b"", len(made), lora)
+
+    memo = PromptMemo(2)
+    one, two, three = {"prompt": "a"}, {"prompt": "a"}, {"prompt": "c"}  # equal, not same
+    first = memo.get(one, "/p", "", tokenize)
+    assert memo.get(one, "/p", "", tokenize) is first  # the same body: remembered
+    assert memo.get(two, "/p", "", tokenize) is not first  # an equal body is another request
+    assert memo.get(one, "/p", "x", tokenize) is not first  # another adapter: tokenized anew
+    memo.get(three, "/p", "", tokenize)  # one (with "x") and three kept: two forgotten
+    memo.get(two, "/p", "", tokenize)
+    assert made == ["/p:", "/p:", "/p:x", "/p:", "/p:"] and memo.misses == 5
+    assert memo.get(None, "/p", "", tokenize) is not None  # no body: nothing kept
+    assert memo.misses == 5
+
+
+def test_a_request_scheduled_again_is_not_tokenized_again(tokenizer_dir: Path) -> None:
+    """Flow control schedules a request more than once (its home, then the best endpoint
+    with room; again after a hold), each time a new cycle on a copy of the request."""
+    _, precise, _ = plugins(config(tokenizer_dir))
+    eps = states(2)
+    precise.index.reset(eps[0].address, NOW, complete=True)
+    hold(precise, eps[0].address, PROMPT)
+    snap = Snapshot(eps, {})
+    req = request(PROMPT + "question?")
+    first = list(precise.score(cycle(snap, req), eps))
+    again = replace(req, subset=frozenset({eps[1].address}))  # what _within makes
+    assert list(precise.score(cycle(snap, again), eps)) == first == [1.0, 0.0]
+    assert precise._prompts.misses == 1
+    precise.score(cycle(snap, request(PROMPT + "question?")), eps)  # another request
+    assert precise._prompts.misses == 2
