@@ -6,9 +6,11 @@ same with ``--workers 2``: the parent watches, each worker's scheduler follows i
 
 from __future__ import annotations
 
+import http.client
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import pytest
@@ -84,20 +86,38 @@ def queues(stack: LocalStack) -> list[tuple[int, int]]:
     ]
 
 
+def hold_busy(stack: LocalStack) -> http.client.HTTPConnection:
+    """A streamed completion that outlasts the test (minutes of tokens): the server stays
+    busy until the test closes the connection, not for as long as a fixed length of
+    output happens to take on a loaded machine."""
+    parts = urlsplit(stack.envoy_url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    body = {"model": "sim-model", "prompt": "a long one", "max_tokens": 100_000, "stream": True}
+    conn.request(
+        "POST", "/v1/completions", orjson.dumps(body), {"content-type": "application/json"}
+    )
+    assert conn.getresponse().status == 200
+    return conn
+
+
 def test_an_objectives_priority_decides_admission(stack: LocalStack) -> None:
-    with ThreadPoolExecutor(2) as pool_:
-        busy = pool_.submit(complete, stack, "a long one", 300)
+    busy = hold_busy(stack)
+    try:
         wait_for(lambda: epp_in_flight(stack.epp_http_url) == 1, what="the server busy")
         # the watched objective makes it sheddable: refused at once while full (asked
-        # four times: with workers, Envoy spreads them over both)
+        # four times: with workers, Envoy spreads them over both); the busy stream is
+        # open until closed below, so an answer now was not queued behind it
         for _ in range(4):
             status, body = complete(stack, "batch", 5, **{"x-gateway-inference-objective": "batch"})
             assert (status, body["error"]["code"]) == (429, "shed")
-            assert not busy.done()  # refused while the server is full, not queued behind it
-        # a critical one waits in its own band, then is served
-        critical = pool_.submit(
-            complete, stack, "urgent", 5, **{"x-llm-d-inference-objective": "critical"}
-        )
-        wait_for(lambda: queues(stack) == [(5, 1)], what="the critical request held in band 5")
-        assert critical.result(timeout=60)[0] == 200
-        assert busy.result(timeout=60)[0] == 200
+        # a critical one waits in its own band, then is served once the server is free
+        with ThreadPoolExecutor(1) as pool_:
+            critical = pool_.submit(
+                complete, stack, "urgent", 5, **{"x-llm-d-inference-objective": "critical"}
+            )
+            wait_for(lambda: queues(stack) == [(5, 1)], what="the critical request held in band 5")
+            assert not critical.done()
+            busy.close()  # the client hangs up: the EPP frees the server
+            assert critical.result(timeout=60)[0] == 200
+    finally:
+        busy.close()
