@@ -24,17 +24,9 @@ class Usage:
     cached_tokens: int | None = None
 
 
-def keep_tail(tail: bytes, chunk: bytes) -> bytes:
-    """The last TAIL_BYTES of ``tail + chunk``."""
-    if len(chunk) >= TAIL_BYTES:
-        return chunk[-TAIL_BYTES:]
-    joined = tail + chunk
-    return joined[-TAIL_BYTES:]
-
-
 class Tail:
-    """The last TAIL_BYTES of a body that passes chunk by chunk (:func:`keep_tail`'s
-    result, kept for the price of appending each chunk): the buffer is cut back only
+    """The last TAIL_BYTES of a body that passes chunk by chunk, kept for the price of
+    appending each chunk: the buffer is cut back only
     once it holds twice that, so a stream of small chunks copies 4 KB once per 4 KB of
     body rather than once per chunk."""
 

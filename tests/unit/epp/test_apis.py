@@ -11,7 +11,7 @@ import pytest
 from epp.common.apis import API_BY_PATH, DEFAULT, api_for
 from epp.common.apis.anthropic import COUNT_TOKENS, MESSAGES, chat_body
 from epp.common.requestparse import parse_request
-from epp.common.usage import TAIL_BYTES, Usage, keep_tail
+from epp.common.usage import TAIL_BYTES, Tail, Usage
 from epp.errors import (
     BadRequestError,
     BodyTooLargeError,
@@ -228,9 +228,10 @@ def test_anthropic_usage_counts_cached_input_and_reads_message_start() -> None:
     )
     end = ("message_delta", {"type": "message_delta", "usage": {"output_tokens": 12}})
     stream = sse(start, *[("content_block_delta", {"text": "x" * 100})] * 60, end)
-    tail = b""
+    kept = Tail()
     for i in range(0, len(stream), 333):  # the head is gone from the tail by the end
-        tail = keep_tail(tail, stream[i : i + 333])
+        kept.add(stream[i : i + 333])
+    tail = kept.bytes()
     assert b"message_start" not in tail
     assert usage(stream[:TAIL_BYTES], tail) == Usage(40, 12)
     assert usage(b"", tail) is None  # no input count anywhere

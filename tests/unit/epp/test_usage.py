@@ -2,7 +2,7 @@ import random
 
 import orjson
 
-from epp.common.usage import TAIL_BYTES, Tail, Usage, find_usage, keep_tail
+from epp.common.usage import TAIL_BYTES, Tail, Usage, find_usage
 
 
 def test_non_streaming_body() -> None:
@@ -18,10 +18,10 @@ def test_sse_stream_takes_the_last_usage_chunk() -> None:
         b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n',
         b"data: [DONE]\n\n",
     ]
-    tail = b""
+    tail = Tail()
     for e in events:
-        tail = keep_tail(tail, e)
-    assert find_usage(tail) == Usage(5, 2)
+        tail.add(e)
+    assert find_usage(tail.bytes()) == Usage(5, 2)
 
 
 def test_absent_null_or_garbage_usage_is_none() -> None:
@@ -33,22 +33,23 @@ def test_absent_null_or_garbage_usage_is_none() -> None:
 
 
 def test_tail_is_bounded_and_keeps_the_end() -> None:
-    tail = b""
+    tail = Tail()
     for i in range(100):
-        tail = keep_tail(tail, bytes([65 + i % 26]) * 100)
-    assert len(tail) == TAIL_BYTES
-    assert tail.endswith(bytes([65 + 99 % 26]) * 100)
-    assert keep_tail(b"abc", b"x" * (TAIL_BYTES + 5)) == b"x" * TAIL_BYTES
+        tail.add(bytes([65 + i % 26]) * 100)
+    assert len(tail.bytes()) == TAIL_BYTES
+    assert tail.bytes().endswith(bytes([65 + 99 % 26]) * 100)
+    tail.add(b"x" * (TAIL_BYTES + 5))
+    assert tail.bytes() == b"x" * TAIL_BYTES
 
 
-def test_kept_tail_is_keep_tails_result_at_every_step() -> None:
+def test_the_tail_is_the_bodys_last_bytes_at_every_step() -> None:
     rng = random.Random(7)
     for _ in range(50):
-        kept, tail = Tail(), b""
+        kept, body = Tail(), b""
         assert kept.bytes() == b""
         for i in range(rng.randrange(1, 60)):
             size = rng.choice([0, 1, 7, 100, 900, TAIL_BYTES - 1, TAIL_BYTES, 3 * TAIL_BYTES])
             chunk = bytes([i % 256]) * size + rng.randbytes(rng.randrange(0, 3))
             kept.add(chunk)
-            tail = keep_tail(tail, chunk)
-            assert kept.bytes() == tail
+            body += chunk
+            assert kept.bytes() == body[-TAIL_BYTES:]
