@@ -67,19 +67,22 @@ async def drive(
     unasked = _Unasked(channel)
     machine = ExtProcStream(router, max_destinations, asyncio.get_running_loop(), unasked.push)
     end: StreamEnd = "cancelled"  # unless it ends or fails (CancelledError is a BaseException)
+    unbegun: list[Awaitable[Any]] = []  # a wait the stream ended before it began
     try:
-        await _carry(channel, machine)
+        await _carry(channel, machine, unbegun)
         end = eof
     except Exception:
         end = "error"
         raise
     finally:
         machine.close(end)
+        for wait in unbegun:
+            await _abandon(wait, machine)
 
 
-async def _carry(channel: Channel, machine: ExtProcStream) -> None:
+async def _carry(channel: Channel, machine: ExtProcStream, unbegun: list[Awaitable[Any]]) -> None:
     """Feed ``machine`` the stream's messages and do what it answers, until Envoy ends
-    the stream."""
+    the stream. A wait whose replies before it could not be sent goes to ``unbegun``."""
     receive: asyncio.Future[Any] | None = None  # the next message, read ahead
     try:
         while True:
@@ -91,8 +94,13 @@ async def _carry(channel: Channel, machine: ExtProcStream) -> None:
             while True:
                 if step.end_stream:
                     raise StreamBroken(step.end_stream)
-                for reply in step.replies:
-                    await channel.send(reply)
+                try:
+                    for reply in step.replies:
+                        await channel.send(reply)
+                except BaseException:  # Envoy is gone (or this task was cancelled)
+                    if step.wait is not None:
+                        unbegun.append(step.wait)
+                    raise
                 if step.wait is None:
                     break
                 # the routing answer waits: read on beside it, so a client that leaves
@@ -132,6 +140,26 @@ async def _unless_closed(wait: Awaitable[Any], receive: asyncio.Future[Any]) -> 
     with contextlib.suppress(asyncio.CancelledError):
         await task
     return _CLOSED
+
+
+async def _abandon(wait: Awaitable[Any], machine: ExtProcStream) -> None:
+    """A wait the stream ended before it began (Envoy went away as it was asked to
+    wait), once ``machine`` is closed: begun, then cancelled, so that its own cleanup
+    gives back what it holds (a place in a flow-control queue; a task cancelled before
+    its first step skips its body, cleanup and all); what it gave or raised all the
+    same goes to the closed machine, which lets go of it (a route given meanwhile)."""
+    task = asyncio.ensure_future(wait)
+    await asyncio.sleep(0)  # its first step
+    if not task.done():
+        task.cancel()
+    await asyncio.wait((task,))
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is None:
+        machine.on_waited(task.result())
+    elif isinstance(error, Exception):
+        machine.on_wait_failed(error)
 
 
 class _Unasked:

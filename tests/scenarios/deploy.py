@@ -20,7 +20,7 @@ import yaml
 from epp_harness.envoyproc import EnvoyProcess, write_config
 from epp_harness.stack import LocalStack, StackDown, StackOptions
 from tests.scenarios.eppfrom import OtherCheckout
-from tests.scenarios.model import ADAPTER, ADAPTERS, ALIAS, BASE_MODEL, IDLE_S
+from tests.scenarios.model import ADAPTER, ADAPTERS, BASE_MODEL, IDLE_S, REWRITES
 from tests.support.http import get_json
 from tests.support.stackcli import RunningStack, running_stack
 from tests.support.wait import wait_for
@@ -42,7 +42,9 @@ CONFIGS = {
             "maxAdaptersPerServer": 1,
         },
     },
-    "model-rewrite": {"models": {"rewrites": {ALIAS: {ADAPTER: 1, BASE_MODEL: 1}}}},
+    "model-rewrite": {
+        "models": {"rewrites": {a: dict.fromkeys(t, 1) for a, t in REWRITES.items()}}
+    },
     "pd-deferred": {"disaggregation": {"deferDecode": True}},
     "flow-control": {"saturationDetector": {"maxConcurrency": 1}, "flowControl": {"enabled": True}},
     "flow-control-off": {
@@ -92,6 +94,8 @@ class Deployment(Protocol):
     def epp_pids(self) -> list[int]: ...
 
     def epp_http_urls(self) -> list[str]: ...
+
+    def envoy_admin_url(self) -> str: ...  # "" where it is not known
 
 
 def _serves(name: str, shape: str, holders: int) -> frozenset[str]:
@@ -154,6 +158,11 @@ class InProcess:
     def epp_http_urls(self) -> list[str]:
         return [f"http://127.0.0.1:{http}" for _, http in self.stack.epp_ports]
 
+    def envoy_admin_url(self) -> str:
+        with self._lock:
+            assert self.stack.envoy is not None
+            return self.stack.envoy.admin_url
+
     def restart_envoy(self) -> None:
         """Stop Envoy and start it again on the same listener port (a new admin port)."""
         with self._lock:
@@ -214,6 +223,12 @@ class Cli:
 
     def epp_http_urls(self) -> list[str]:
         return self._epp_urls
+
+    def envoy_admin_url(self) -> str:
+        # its banner's line (epp stack restarts no Envoy); "" where an older banner
+        # (another checkout's) has none
+        _, found, rest = self.running.output().partition("Envoy admin")
+        return rest.split()[0] if found else ""
 
 
 def _options(shape: str, tmp: Path, stream_first_byte_s: float, holders: int) -> StackOptions:

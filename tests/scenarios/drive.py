@@ -35,7 +35,7 @@ def send(
     conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=CLIENT_TIMEOUT_S)
     try:
         headers = {"content-type": "application/json", **dict(spec.headers)}
-        conn.request("POST", "/v1/completions", spec.body, headers)
+        conn.request("POST", spec.path, spec.body, headers)
         if spec.hangup and not spec.stream:  # walks away before any answer
             out.hung_up = True
             return out
@@ -70,13 +70,18 @@ def _after_last(out: Outcome, last: float | None) -> float:
 
 class Driver:
     """``with Driver(url, specs, clients) as d:`` sends every spec once, ``clients`` at a
-    time; ``d.outcomes`` grows as answers come in; leaving the block waits for all."""
+    time; ``d.outcomes`` grows as answers come in; leaving the block waits for all.
+    ``burst`` (size, at): the client that takes spec ``at`` sends it and the next
+    ``size - 1`` at once, a thread each, beside the other clients."""
 
-    def __init__(self, url: str, specs: Sequence[RequestSpec], clients: int) -> None:
+    def __init__(
+        self, url: str, specs: Sequence[RequestSpec], clients: int, burst: tuple[int, int] = (0, 0)
+    ) -> None:
         self.url = url
         self.outcomes: list[Outcome] = []
         self._open: list[Outcome] = []  # response headers in, not ended yet
         self._specs = list(specs)
+        self._burst = burst
         self._next = 0
         self._lock = threading.Lock()
         self.done = threading.Event()
@@ -85,12 +90,14 @@ class Driver:
     def answered(self) -> int:
         return len(self.outcomes)
 
-    def _take(self) -> RequestSpec | None:
+    def _take(self) -> list[RequestSpec]:
+        """The next request to send, or the burst that starts there; none at the end."""
+        size, at = self._burst
         with self._lock:
-            if self._next >= len(self._specs):
-                return None
-            self._next += 1
-            return self._specs[self._next - 1]
+            n = size if size and self._next == at else 1
+            taken = self._specs[self._next : self._next + n]
+            self._next += len(taken)
+            return taken
 
     def streams_under_way(self, server: str) -> int:
         """Streams that ``server`` answered, that have their first body byte and have
@@ -106,15 +113,25 @@ class Driver:
             self._open.append(outcome)
 
     def _client(self) -> None:
-        while (spec := self._take()) is not None:
-            outcome = send(self.url, spec, self._began)
-            with self._lock:
-                self._open = [o for o in self._open if o is not outcome]
-                self.outcomes.append(outcome)
-                if len(self.outcomes) == len(self._specs):
-                    self.done.set()
-            if outcome.error.startswith("ConnectionRefusedError"):
-                time.sleep(REFUSED_BACKOFF_S)
+        while taken := self._take():
+            if len(taken) == 1:
+                self._send(taken[0])
+                continue
+            burst = [threading.Thread(target=self._send, args=(spec,)) for spec in taken]
+            for t in burst:
+                t.start()
+            for t in burst:
+                t.join()
+
+    def _send(self, spec: RequestSpec) -> None:
+        outcome = send(self.url, spec, self._began)
+        with self._lock:
+            self._open = [o for o in self._open if o is not outcome]
+            self.outcomes.append(outcome)
+            if len(self.outcomes) == len(self._specs):
+                self.done.set()
+        if outcome.error.startswith("ConnectionRefusedError"):
+            time.sleep(REFUSED_BACKOFF_S)
 
     def __enter__(self) -> Self:
         for t in self._threads:

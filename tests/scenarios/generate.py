@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 import orjson
@@ -16,6 +17,8 @@ from tests.scenarios.model import (
     ADAPTERS,
     ALIAS,
     BASE_MODEL,
+    CHAT_PATH,
+    COMPLETIONS_PATH,
     FAULTS,
     PRIORITY_HEADER,
     REWRITE_HEADER,
@@ -41,6 +44,9 @@ TOKEN_ID_SHAPES = ("kv-events",)
 TOKEN_ID_SHARE = 0.5
 # a 220 KB prompt as ids: its first bytes' ids, as many as make a body of about 220 KB
 BIG_PROMPT_IDS = 62_000
+# conversations (Workload.session_share): how many run through a scenario's requests;
+# not in the TOKEN_ID_SHAPES, whose I7 judges text prompts a token per character
+SESSIONS = 3
 STATUS_MIXES = ("503:0.3", "500:0.2,429:0.1", "404:0.2", "503:0.1,404:0.1,429:0.1")
 
 PD = ("pd-nixl", "pd-sidecar", "pd-concurrent", "pd-kv-pool", "pd-deferred")
@@ -124,6 +130,15 @@ def scenario(
     heal_after = rng.randrange(15, 35)
     if short:
         after, heal_after = min(after, SHORT_AFTER), min(heal_after, SHORT_HEAL)
+    # drawn after everything above, so every earlier draw of a seed stays as it was;
+    # a short scenario (the fast tier, the recorded --short replays) has neither
+    session_share = _pick(rng, (0.0, 0.3, 0.6))
+    burst = _pick(rng, (0, 0, 8, 16))
+    burst_at = rng.randrange(0, requests)
+    if not short and burst and burst_at + burst <= requests:
+        workload = replace(workload, burst=burst, burst_at=burst_at)
+    if not short and shape not in TOKEN_ID_SHAPES:
+        workload = replace(workload, session_share=session_share)
     return Scenario(
         seed=seed,
         shape=shape,
@@ -147,6 +162,8 @@ def requests(s: Scenario) -> list[RequestSpec]:
     (a token-id prompt is the byte ids of the text prompt drawn for it)."""
     rng = random.Random(f"requests-{s.seed}")
     as_ids = random.Random(f"token-ids-{s.seed}")
+    as_turn = random.Random(f"sessions-{s.seed}")
+    turns = [0] * SESSIONS  # each conversation's turns so far
     w = s.workload
     asks = ASKS.get(s.shape, ((BASE_MODEL, ()),))
     specs = []
@@ -154,22 +171,45 @@ def requests(s: Scenario) -> list[RequestSpec]:
         stream = rng.random() < w.stream_share
         model, headers = _pick(rng, asks) if rng.random() < w.adapter_share else (BASE_MODEL, ())
         ids = as_ids.random() < w.token_id_share
-        if rng.random() < w.big_share:
+        big = rng.random() < w.big_share
+        if big:
             prompt = (f"Request {i} carries a long document. " * 8000)[:BIG_PROMPT_BYTES]
             ids, prompt = (True, prompt[:BIG_PROMPT_IDS]) if w.token_id_share else (ids, prompt)
         else:
             prompt = f"Scenario {s.seed} request {i}: " + "tell me more. " * rng.randrange(1, 40)
         token_ids = list(prompt.encode()) if ids else []
-        doc: dict[str, object] = {
-            "model": model,
-            "prompt": token_ids or prompt,
-            "max_tokens": rng.randrange(*w.max_tokens),
-        }
+        session = int(as_turn.random() * SESSIONS) if as_turn.random() < w.session_share else -1
+        doc: dict[str, object] = {"model": model}
+        if session >= 0 and not big:
+            doc["messages"] = conversation(s.seed, session, turns[session])
+            turns[session] += 1
+        else:
+            session = -1
+            doc["prompt"] = token_ids or prompt
+        doc["max_tokens"] = rng.randrange(*w.max_tokens)
         if stream:
             doc["stream"] = True
             if w.token_id_share:  # every answer tells its prompt's tokens (I7)
                 doc["stream_options"] = {"include_usage": True}
         hangup = rng.random() < w.hangup_share
-        spec = RequestSpec(i, orjson.dumps(doc), model, stream, hangup, headers, len(token_ids))
-        specs.append(spec)
+        path = CHAT_PATH if session >= 0 else COMPLETIONS_PATH
+        body = orjson.dumps(doc)
+        specs.append(RequestSpec(
+            i, body, model, stream, hangup, headers, len(token_ids), path, session
+        ))  # fmt: skip
     return specs
+
+
+def conversation(seed: int, session: int, turn: int) -> list[dict[str, str]]:
+    """Turn ``turn`` of conversation ``session``: its system message, the turns before
+    it (each question with a made-up answer) and its own question, so that its prompt
+    extends the previous turn's (a few whole KV blocks of shared prefix and more)."""
+    messages = [{"role": "system", "content": f"Conversation {session} of scenario {seed}. "
+                 + "You answer questions about the request path, one at a time. " * 8}]  # fmt: skip
+    for k in range(turn + 1):
+        ask = f"Question {k}: " + "what happens to a request after that? " * (1 + k % 3)
+        messages.append({"role": "user", "content": ask})
+        if k < turn:
+            answer = f"Answer {k}: " + "it goes on to the next step of the path. " * 3
+            messages.append({"role": "assistant", "content": answer})
+    return messages

@@ -32,6 +32,10 @@ RECOVERY_REQUESTS = 60  # I6: the victim serves again within this many requests
 # I4, a stream after its first byte: the EPP ends it once its server is silent for the
 # stream chunk timeout (IDLE_S); as much again for a loaded machine to deliver the end
 BETWEEN_CHUNKS_S = 2 * IDLE_S
+# shapes whose Envoy sends the EPP no response body (fail-open: processing buffered), so
+# no stream chunk timeout: Envoy's per-try idle timeout, the streams' first-byte budget,
+# bounds the silence after the first byte as well (limits.md, "Stalled streams")
+RESPONSE_UNSEEN = ("fail-open",)
 FLOW_QUEUE = "llm_d_epp_flow_control_queue_size"  # I3: requests waiting in the EPP
 STARTED = b"upstream_reset_after_response_started"  # Envoy's detail in its own 502
 # I7: the EPP's characters per token, learned from its answers' usage
@@ -95,12 +99,13 @@ def i2_misrouted(run: Run) -> list[str]:
     """I2: a request for a model or adapter only reaches a server that serves it (holds
     it, or may load it where the shape's config lets the EPP load adapters); a request
     whose model is rewritten, by the config or a header, is judged by the model the
-    server answered as."""
+    server answered as (one cut before its answer named it: by what it may have
+    become, Outcome.served_as)."""
     return [
-        f"I2: request {o.spec.index} for {o.answered_model} served by {o.served}, which "
-        f"serves {sorted(run.serves.get(o.served, set()))}"
-        for o in [*run.outcomes, *run.recovery]
-        if o.served and o.answered_model not in run.serves.get(o.served, set())
+        f"I2: request {o.spec.index} for {'/'.join(sorted(o.served_as))} served by "
+        f"{o.served}, which serves {sorted(run.serves.get(o.served, set()))}"
+        for o in [*run.outcomes, *run.recovery, *run.placement]
+        if o.served and not o.served_as & run.serves.get(o.served, set())
     ]
 
 
@@ -116,6 +121,10 @@ def i4_over_budget(run: Run) -> list[str]:
     attempt, plus generation; a stream after its first byte, no silence longer than
     the stream chunk timeout (the EPP ends the stream) and a margin."""
     first_byte = stream_first_byte_s(run.scenario.fault.kind)
+    between, bound = BETWEEN_CHUNKS_S, f"the stream chunk timeout {IDLE_S:g}s"
+    if run.scenario.shape in RESPONSE_UNSEEN:
+        between = first_byte + IDLE_S
+        bound = f"no chunk timeout without response bodies: the {first_byte:g}s idle timeout"
     out = []
     for o in run.outcomes:
         budget = ATTEMPTS * (first_byte if o.spec.stream else IDLE_S) + GENERATION_S
@@ -124,12 +133,11 @@ def i4_over_budget(run: Run) -> list[str]:
                 f"I4: request {o.spec.index} took {o.seconds:.1f}s (budget {budget:.0f}s): "
                 f"{o.error}"
             )
-        if o.spec.stream and o.longest_gap_s > BETWEEN_CHUNKS_S:
+        if o.spec.stream and o.longest_gap_s > between:
             out.append(
                 f"I4: request {o.spec.index} (a stream, served by {o.served}) was silent "
                 f"{o.longest_gap_s:.1f}s after its first byte (between chunks at most "
-                f"{BETWEEN_CHUNKS_S:g}s: the stream chunk timeout {IDLE_S:g}s, and as much "
-                f"again to deliver the end)"
+                f"{between:g}s: {bound}, and {IDLE_S:g}s to deliver the end)"
             )
     missing = run.scenario.workload.requests - len(run.outcomes)
     return out + ([f"I4: {missing} requests got no outcome"] if missing else [])
@@ -144,9 +152,10 @@ def _delta(run: Run, name: str, match: Callable[[str], bool] = lambda _k: True) 
 
 def i5_counters_disagree(run: Run) -> list[str]:
     """I5: after quiescing, the EPPs counted the requests the clients sent (routed once
-    each, whatever the retries; one abandoned before any answer may not be).
-    Not checked where an EPP process died (its counters started again)."""
-    if run.epp_restarted:
+    each, whatever Envoy's retries to model servers; one abandoned before any answer may
+    not be; one whose ext_proc stream Envoy opened again on another EPP may be routed by
+    both). Not checked where an EPP process died (its counters started again)."""
+    if run.epp_restarted or not run.epp_after:  # (none: not at rest, I3 says so)
         return []
     routed = _delta(run, "epp_requests_total", lambda k: 'outcome="routed"' in k)
     # the EPP's own refusals (429 shed, queue_full, ...) are counted by their status
@@ -158,17 +167,48 @@ def i5_counters_disagree(run: Run) -> list[str]:
         (o.hung_up and not o.spec.stream) or (o.status == 0 and _window(run, o, ("envoy-restart",)))
         for o in run.outcomes
     )
-    if not sent - early <= routed <= sent:
+    again = run.epp_stream_retries
+    if not sent - early <= routed <= sent + again:
         return [f"I5: the EPPs routed {routed:g} requests; the clients sent {sent} it did not "
-                f"refuse, {early} of them abandoned or cut before any answer"]  # fmt: skip
+                f"refuse, {early} of them abandoned or cut before any answer; Envoy opened "
+                f"{again:g} ext_proc streams again on another EPP"]  # fmt: skip
     return []
+
+
+# I6's placement (run.settle): a new conversation of CONVERSATION_TURNS turns, sent one
+# after another, stays on one server from turn SETTLED_BY (by shape; default 1, the
+# second turn: it finds the first one's prefix where that went) on
+CONVERSATION_TURNS = 5
+SETTLED_BY: dict[str, int] = {}
+# not checked where each EPP replica places prefixes on its own: without KV events their
+# indexes diverge, so a conversation goes to each replica's home in turn (replicas.md)
+UNSETTLED = ("replicas", "stack-replicas")
 
 
 def i6_not_recovered(run: Run) -> list[str]:
     """I6: after the fault heals, its victim rejoins the pool and is served again within
-    RECOVERY_REQUESTS requests."""
+    RECOVERY_REQUESTS requests; then placement recovers: a new conversation sent a turn
+    at a time (run.settle) settles on one server, every turn from its shape's SETTLED_BY
+    on going where the turn before it went (the home of its prefix)."""
     if run.recovery_error:
         return [f"I6: {run.recovery_error}"]
+    turns = run.placement
+    if run.scenario.shape in UNSETTLED:
+        return []
+    failed = next((i for i, o in enumerate(turns) if not o.complete), None)
+    if failed is not None:
+        o = turns[failed]
+        return [f"I6: turn {failed} of the conversation after the load failed: status "
+                f"{o.status} {o.error} {o.body[:200]!r}"]  # fmt: skip
+    if len(turns) < CONVERSATION_TURNS:
+        return [f"I6: {len(turns)} of the conversation's {CONVERSATION_TURNS} turns were sent"]
+    by = SETTLED_BY.get(run.scenario.shape, 1)
+    served = [o.served for o in turns]
+    if len(set(served[by - 1 :])) > 1:
+        return [
+            f"I6: a conversation sent a turn at a time after the load did not settle on one "
+            f"server from turn {by} on: its turns went to {', '.join(served)}"
+        ]
     return []
 
 

@@ -59,6 +59,9 @@ BASE_MODEL = "sim-model"
 ADAPTER = "ad-1"  # preloaded on the first two servers of the lora-subset shape
 ADAPTERS = (ADAPTER, "ad-2")  # the catalogue of lora-registered and lora-on-demand
 ALIAS = "alias"  # model-rewrite: rewritten by the config to ADAPTER or BASE_MODEL
+REWRITES = {ALIAS: (ADAPTER, BASE_MODEL)}  # model-rewrite's models.rewrites, even weights
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
 PRIORITY_HEADER = "x-gateway-inference-priority"
 REWRITE_HEADER = "x-llm-d-model-name-rewrite"
 
@@ -105,6 +108,13 @@ class Workload:
     # requests whose prompt is token ids (the servers' own ids: a client that tokenizes
     # for itself), in the shapes that send them (generate.TOKEN_ID_SHAPES)
     token_id_share: float = 0.0
+    # requests that are turns of a few conversations (chat completions whose messages
+    # repeat the conversation so far, so each turn's prompt extends the last one's)
+    session_share: float = 0.0
+    # a burst: this many requests sent at once when a client reaches request burst_at,
+    # beside the other clients (0: none)
+    burst: int = 0
+    burst_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +138,8 @@ class Scenario:
             f"220 KB {w.big_share:.0%}, other models or headers {w.adapter_share:.0%}"
             # said only where there are some, so other shapes' descriptions stay as checked
             + (f", token ids {w.token_id_share:.0%}" if w.token_id_share else "")
+            + (f", conversations {w.session_share:.0%}" if w.session_share else "")
+            + (f", a burst of {w.burst} at request {w.burst_at}" if w.burst else "")
             + ")"
         )
 
@@ -146,6 +158,8 @@ class RequestSpec:
     hangup: bool  # the client closes the connection early (drive.send)
     headers: tuple[tuple[str, str], ...] = ()  # priority, model rewrite
     token_ids: int = 0  # a prompt of this many token ids (0: a text prompt)
+    path: str = COMPLETIONS_PATH  # CHAT_PATH for a conversation's turn
+    session: int = -1  # the conversation it is a turn of (-1: none)
 
     @property
     def priority(self) -> int:
@@ -174,6 +188,18 @@ class Outcome:
         request's target), else the one asked for."""
         found = _MODEL_FIELD.search(self.body)
         return found.group(1).decode() if found else self.spec.model
+
+    @property
+    def served_as(self) -> frozenset[str]:
+        """What the server may have served it as: the model its answer names; for an
+        answer cut before it named one, the model asked for or, where the config or a
+        header rewrites that name, whatever it may become."""
+        if _MODEL_FIELD.search(self.body):
+            return frozenset({self.answered_model})
+        header = next((v for k, v in self.spec.headers if k == REWRITE_HEADER), None)
+        if header is not None:
+            return frozenset({header})
+        return frozenset(REWRITES.get(self.spec.model, (self.spec.model,)))
 
     @property
     def complete(self) -> bool:
@@ -217,7 +243,12 @@ class Run:
     quiesce_error: str = ""  # what did not return to rest (I3), if anything
     sockets_error: str = ""  # EPP sockets that did not return to their baseline (I3)
     epp_restarted: bool = False  # an EPP process died: its counters restarted from 0
+    # ext_proc streams Envoy opened again on another EPP during the load (its
+    # cluster.epp.upstream_rq_retry): each may have been routed by both (I5)
+    epp_stream_retries: float = 0.0
     # after the load: requests sent one at a time until the fault's victim served one
     # (I6); empty where the fault has no server victim
     recovery: list[Outcome] = field(default_factory=list)
     recovery_error: str = ""  # the victim never came back into the pool
+    # then a new conversation a turn at a time (I6's placement: run.settle)
+    placement: list[Outcome] = field(default_factory=list)

@@ -11,13 +11,21 @@ from pathlib import Path
 import orjson
 
 from tests.scenarios.deploy import Deployment, Server, deployed, lora_holders
-from tests.scenarios.drive import Driver
+from tests.scenarios.drive import Driver, send
 from tests.scenarios.eppfrom import OtherCheckout
 from tests.scenarios.faults import apply
-from tests.scenarios.generate import requests
-from tests.scenarios.invariants import EPP_DEATHS, FLOW_QUEUE, RECOVERY_REQUESTS, SERVER_DEATHS
+from tests.scenarios.generate import SESSIONS, conversation, requests
+from tests.scenarios.invariants import (
+    CONVERSATION_TURNS,
+    EPP_DEATHS,
+    FLOW_QUEUE,
+    RECOVERY_REQUESTS,
+    SERVER_DEATHS,
+    UNSETTLED,
+)
 from tests.scenarios.model import (
     BASE_MODEL,
+    CHAT_PATH,
     FaultEvent,
     Outcome,
     RequestSpec,
@@ -41,6 +49,8 @@ OPEN = ("epp_in_flight_requests", "epp_pending_decode_requests", FLOW_QUEUE)
 SOCKETS_WAIT_S = 20.0  # idle keep-alive connections close within this (a safety net)
 KV_BLOCKS = "epp_kv_index_blocks"  # kv-events' I6: the EPP hears the victim again
 KV_HEARD_S = 10.0  # events arrive within moments (a safety net)
+# Envoy's retries of ext_proc streams on another EPP (I5): cluster epp's upstream_rq_retry
+EPP_RETRIES = 'envoy_cluster_upstream_rq_retry{envoy_cluster_name="epp"}'
 
 
 def _scrape(d: Deployment) -> list[dict[str, float]]:
@@ -48,6 +58,17 @@ def _scrape(d: Deployment) -> list[dict[str, float]]:
         {**metric_samples(f"{url}/metrics"), **metric_samples(f"{url}/metrics", FLOW_QUEUE)}
         for url in d.epp_http_urls()
     ]
+
+
+def epp_stream_retries(d: Deployment) -> float:
+    """How many ext_proc streams Envoy has opened again on another EPP (0 before any,
+    and where its admin is not known)."""
+    admin = d.envoy_admin_url()
+    if not admin:
+        return 0.0
+    return metric_samples(f"{admin}/stats/prometheus", EPP_RETRIES.split("{")[0]).get(
+        EPP_RETRIES, 0.0
+    )
 
 
 def _sockets(pid: int) -> int:
@@ -190,6 +211,23 @@ def _heard(d: Deployment, server: Server) -> str:
     return ""
 
 
+def settle(s: Scenario, d: Deployment) -> list[Outcome]:
+    """I6's placement: once the pool has recovered, a new conversation sent a turn at a
+    time (judged by invariants.i6_not_recovered); nothing where the shape is UNSETTLED."""
+    outcomes: list[Outcome] = []
+    if s.shape in UNSETTLED:
+        return outcomes
+    for turn in range(CONVERSATION_TURNS):
+        body = {"model": BASE_MODEL, "messages": conversation(s.seed, SESSIONS, turn),
+                "max_tokens": 4}  # fmt: skip
+        spec = RequestSpec(20_000 + turn, orjson.dumps(body), BASE_MODEL, False, False,
+                           path=CHAT_PATH, session=SESSIONS)  # fmt: skip
+        outcomes.append(send(d.url, spec))
+        if not outcomes[-1].complete:
+            break
+    return outcomes
+
+
 def _probe(s: Scenario, i: int) -> RequestSpec:
     # long enough for whole KV blocks (16 tokens of about a byte): kv-events' check
     prompt = f"recovery {s.seed} {i}: " + "a probe of the pool after the fault. " * 6
@@ -200,8 +238,9 @@ def _probe(s: Scenario, i: int) -> RequestSpec:
 def run_scenario(s: Scenario, d: Deployment) -> Run:
     """Drive ``s`` on a deployment of its shape and record everything."""
     servers = d.servers()
-    before, sockets = _scrape(d), epp_sockets(d)
-    with Driver(d.url, requests(s), s.workload.clients) as driver:
+    before, sockets, retries = _scrape(d), epp_sockets(d), epp_stream_retries(d)
+    w = s.workload
+    with Driver(d.url, requests(s), w.clients, (w.burst, w.burst_at)) as driver:
         events = apply(s, d, driver)
     servers += [srv for srv in d.servers() if srv not in servers]  # one that replaced another
     run = Run(
@@ -215,10 +254,15 @@ def run_scenario(s: Scenario, d: Deployment) -> Run:
     )
     run.quiesce_error = quiesce(d)
     run.epp_after = _scrape(d) if not run.quiesce_error else []
+    # a restarted Envoy counts from 0 again
+    restarted = s.fault.kind == "envoy-restart"
+    run.epp_stream_retries = epp_stream_retries(d) - (0.0 if restarted else retries)
     if not run.quiesce_error:
         slack = (os.cpu_count() or 1) + s.workload.clients + len(servers)
         run.sockets_error = sockets_back(d, sockets, slack)
     run.recovery, run.recovery_error = recover(s, d, events)
+    if not run.recovery_error:
+        run.placement = settle(s, d)
     return run
 
 

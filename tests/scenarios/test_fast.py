@@ -38,6 +38,11 @@ FAST = (
     (71, "fail-open", "epp-replica-kill"),
 )
 
+# one scenario at its full length, for the workloads a short one leaves out: turns of
+# conversations (60 % of its 42 requests, as chat) and a burst of 16 requests at once
+# into a pool of three servers that take one request each, the rest waiting in the EPP
+LONG = (75, "flow-control", "sigstop-at-once")
+
 
 def test_the_fast_tier_covers_every_shape_and_fault() -> None:
     assert {shape for _, shape, _ in FAST} == set(SHAPES)
@@ -51,4 +56,13 @@ def test_the_fast_tier_covers_every_shape_and_fault() -> None:
 )
 def test_scenario(seed: int, shape: str, fault: str, tmp_path: Path) -> None:
     found = judge(scenario(seed, shape, fault, short=True), tmp_path)
+    assert not found, found
+
+
+@pytest.mark.timeout(180)
+def test_a_long_scenario_with_conversations_and_a_burst(tmp_path: Path) -> None:
+    seed, shape, fault = LONG
+    s = scenario(seed, shape, fault)
+    assert s.workload.session_share and s.workload.burst
+    found = judge(s, tmp_path)
     assert not found, found

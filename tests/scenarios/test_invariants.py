@@ -3,9 +3,12 @@ through what a fault explains."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 
 from tests.scenarios.invariants import (
+    CONVERSATION_TURNS,
     i1_avoidable_errors,
     i2_misrouted,
     i3_not_at_rest,
@@ -18,6 +21,7 @@ from tests.scenarios.model import (
     ADAPTER,
     BASE_MODEL,
     PRIORITY_HEADER,
+    REWRITE_HEADER,
     Fault,
     FaultEvent,
     Outcome,
@@ -102,6 +106,19 @@ def test_i2_judges_a_rewritten_request_by_the_model_it_was_answered_as() -> None
     assert len(found) == 1 and "request 1 for ad-1" in found[0]
 
 
+def test_i2_judges_a_rewritten_request_cut_before_its_answer_named_a_model() -> None:
+    """Scenario seed 1042: a request for the alias got its 200 from a server killed
+    before any body; the alias may become the base model, which B serves."""
+    cut = outcome(0, 200, b"", served=B, model="alias")
+    assert i2_misrouted(run([cut])) == []
+    elsewhere = outcome(1, 200, b"", served="127.0.0.1:3", model="alias")
+    by_header = outcome(2, 200, b"", served=B, model="anything")
+    by_header.spec = replace(by_header.spec, headers=((REWRITE_HEADER, ADAPTER),))
+    found = i2_misrouted(run([elsewhere, by_header]))
+    assert len(found) == 2
+    assert "request 1 for ad-1/sim-model" in found[0] and "request 2 for ad-1 " in found[1]
+
+
 def test_i3_reports_sockets_that_stay_open() -> None:
     r = run([])
     assert i3_not_at_rest(r) == []
@@ -129,6 +146,13 @@ def test_i4_catches_a_stream_silent_past_its_chunk_budget_after_its_first_byte()
     # elsewhere the first byte's budget is 4 tries of 4 s (+ 30 s of generation)
     found = i4_over_budget(run([ended, slow_start, outcome(3, 200, DONE)]))
     assert len(found) == 1 and "request 2 took 50.0s" in found[0]
+    # where the EPP sees no response body (fail-open: buffered), Envoy's idle timeout
+    # bounds the silence after the first byte too (scenario seed 1033: 13.0 s)
+    unseen = run([held, ended, slow_start], fault="sigstop-mid-stream")
+    unseen.scenario = replace(unseen.scenario, shape="fail-open")
+    assert i4_over_budget(unseen) == []
+    held.longest_gap_s = 16.5
+    assert "at most 16s: no chunk timeout without" in i4_over_budget(unseen)[0]
 
 
 def test_i5_compares_routed_requests_with_the_clients() -> None:
@@ -138,18 +162,46 @@ def test_i5_compares_routed_requests_with_the_clients() -> None:
     assert i5_counters_disagree(r) == []
     r.epp_after = [{key: 8.0}]
     assert len(i5_counters_disagree(r)) == 1
+    r.epp_stream_retries = 1.0  # a stream Envoy opened again on the other EPP: both routed
+    assert i5_counters_disagree(r) == []
+    r.epp_after, r.epp_stream_retries = [{key: 9.0}], 1.0
+    assert "1 ext_proc streams again" in i5_counters_disagree(r)[0]
+    r.epp_stream_retries = 0.0
     r.outcomes[1].dropped = "rejected-saturated"  # refused by the EPP: not routed
     r.epp_after = [{key: 6.0}]
     assert i5_counters_disagree(r) == []
+    r.epp_after = []  # not at rest, so not scraped: I3 says so, not I5
+    assert i5_counters_disagree(r) == []
+    r.epp_after = [{key: 9.0}]
     r.epp_restarted = True
     assert i5_counters_disagree(r) == []
 
 
+def turns(*served: str) -> list[Outcome]:
+    """A conversation's turns after the load, answered by ``served`` in turn."""
+    return [outcome(20_000 + i, 200, DONE, at) for i, at in enumerate(served)]
+
+
 def test_i6_reports_a_victim_that_never_came_back() -> None:
     r = run([])
+    r.placement = turns(*[B] * CONVERSATION_TURNS)
     assert i6_not_recovered(r) == []
     r.recovery_error = "sim-1 served none of 60 requests after healing"
     assert i6_not_recovered(r) == ["I6: sim-1 served none of 60 requests after healing"]
+
+
+def test_i6_reports_a_conversation_that_does_not_settle_on_one_server() -> None:
+    r = run([])
+    r.placement = turns(A, B, B, B, B)  # the second turn not where the first went
+    assert len(found := i6_not_recovered(r)) == 1
+    assert "did not settle on one server from turn 1 on" in found[0]
+    r.placement = turns(A, A, A)  # two turns not sent
+    assert "3 of the conversation's 5 turns were sent" in i6_not_recovered(r)[0]
+    r.placement = [*turns(A, A, A), outcome(20_003, 503, b"{}")]
+    assert "turn 3 of the conversation after the load failed: status 503" in i6_not_recovered(r)[0]
+    r.placement = []  # where each EPP replica places prefixes on its own: not judged
+    r.scenario = replace(r.scenario, shape="replicas")
+    assert i6_not_recovered(r) == []
 
 
 def prompt_answered(i: int, prompt: str | list[int], stream: bool, tokens: int | None) -> Outcome:

@@ -196,6 +196,54 @@ async def test_a_client_that_leaves_while_held_cancels_the_wait_and_holds_nothin
     assert router.datastore.total_in_flight() == 0 and open_streams(router) == 0
 
 
+class GonePipe(Pipe):
+    """Envoy went away (killed) just as the request was held: asking it to wait fails,
+    once ``fail`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asking = asyncio.Event()  # the driver is sending the request to wait
+        self.fail = asyncio.Event()
+
+    async def send(self, reply: ProcessingResponse) -> None:
+        if reply.HasField("override_message_timeout"):
+            self.asking.set()
+            await self.fail.wait()
+            raise ConnectionResetError("Envoy is gone")
+        await super().send(reply)
+
+
+@pytest.mark.parametrize("routed_meanwhile", [False, True])
+async def test_a_request_held_as_envoy_went_away_leaves_the_queue_and_holds_nothing(
+    routed_meanwhile: bool,
+) -> None:
+    """The reply that asks Envoy to wait could not be sent, so the wait never began: the
+    request must not stay in the queue to be routed once room frees, and a route it was
+    given while the reply failed is given back (either would be an in-flight count
+    nobody gives back: scenario seed 1167, Envoy restarted under flow control)."""
+    router = make_router(n=1, flow=True, config=HOLD_ONE)
+    first, second = Pipe(), GonePipe()
+    first.put(m.request_headers(), m.request_body(BODY, True))
+    running = asyncio.ensure_future(drive(first, router))
+    await first.reply()
+    second.put(m.request_headers(), m.request_body(BODY, True))
+    held = asyncio.ensure_future(drive(second, router))
+    await asyncio.wait_for(second.asking.wait(), SAFETY_S)
+    if routed_meanwhile:  # room frees first: the held request is routed at once
+        first.put(m.response_headers(200, end_of_stream=True), None)
+        await asyncio.wait_for(running, SAFETY_S)
+        assert router.datastore.total_in_flight() == 1 and len(router.flow.queues) == 0
+    second.fail.set()
+    with pytest.raises(ConnectionResetError):
+        await asyncio.wait_for(held, SAFETY_S)
+    assert len(router.flow.queues) == 0  # it left the queue
+    if not routed_meanwhile:
+        first.put(m.response_headers(200, end_of_stream=True), None)  # room frees
+        await asyncio.wait_for(running, SAFETY_S)
+    assert router.datastore.total_in_flight() == 0 and open_streams(router) == 0
+    assert ended(router, "error") == 1 and ended(router, "complete") == 1
+
+
 async def test_a_message_during_a_wait_is_answered_after_the_routing_replies() -> None:
     sync = EnvoySync()  # behind EDS, nothing is routed before Envoy acknowledged us
     router = make_router(sync=sync)
