@@ -66,9 +66,9 @@ def epp_stream_retries(d: Deployment) -> float:
     admin = d.envoy_admin_url()
     if not admin:
         return 0.0
-    return metric_samples(f"{admin}/stats/prometheus", EPP_RETRIES.split("{")[0]).get(
-        EPP_RETRIES, 0.0
-    )
+    samples = metric_samples(f"{admin}/stats/prometheus", EPP_RETRIES.split("{")[0])
+    assert EPP_RETRIES in samples, f"Envoy's stats have no {EPP_RETRIES}: {samples}"
+    return samples[EPP_RETRIES]
 
 
 def _sockets(pid: int) -> int:
