@@ -70,6 +70,14 @@ _UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.U
 _CEL_FILTER = "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
 
 BUFFER_LIMIT_BYTES = 32 * 1024 * 1024
+# Retries a cluster may have under way at once. Envoy's default circuit breaker allows 3:
+# when a server dies or freezes under load, every request routed to it retries at the
+# same moment, and past the third the client got the failed try's 503 or 504 (the
+# scenario matrix's bursts: seed 1156). Each request still retries at most its route's
+# num_retries times; this is Envoy's default for requests under way, so a retry is
+# refused only where a new request would be.
+MAX_RETRIES_UNDER_WAY = 1024
+_RETRY_BREAKER = {"thresholds": [{"priority": "DEFAULT", "max_retries": MAX_RETRIES_UNDER_WAY}]}
 # gRPC health checks of the ext_proc cluster when it lists several EPP addresses
 EPP_HEALTH_INTERVAL_S = 0.5
 EPP_HEALTH_TIMEOUT_S = 1.0
@@ -386,6 +394,7 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
         },
     }
     model_servers = _eds_cluster(opts) if opts.cluster == "eds" else _original_dst_cluster(opts)
+    model_servers["circuit_breakers"] = _RETRY_BREAKER
     epp = _static_cluster(
         "epp",
         [(opts.epp_host, opts.epp_port), *opts.more_epps],
@@ -406,6 +415,7 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
                 }
             ],
         }
+        epp["circuit_breakers"] = _RETRY_BREAKER  # a dead replica's streams, opened again
         epp["health_checks"] = [_epp_health_check()]
         # a worker that refuses connections is skipped at once, before its health checks fail
         epp["outlier_detection"] = {
@@ -424,6 +434,7 @@ def epp_config(opts: EnvoyOptions) -> dict[str, Any]:
             fallback = _static_cluster(
                 FALLBACK_CLUSTER, list(opts.fallback_servers), False, opts.connect_timeout_s
             )
+            fallback["circuit_breakers"] = _RETRY_BREAKER
             clusters.append(fallback)
     config = _bootstrap(opts, [ext_proc], clusters, routes)
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]

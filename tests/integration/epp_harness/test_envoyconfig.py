@@ -7,10 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from epp_harness.envoyconfig import (
     EXAMPLES,
     FALLBACK_CLUSTER,
+    MAX_RETRIES_UNDER_WAY,
+    MODEL_CLUSTER,
     EnvoyOptions,
     baseline_config,
     client_routed_config,
@@ -120,3 +123,17 @@ def test_more_epps_join_the_ext_proc_cluster_after_the_first(tmp_path: Path) -> 
     ports = [e["endpoint"]["address"]["socket_address"]["port_value"] for e in lb]
     assert ports == [9002, 9102]
     validate(write_config(config, tmp_path / "two-epps.yaml"))
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_clusters_that_retry_allow_more_than_envoys_three_retries_under_way(name: str) -> None:
+    """Envoy's default circuit breaker lets 3 retries run at once per cluster: a burst of
+    requests on a server that died failed past the third (scenario seed 1156)."""
+    clusters = yaml.safe_load(render_example(name))["static_resources"]["clusters"]
+    breakers = {c["name"]: c.get("circuit_breakers") for c in clusters}
+    expected = {"thresholds": [{"priority": "DEFAULT", "max_retries": MAX_RETRIES_UNDER_WAY}]}
+    assert breakers[MODEL_CLUSTER] == expected
+    if name == "local-2-workers.yaml":  # several EPPs: a dead one's streams are retried
+        assert breakers["epp"] == expected
+    if FALLBACK_CLUSTER in breakers:
+        assert breakers[FALLBACK_CLUSTER] == expected
