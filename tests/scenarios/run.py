@@ -62,11 +62,15 @@ def _scrape(d: Deployment) -> list[dict[str, float]]:
 
 def epp_stream_retries(d: Deployment) -> float:
     """How many ext_proc streams Envoy has opened again on another EPP (0 before any,
-    and where its admin is not known)."""
+    where its admin is not known, and where it is gone: a stack that stopped, which the
+    other invariants report)."""
     admin = d.envoy_admin_url()
     if not admin:
         return 0.0
-    samples = metric_samples(f"{admin}/stats/prometheus", EPP_RETRIES.split("{")[0])
+    try:
+        samples = metric_samples(f"{admin}/stats/prometheus", EPP_RETRIES.split("{")[0])
+    except OSError:
+        return 0.0
     assert EPP_RETRIES in samples, f"Envoy's stats have no {EPP_RETRIES}: {samples}"
     return samples[EPP_RETRIES]
 
