@@ -159,15 +159,24 @@ async def test_a_failing_stream_ends_as_error_and_a_cancelled_one_as_cancelled()
 HOLD_ONE = "saturationDetector: {maxConcurrency: 1}"
 
 
-async def test_a_held_request_asks_envoy_to_wait_then_is_routed_when_room_frees() -> None:
+async def one_routed_one_held(
+    second: Pipe, headers: dict[str, str] | None = None
+) -> tuple[Router, Pipe, asyncio.Future[None], asyncio.Future[None]]:
+    """A pool with room for one request: a first request routed (it holds the room),
+    then ``second``'s sent behind it. The router, the first pipe, both streams."""
     router = make_router(n=1, flow=True, config=HOLD_ONE)
-    first, second = Pipe(), Pipe()
-    priority = {"x-gateway-inference-priority": "2"}
-    first.put(m.request_headers(priority), m.request_body(BODY, True))
+    first = Pipe()
+    first.put(m.request_headers(headers), m.request_body(BODY, True))
     running = asyncio.ensure_future(drive(first, router))
     assert (await first.reply()).HasField("request_headers")  # routed: it holds the room
-    second.put(m.request_headers(priority), m.request_body(BODY, True))
-    held = asyncio.ensure_future(drive(second, router))
+    second.put(m.request_headers(headers), m.request_body(BODY, True))
+    return router, first, running, asyncio.ensure_future(drive(second, router))
+
+
+async def test_a_held_request_asks_envoy_to_wait_then_is_routed_when_room_frees() -> None:
+    second = Pipe()
+    priority = {"x-gateway-inference-priority": "2"}
+    router, first, running, held = await one_routed_one_held(second, priority)
     extension = await second.reply()
     assert extension.HasField("override_message_timeout")  # Envoy is asked to wait
     first.put(m.response_headers(200, end_of_stream=True), None)  # room frees
@@ -178,13 +187,8 @@ async def test_a_held_request_asks_envoy_to_wait_then_is_routed_when_room_frees(
 
 
 async def test_a_client_that_leaves_while_held_cancels_the_wait_and_holds_nothing() -> None:
-    router = make_router(n=1, flow=True, config=HOLD_ONE)
-    first, second = Pipe(), Pipe()
-    first.put(m.request_headers(), m.request_body(BODY, True))
-    running = asyncio.ensure_future(drive(first, router))
-    await first.reply()
-    second.put(m.request_headers(), m.request_body(BODY, True))
-    held = asyncio.ensure_future(drive(second, router))
+    second = Pipe()
+    router, first, running, held = await one_routed_one_held(second)
     assert (await second.reply()).HasField("override_message_timeout")
     second.put(None)  # the client left: Envoy closes the stream
     await asyncio.wait_for(held, SAFETY_S)
@@ -221,13 +225,8 @@ async def test_a_request_held_as_envoy_went_away_leaves_the_queue_and_holds_noth
     request must not stay in the queue to be routed once room frees, and a route it was
     given while the reply failed is given back (either would be an in-flight count
     nobody gives back: scenario seed 1167, Envoy restarted under flow control)."""
-    router = make_router(n=1, flow=True, config=HOLD_ONE)
-    first, second = Pipe(), GonePipe()
-    first.put(m.request_headers(), m.request_body(BODY, True))
-    running = asyncio.ensure_future(drive(first, router))
-    await first.reply()
-    second.put(m.request_headers(), m.request_body(BODY, True))
-    held = asyncio.ensure_future(drive(second, router))
+    second = GonePipe()
+    router, first, running, held = await one_routed_one_held(second)
     await asyncio.wait_for(second.asking.wait(), SAFETY_S)
     if routed_meanwhile:  # room frees first: the held request is routed at once
         first.put(m.response_headers(200, end_of_stream=True), None)
